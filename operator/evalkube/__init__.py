@@ -1,0 +1,7 @@
+"""evalkube: self-hosted, sandboxed Python graders for LLM evaluations.
+
+The package is layered (see DESIGN.md §3): ``controller -> engine -> (sandbox, proxy,
+store, grading) -> models``. ``grading`` and ``models`` import nothing from the others.
+"""
+
+__version__ = "0.1.0.dev0"

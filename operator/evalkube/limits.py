@@ -1,0 +1,55 @@
+"""Every limit evalkube enforces, in one place.
+
+Grader-facing limits (timeouts, model-call budgets) are declared per task in the spec and
+bounded here; host-side caps protect the engine from untrusted worker answers. Each value is
+documented because users meet them in error messages.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: ``grader.timeout_seconds``: wall-clock limit of one grader execution (one sample, or one
+#: ``grade_batch`` call, or one preprocessor call).
+TIMEOUT_SECONDS_MIN: Final = 1
+TIMEOUT_SECONDS_MAX: Final = 600
+TIMEOUT_SECONDS_DEFAULT: Final = 120
+
+#: ``grader.max_model_calls``: ``ctx`` bridge calls allowed from one grader execution.
+MAX_MODEL_CALLS_MIN: Final = 0
+MAX_MODEL_CALLS_MAX: Final = 500
+MAX_MODEL_CALLS_DEFAULT: Final = 64
+
+#: Characters of ``repr()`` kept of an invalid grader return value.
+INVALID_PAYLOAD_REPR_CHARS: Final = 2_000
+#: Lines of traceback kept for a grader exception (the tail: where the user's code failed).
+TRACEBACK_TAIL_LINES: Final = 12
+#: Characters of an exception message kept.
+ERROR_MESSAGE_CHARS: Final = 2_000
+#: Characters of stdout and of stderr kept per grader execution for the debugging view.
+CAPTURED_OUTPUT_CHARS: Final = 8_192
+#: Bytes of one serialized grader answer (scores + judge) accepted from the worker; larger
+#: answers become invalid samples ("judge payload too large").
+RESULT_PAYLOAD_BYTES: Final = 1_000_000
+#: Bytes of one protocol frame accepted from the worker (a whole batch of answers).
+FRAME_BYTES_MAX: Final = 64_000_000
+#: Samples sent to the worker in one request; answers come back in batches as well.
+WORKER_BATCH_SIZE: Final = 512
+#: The worker flushes pending answers at least this often (seconds), so the runner always
+#: knows which sample is in flight.
+WORKER_FLUSH_INTERVAL: Final = 0.02
+#: Extra wall-clock slack on top of ``timeout_seconds`` before the runner kills a sandbox
+#: (covers the flush interval and scheduling jitter).
+TIMEOUT_GRACE_SECONDS: Final = 0.5
+#: Address-space limit of the plain-process sandbox (bytes).
+WORKER_MEMORY_BYTES: Final = 1024 * 1024 * 1024
+#: Open files allowed in the plain-process sandbox.
+WORKER_OPEN_FILES: Final = 256
+#: Rows per work unit (shard) when the run does not say otherwise.
+SHARD_SIZE_DEFAULT: Final = 10_000
+#: Concurrent candidate-generation requests per unit.
+GENERATION_CONCURRENCY_DEFAULT: Final = 8
+#: Retries of a candidate-generation request on 429/5xx/timeouts.
+GENERATION_RETRIES_DEFAULT: Final = 4
+#: Samples written to the store in one transaction.
+STORE_CHUNK_SIZE: Final = 2_000

@@ -1,0 +1,56 @@
+"""Pydantic specs and statuses: the single source of truth for the CRDs and the CLI files."""
+
+from evalkube.models.errors import SpecError, format_validation_error, validate_spec
+from evalkube.models.grader import GraderSpec, PreprocessSpec
+from evalkube.models.meta import ObjectMeta
+from evalkube.models.run import (
+    PRECOMPUTED,
+    Condition,
+    EvalRun,
+    EvalRunSpec,
+    EvalRunStatus,
+    GenerationSpec,
+    ProviderSpec,
+    SampleCounts,
+    SecretKeyRef,
+    SuiteRef,
+    TaskModelResult,
+)
+from evalkube.models.suite import (
+    ConfigMapKeyRef,
+    DatasetSpec,
+    EvalSuite,
+    EvalSuiteSpec,
+    ExtractionSpec,
+    Message,
+    OutputsSpec,
+    TaskSpec,
+)
+
+__all__ = [
+    "PRECOMPUTED",
+    "Condition",
+    "ConfigMapKeyRef",
+    "DatasetSpec",
+    "EvalRun",
+    "EvalRunSpec",
+    "EvalRunStatus",
+    "EvalSuite",
+    "EvalSuiteSpec",
+    "ExtractionSpec",
+    "GenerationSpec",
+    "GraderSpec",
+    "Message",
+    "ObjectMeta",
+    "OutputsSpec",
+    "PreprocessSpec",
+    "ProviderSpec",
+    "SampleCounts",
+    "SecretKeyRef",
+    "SpecError",
+    "SuiteRef",
+    "TaskModelResult",
+    "TaskSpec",
+    "format_validation_error",
+    "validate_spec",
+]

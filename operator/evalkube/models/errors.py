@@ -1,0 +1,120 @@
+"""Turn pydantic validation errors into messages that name the field path and the fix.
+
+``spec.tasks[2].grader.timeoutSeconds: must be between 1 and 600`` rather than pydantic's
+default text, because users read these in ``evalkube run`` output and in EvalSuite conditions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+import annotated_types
+from pydantic import BaseModel, ValidationError
+from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SpecError(ValueError):
+    """A spec failed validation; ``problems`` holds one ``path: message`` line per error."""
+
+    def __init__(self, problems: Sequence[str], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(where + "; ".join(self.problems))
+
+
+def format_path(loc: Iterable[str | int], prefix: str = "") -> str:
+    """``("spec", "tasks", 2, "timeout_seconds")`` -> ``spec.tasks[2].timeoutSeconds``."""
+    out = prefix
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.startswith(("function-", "tagged-union", "union[")):
+            continue
+        else:
+            out += ("." if out else "") + to_camel(part)
+    return out or "(root)"
+
+
+def _field_info(model: type[BaseModel], loc: Sequence[str | int]) -> FieldInfo | None:
+    """Walk ``loc`` through nested models to the FieldInfo of the failing field, if any."""
+    current: Any = model
+    info: FieldInfo | None = None
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        fields = getattr(current, "model_fields", None)
+        if not fields:
+            return None
+        info = fields.get(part) or next(
+            (f for n, f in fields.items() if f.alias == part or to_camel(n) == part), None
+        )
+        if info is None:
+            return None
+        current = _inner_model(info.annotation)
+    return info
+
+
+def _inner_model(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _bounds(info: FieldInfo | None) -> tuple[Any, Any]:
+    lo = hi = None
+    for meta in info.metadata if info else ():
+        if isinstance(meta, annotated_types.Ge):
+            lo = meta.ge
+        elif isinstance(meta, annotated_types.Le):
+            hi = meta.le
+    return lo, hi
+
+
+def _message(model: type[BaseModel], err: Any) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        lo, hi = _bounds(_field_info(model, err["loc"]))
+        if lo is not None and hi is not None:
+            return f"must be between {lo} and {hi} (got {err.get('input')!r})"
+    if kind == "extra_forbidden":
+        return "unknown field; remove it or check its spelling"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')} (got {err.get('input')!r})"
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    return str(err["msg"])
+
+
+def format_validation_error(
+    model: type[BaseModel], error: ValidationError, prefix: str = ""
+) -> list[str]:
+    """One ``path: message`` line per pydantic error, deduplicated, in input order."""
+    lines: list[str] = []
+    for err in error.errors():
+        line = f"{format_path(err['loc'], prefix)}: {_message(model, err)}"
+        if line not in lines:
+            lines.append(line)
+    return lines
+
+
+def validate_spec(
+    model: type[M], data: Any, prefix: str = "spec", source: str | None = None
+) -> M:
+    """Validate ``data`` as ``model``; raise :class:`SpecError` with field-named messages."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(model, exc, prefix), source) from None

@@ -1,0 +1,101 @@
+"""The grader and preprocessor declarations: the normative contract of DESIGN.md §1."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+
+from evalkube import limits
+from evalkube.models.base import SpecModel
+
+Contract = Literal["sample", "batch", "model_backed"]
+Execution = Literal["per_sample", "aggregate"]
+ModelAccess = Literal["gateway", "none", "mka1"]
+
+TimeoutSeconds = Annotated[
+    int, Field(ge=limits.TIMEOUT_SECONDS_MIN, le=limits.TIMEOUT_SECONDS_MAX)
+]
+MaxModelCalls = Annotated[
+    int, Field(ge=limits.MAX_MODEL_CALLS_MIN, le=limits.MAX_MODEL_CALLS_MAX)
+]
+
+
+class _CodeRef(SpecModel):
+    """Python code given inline (``source``) or by reference (``file``): exactly one."""
+
+    source: str | None = None
+    """Inline Python source."""
+    file: str | None = Field(
+        default=None, validation_alias=AliasChoices("file", "fileId", "file_id")
+    )
+    """Stored Python file: a ConfigMap key (``configmap-name/key``) in a cluster, a path
+    (relative to the suite file) locally."""
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> _CodeRef:
+        if (self.source is None) == (self.file is None):
+            raise ValueError("set exactly one of `source` (inline Python) or `file`")
+        return self
+
+
+class GraderSpec(_CodeRef):
+    """A Python grader (DESIGN.md §1)."""
+
+    type: Literal["python"]
+    """Must be ``python``."""
+    contract: Contract = "sample"
+    """``sample`` (``grade``), ``batch`` (``grade_batch``) or ``model_backed`` (with ``ctx``)."""
+    execution: Execution | None = None
+    """Override: ``per_sample`` runs ``grade``, ``aggregate`` runs ``grade_batch``.
+    Default follows ``contract``: ``batch`` -> ``aggregate``, otherwise ``per_sample``."""
+    model_access: ModelAccess | None = None
+    """``gateway`` enables ``ctx.responses_create``/``ctx.embeddings_create``
+    (``mka1`` is a synonym). Default ``gateway`` for ``model_backed``, otherwise ``none``."""
+    metric_id: str = Field(default="score", min_length=1)
+    """Score key used when the grader returns one number."""
+    timeout_seconds: TimeoutSeconds = limits.TIMEOUT_SECONDS_DEFAULT
+    """Wall-clock limit of one grader execution, 1..600 seconds."""
+    max_model_calls: MaxModelCalls = limits.MAX_MODEL_CALLS_DEFAULT
+    """Model bridge calls allowed from one grader execution, 0..500."""
+
+    @field_validator("model_access")
+    @classmethod
+    def _normalize_access(cls, value: ModelAccess | None) -> ModelAccess | None:
+        return "gateway" if value == "mka1" else value
+
+    @property
+    def resolved_execution(self) -> Execution:
+        """The execution mode after applying the contract's default."""
+        if self.execution is not None:
+            return self.execution
+        return "aggregate" if self.contract == "batch" else "per_sample"
+
+    @property
+    def resolved_model_access(self) -> Literal["gateway", "none"]:
+        """Model access after applying the contract's default."""
+        if self.model_access is not None:
+            return "gateway" if self.model_access != "none" else "none"
+        return "gateway" if self.contract == "model_backed" else "none"
+
+    @property
+    def entrypoint(self) -> Literal["grade", "grade_batch"]:
+        """The function the grader file must define."""
+        return "grade_batch" if self.resolved_execution == "aggregate" else "grade"
+
+
+class PreprocessSpec(_CodeRef):
+    """A Python preprocessor run in the sandbox before prompt rendering."""
+
+    type: Literal["python"]
+    """Must be ``python``."""
+    contract: Literal["sample", "batch"] = "sample"
+    """``sample`` defines ``transform(row) -> row``; ``batch`` defines
+    ``transform_batch(rows) -> rows`` (may drop or add rows)."""
+    timeout_seconds: TimeoutSeconds = limits.TIMEOUT_SECONDS_DEFAULT
+    """Wall-clock limit of one preprocessor execution, 1..600 seconds."""
+
+    @property
+    def entrypoint(self) -> Literal["transform", "transform_batch"]:
+        """The function the preprocessor file must define."""
+        return "transform_batch" if self.contract == "batch" else "transform"

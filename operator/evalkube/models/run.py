@@ -1,0 +1,177 @@
+"""EvalRun: which suite, which models, which providers; and the status the operator writes."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from evalkube import limits
+from evalkube.models.base import SpecModel
+from evalkube.models.meta import ObjectMeta
+
+MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9_-]*(:.+)?$")
+PRECOMPUTED = "precomputed"
+
+
+class SecretKeyRef(SpecModel):
+    """A key of a Secret in the run's namespace."""
+
+    name: str = Field(min_length=1)
+    """Secret name."""
+    key: str = Field(min_length=1)
+    """Key within the Secret."""
+
+
+class ProviderSpec(SpecModel):
+    """An OpenAI-compatible provider (Responses and Embeddings APIs)."""
+
+    base_url: str = Field(
+        min_length=1, validation_alias="baseURL", serialization_alias="baseURL"
+    )
+    """API base URL, for example ``https://api.openai.com/v1``."""
+    credentials_secret_ref: SecretKeyRef | None = None
+    """Secret holding the API key (cluster runs)."""
+    api_key_env: str | None = None
+    """Environment variable holding the API key (local runs)."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Extra request headers (never credentials: use the Secret or environment variable)."""
+    timeout_seconds: float = Field(default=60.0, gt=0, le=600)
+    """Per-request timeout."""
+
+    @field_validator("headers")
+    @classmethod
+    def _no_credentials_in_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if name.lower() in {"authorization", "api-key", "x-api-key"}:
+                raise ValueError(
+                    f"header {name!r} carries credentials; use credentialsSecretRef or apiKeyEnv"
+                )
+        return value
+
+
+class GenerationSpec(SpecModel):
+    """Candidate generation parameters sent with every Responses API request."""
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    """Sampling temperature."""
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    """Output token cap."""
+    concurrency: int = Field(default=limits.GENERATION_CONCURRENCY_DEFAULT, ge=1, le=256)
+    """Concurrent requests per unit."""
+    retries: int = Field(default=limits.GENERATION_RETRIES_DEFAULT, ge=0, le=20)
+    """Retries on 429, 5xx and timeouts (exponential backoff, honouring Retry-After)."""
+
+
+class SuiteRef(SpecModel):
+    """Reference to an EvalSuite in the run's namespace."""
+
+    name: str = Field(min_length=1)
+    """EvalSuite name."""
+
+
+class EvalRunSpec(SpecModel):
+    """What to evaluate and with which models."""
+
+    suite_ref: SuiteRef | None = None
+    """The suite to run (required in a cluster; the CLI takes the suite file instead)."""
+    models: list[str] = Field(min_length=1)
+    """Models under test as ``provider:model``; ``precomputed`` uses the tasks' outputs."""
+    judge_model: str | None = None
+    """Model for ``ctx.responses_create(model="auto")``."""
+    embedding_model: str | None = None
+    """Model for ``ctx.embeddings_create(model="auto")``."""
+    providers: dict[str, ProviderSpec] = Field(default_factory=dict)
+    """Providers by name, as used in model ids."""
+    generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    """Candidate generation parameters."""
+    shard_size: int = Field(default=limits.SHARD_SIZE_DEFAULT, ge=1, le=1_000_000)
+    """Rows per work unit."""
+
+    @field_validator("models")
+    @classmethod
+    def _model_ids(cls, value: list[str]) -> list[str]:
+        for model in value:
+            if not MODEL_ID.match(model):
+                raise ValueError(
+                    f"model {model!r} is not `provider:model` (or `precomputed[:label]`)"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError("models must be unique")
+        return value
+
+    @model_validator(mode="after")
+    def _providers_known(self) -> EvalRunSpec:
+        for field, models in (
+            ("models", self.models),
+            ("judgeModel", [self.judge_model] if self.judge_model else []),
+            ("embeddingModel", [self.embedding_model] if self.embedding_model else []),
+        ):
+            for model in models:
+                provider = model.split(":", 1)[0]
+                if provider in (PRECOMPUTED, "local") or provider in self.providers:
+                    continue
+                raise ValueError(
+                    f"{field}: provider {provider!r} of {model!r} is not declared in "
+                    f"`providers`; add providers.{provider}.baseURL"
+                )
+        return self
+
+
+Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+
+class Condition(SpecModel):
+    """A Kubernetes-style status condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    observed_generation: int | None = None
+    last_transition_time: str | None = None
+
+
+class SampleCounts(SpecModel):
+    """Counts of samples by outcome."""
+
+    samples: int = 0
+    valid: int = 0
+    invalid: int = 0
+    errored: int = 0
+
+
+class TaskModelResult(SpecModel):
+    """Aggregates of one task x model."""
+
+    task: str
+    model: str
+    metrics: dict[str, float] = Field(default_factory=dict)
+    counts: SampleCounts = Field(default_factory=SampleCounts)
+    model_calls: dict[str, int] = Field(default_factory=dict)
+    """Model calls by purpose (candidate, judge, embedding)."""
+    error: str | None = None
+    """Why the task's batch grading failed, when it did."""
+
+
+class EvalRunStatus(SpecModel):
+    """What the operator observed and computed; aggregates only (samples live in the store)."""
+
+    phase: Phase = "Pending"
+    observed_generation: int | None = None
+    suite_version: str | None = None
+    started_at: str | None = None
+    completed_at: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    results: list[TaskModelResult] = Field(default_factory=list)
+
+
+class EvalRun(SpecModel):
+    """``evalkube.io/v1alpha1`` EvalRun."""
+
+    api_version: Literal["evalkube.io/v1alpha1"] = "evalkube.io/v1alpha1"
+    kind: Literal["EvalRun"] = "EvalRun"
+    metadata: ObjectMeta
+    spec: EvalRunSpec
+    status: EvalRunStatus | None = None

@@ -1,0 +1,146 @@
+"""EvalSuite: tasks with their dataset, prompt, extraction, grader and declared metrics."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from evalkube.models.base import SpecModel
+from evalkube.models.grader import GraderSpec, PreprocessSpec
+from evalkube.models.meta import ObjectMeta
+
+
+class ConfigMapKeyRef(SpecModel):
+    """A key of a ConfigMap in the suite's namespace."""
+
+    name: str = Field(min_length=1)
+    """ConfigMap name."""
+    key: str = Field(min_length=1)
+    """Key within the ConfigMap."""
+
+
+class DatasetSpec(SpecModel):
+    """Where a task's rows come from: inline rows, a JSONL file, or a ConfigMap key."""
+
+    rows: list[dict[str, Any]] | None = None
+    """Inline rows."""
+    path: str | None = None
+    """A JSONL (or ``.json`` array) file, relative to the suite file (local runs only)."""
+    config_map_ref: ConfigMapKeyRef | None = None
+    """A ConfigMap key holding JSONL (cluster runs)."""
+    id_field: str | None = None
+    """Row field holding a stable row id; default: the row's position."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DatasetSpec:
+        given = [n for n in ("rows", "path", "config_map_ref") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError("set exactly one of `rows`, `path` or `configMapRef`")
+        return self
+
+
+class Message(SpecModel):
+    """One chat message of a prompt; ``content`` is a template."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    """Chat role."""
+    content: str
+    """Jinja2 template rendered with ``item`` (the row), ``few_shot`` and ``task_id``."""
+
+
+class ExtractionSpec(SpecModel):
+    """How ``extracted_output`` is derived from ``output_text``."""
+
+    type: Literal["none", "regex", "json", "choice"] = "none"
+    """``none`` (stripped text), ``regex`` (first group), ``json`` (a field), ``choice``
+    (the first of ``item.choices`` found in the text)."""
+    pattern: str | None = None
+    """Regular expression for ``regex``; its first group (or the whole match) is taken."""
+    field: str | None = None
+    """Dotted path of the value for ``json`` (for example ``answer`` or ``result.label``)."""
+    ignore_case: bool = False
+    """Case-insensitive matching for ``regex`` and ``choice``."""
+
+    @model_validator(mode="after")
+    def _required_parameters(self) -> ExtractionSpec:
+        if self.type == "regex" and not self.pattern:
+            raise ValueError("`pattern` is required when type is `regex`")
+        if self.type == "json" and not self.field:
+            raise ValueError("`field` is required when type is `json`")
+        return self
+
+
+class OutputsSpec(SpecModel):
+    """Precomputed candidate outputs, so a suite runs with no model at all.
+
+    Used by the model ``precomputed`` (or ``precomputed:LABEL`` to select lines whose
+    ``model`` equals LABEL in a JSONL file).
+    """
+
+    column: str | None = None
+    """Dataset column holding ``output_text``."""
+    extracted_column: str | None = None
+    """Dataset column holding ``extracted_output`` (skips extraction)."""
+    path: str | None = None
+    """JSONL file of ``{id, output_text, extracted_output?, model?}`` keyed by row id."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> OutputsSpec:
+        if (self.column is None) == (self.path is None):
+            raise ValueError("set exactly one of `column` or `path`")
+        return self
+
+
+class TaskSpec(SpecModel):
+    """One task of a suite: rows -> prompt -> candidate -> extraction -> grader."""
+
+    id: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$")
+    """Task id: lowercase letters, digits, ``_``, ``-``, ``.``; unique within the suite."""
+    dataset: DatasetSpec
+    """The task's rows."""
+    preprocess: PreprocessSpec | None = None
+    """Optional preprocessor, run in the sandbox before rendering."""
+    prompt: str | list[Message] | None = None
+    """Jinja2 template (or chat messages). Required unless outputs are precomputed."""
+    target: str | None = None
+    """Jinja2 template of the reference answer (``item.target``)."""
+    choices: list[str] | str | None = None
+    """Answer choices: a list, or the name of a row field holding the list."""
+    few_shot: list[dict[str, Any]] = Field(default_factory=list)
+    """Few-shot example rows, available to templates as ``few_shot``."""
+    stop: list[str] = Field(default_factory=list)
+    """Stop sequences: ``output_text`` is cut at the first one before extraction."""
+    extraction: ExtractionSpec = Field(default_factory=ExtractionSpec)
+    """How to extract the answer from the output."""
+    outputs: OutputsSpec | None = None
+    """Precomputed outputs for the ``precomputed`` model."""
+    grader: GraderSpec
+    """The Python grader."""
+    metrics: list[str] | None = None
+    """Declared metric ids; undeclared batch metrics are dropped from aggregates."""
+
+
+class EvalSuiteSpec(SpecModel):
+    """The tasks of a suite."""
+
+    tasks: list[TaskSpec] = Field(min_length=1)
+    """At least one task; ids must be unique."""
+
+    @model_validator(mode="after")
+    def _unique_task_ids(self) -> EvalSuiteSpec:
+        seen: set[str] = set()
+        for task in self.tasks:
+            if task.id in seen:
+                raise ValueError(f"task id {task.id!r} is used twice; task ids must be unique")
+            seen.add(task.id)
+        return self
+
+
+class EvalSuite(SpecModel):
+    """``evalkube.io/v1alpha1`` EvalSuite."""
+
+    api_version: Literal["evalkube.io/v1alpha1"] = "evalkube.io/v1alpha1"
+    kind: Literal["EvalSuite"] = "EvalSuite"
+    metadata: ObjectMeta
+    spec: EvalSuiteSpec

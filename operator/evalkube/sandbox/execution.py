@@ -1,0 +1,98 @@
+"""What the host learned about one execution, normalized from the worker's untrusted answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from evalkube import limits
+
+Status = Literal[
+    "returned",  # the function returned ``value``
+    "raised",  # the function raised; ``error`` describes it
+    "unserializable",  # the return value could not be sent as JSON
+    "oversized",  # the return value exceeded the payload limit
+    "timeout",  # the runner killed the sandbox at the deadline
+    "crashed",  # the worker process died during this execution
+    "protocol_error",  # the worker sent something that is not a valid answer
+]
+
+
+@dataclass(slots=True)
+class Execution:
+    """One execution's outcome as the runner sees it."""
+
+    index: int
+    status: Status
+    value: Any = None
+    error: dict[str, Any] | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    ms: float | None = None
+
+    @property
+    def returned(self) -> bool:
+        return self.status == "returned"
+
+
+def _text(value: Any, cap: int) -> str | None:
+    if value is None:
+        return None
+    return str(value)[:cap]
+
+
+def _error(payload: Any, default_type: str) -> dict[str, Any]:
+    if not isinstance(payload, dict):
+        payload = {}
+    return {
+        "type": _text(payload.get("type"), 200) or default_type,
+        "message": _text(payload.get("message"), limits.ERROR_MESSAGE_CHARS) or "",
+        "traceback": _text(payload.get("traceback"), 20_000) or "",
+    }
+
+
+def from_answer(index: int, answer: Any) -> Execution:
+    """Normalize one worker answer (a dict) into an :class:`Execution`; never raises."""
+    if not isinstance(answer, dict):
+        return Execution(index, "protocol_error", error=host_error("ProtocolError", "answer is not an object"))
+    cap = limits.CAPTURED_OUTPUT_CHARS + 100
+    ms = answer.get("ms")
+    execution = Execution(
+        index,
+        "returned",
+        stdout=_text(answer.get("stdout"), cap),
+        stderr=_text(answer.get("stderr"), cap),
+        ms=float(ms) if isinstance(ms, int | float) and not isinstance(ms, bool) else None,
+    )
+    if answer.get("ok") is True and "value" in answer:
+        execution.value = answer["value"]
+    elif answer.get("ok") is False:
+        execution.status = "raised"
+        execution.error = _error(answer.get("error"), "Exception")
+    elif isinstance(answer.get("unserializable"), dict):
+        info = answer["unserializable"]
+        execution.status = "unserializable"
+        execution.value = _text(info.get("repr"), limits.INVALID_PAYLOAD_REPR_CHARS)
+        execution.error = host_error(
+            "UnserializableResult",
+            f"the grader returned a {_text(info.get('type'), 100)} that is not JSON-serializable: "
+            f"{_text(info.get('reason'), 300)}",
+        )
+    elif isinstance(answer.get("oversized"), dict):
+        info = answer["oversized"]
+        execution.status = "oversized"
+        execution.value = _text(info.get("repr"), limits.INVALID_PAYLOAD_REPR_CHARS)
+        execution.error = host_error(
+            "ResultTooLarge",
+            f"the grader's result is {info.get('bytes')} bytes; the limit is "
+            f"{limits.RESULT_PAYLOAD_BYTES} bytes (keep `judge` small)",
+        )
+    else:
+        execution.status = "protocol_error"
+        execution.error = host_error("ProtocolError", "answer has neither a value nor an error")
+    return execution
+
+
+def host_error(kind: str, message: str) -> dict[str, Any]:
+    """An error the host itself attributes to an execution."""
+    return {"type": kind, "message": message, "traceback": ""}

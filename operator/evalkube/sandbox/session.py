@@ -1,0 +1,379 @@
+"""A unit's grader sandbox: batches in, answers out, deadlines enforced from outside.
+
+The runner hands :meth:`GraderSandbox.execute` an iterable of executions (lazily: it renders
+prompts while the worker grades the previous batch, so both cores work). Answers come back
+in order. Each execution has a deadline of ``timeout`` seconds from the moment the runner
+knows it started; past it the worker is killed, the execution becomes ``timeout``, a fresh
+worker loads the same programs and the rest continue.
+
+Knowing which execution is in flight: the worker flushes answers at least every 20 ms and
+announces an execution that runs longer. When it could not (user code holding the GIL in C,
+or a crash), the runner re-runs the uncertain executions one per batch ("probe mode"), so
+the failure is pinned on the execution that really caused it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from evalkube import limits
+from evalkube.sandbox.backends import SandboxBackend, WorkerProcess
+from evalkube.sandbox.execution import Execution, from_answer, host_error
+from evalkube.sandbox.protocol import FrameError, encode, read_frame
+
+#: Executions that can be in doubt after an unannounced failure: the worker's unflushed
+#: answers (at most its flush count) plus the one in flight.
+PROBE_ITEMS = 257
+STARTUP_TIMEOUT = 60.0
+MAX_CONSECUTIVE_START_FAILURES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """User code to load into the worker."""
+
+    name: str
+    source: str
+    filename: str
+    entrypoint: str
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (could not start); not attributable to one execution."""
+
+
+class ProgramLoadError(Exception):
+    """User code failed to load (syntax error, missing function, import-time exception)."""
+
+    def __init__(self, program: str, error: dict[str, Any]) -> None:
+        self.program = program
+        self.error = error
+        super().__init__(f"{program}: {error.get('type')}: {error.get('message')}")
+
+
+class _Live:
+    """One running worker with its reader, writer and stderr-drain threads."""
+
+    def __init__(self, process: WorkerProcess) -> None:
+        self.process = process
+        self.frames: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.stderr_tail = b""
+        self._threads = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._write, daemon=True),
+            threading.Thread(target=self._drain, daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                frame = read_frame(self.process.stdout)
+                if frame is None:
+                    self.frames.put(("eof", None))
+                    return
+                self.frames.put(("frame", frame))
+        except FrameError as exc:
+            self.frames.put(("bad", str(exc)))
+        except (OSError, ValueError):
+            self.frames.put(("eof", None))
+
+    def _write(self) -> None:
+        while True:
+            data = self.outbox.get()
+            if data is None:
+                return
+            try:
+                self.process.stdin.write(data)
+                self.process.stdin.flush()
+            except (OSError, ValueError):
+                return
+
+    def _drain(self) -> None:
+        keep = 16_384
+        try:
+            while chunk := self.process.stderr.read1(65_536):  # type: ignore[attr-defined]
+                self.stderr_tail = (self.stderr_tail + chunk)[-keep:]
+        except (OSError, ValueError):
+            return
+
+    def send(self, message: Any) -> None:
+        self.outbox.put(encode(message))
+
+    def next(self, deadline: float) -> tuple[str, Any]:
+        """The next event (``frame``, ``eof``, ``bad``) or ``("timeout", None)``."""
+        try:
+            return self.frames.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return ("timeout", None)
+
+    def stop(self) -> None:
+        self.outbox.put(None)
+        self.process.kill()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def crash_detail(self) -> str:
+        try:
+            code: int | None = self.process.popen.wait(timeout=2)
+        except Exception:  # still running: it stopped answering instead
+            code = None
+        tail = self.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]
+        detail = f"the grader worker exited (code {code})" if code is not None else "the grader worker stopped answering"
+        return detail + (": " + " | ".join(tail) if tail else "")
+
+
+@dataclass(slots=True)
+class _Item:
+    index: int
+    args: list[Any]
+    exec_id: str | None
+
+
+@dataclass(slots=True)
+class _Batch:
+    program: str
+    items: list[_Item]
+    answered: int = 0
+
+
+class GraderSandbox:
+    """Runs one unit's programs in a sandbox backend, surviving timeouts and crashes."""
+
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        programs: Sequence[Program],
+        *,
+        task_id: str,
+        model_endpoint: str | None = None,
+        load_timeout: float = float(limits.TIMEOUT_SECONDS_DEFAULT),
+        batch_size: int = limits.WORKER_BATCH_SIZE,
+    ) -> None:
+        self.backend = backend
+        self.programs = list(programs)
+        self.task_id = task_id
+        self.model_endpoint = model_endpoint
+        self.load_timeout = load_timeout
+        self.batch_size = batch_size
+        self.wants_ctx: dict[str, bool] = {}
+        self.restarts = 0
+        self._live: _Live | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start a worker and load the programs; :class:`ProgramLoadError` on bad user code."""
+        failures = 0
+        while True:
+            try:
+                self._live = self._spawn_and_load()
+                return
+            except SandboxError:
+                failures += 1
+                if failures >= MAX_CONSECUTIVE_START_FAILURES:
+                    raise
+
+    def _spawn_and_load(self) -> _Live:
+        live = _Live(self.backend.spawn())
+        try:
+            kind, frame = live.next(time.monotonic() + STARTUP_TIMEOUT)
+            if kind != "frame" or not isinstance(frame, dict) or frame.get("t") != "hello":
+                raise SandboxError(f"worker did not start ({self.backend.name}): {live.crash_detail()}")
+            live.send(
+                {
+                    "op": "load",
+                    "task_id": self.task_id,
+                    "model_endpoint": self.model_endpoint,
+                    "capture_chars": limits.CAPTURED_OUTPUT_CHARS,
+                    "payload_bytes": limits.RESULT_PAYLOAD_BYTES,
+                    "programs": [
+                        {"name": p.name, "source": p.source, "filename": p.filename, "entrypoint": p.entrypoint}
+                        for p in self.programs
+                    ],
+                }
+            )
+            kind, frame = live.next(time.monotonic() + self.load_timeout + limits.TIMEOUT_GRACE_SECONDS)
+            if kind == "timeout":
+                raise ProgramLoadError(
+                    "program", host_error("Timeout", f"loading took longer than {self.load_timeout:g} s")
+                )
+            if kind != "frame" or not isinstance(frame, dict):
+                raise SandboxError(f"worker failed while loading programs: {live.crash_detail()}")
+            if frame.get("t") == "load_error":
+                error = frame.get("error") if isinstance(frame.get("error"), dict) else {}
+                raise ProgramLoadError(str(frame.get("name")), error)
+            if frame.get("t") != "loaded" or not isinstance(frame.get("programs"), dict):
+                raise SandboxError("worker answered the load request with an unexpected frame")
+            self.wants_ctx = {
+                name: bool(info.get("ctx")) for name, info in frame["programs"].items() if isinstance(info, dict)
+            }
+            return live
+        except BaseException:
+            live.stop()
+            raise
+
+    def close(self) -> None:
+        """Stop the worker; nothing is left running."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def __enter__(self) -> GraderSandbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _restart(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        self.restarts += 1
+        self.start()
+
+    # -- executions --------------------------------------------------------------------------
+    def execute(
+        self,
+        program: str,
+        items: Iterable[tuple[list[Any], str | None]],
+        *,
+        timeout: float,
+    ) -> Iterator[Execution]:
+        """Run ``program`` once per ``(args, exec_id)``; yield executions in input order."""
+        source = iter(items)
+        requeue: deque[_Item] = deque()
+        in_flight: deque[_Batch] = deque()
+        next_index = 0
+        probe_left = 0
+        exhausted = False
+        mark = time.monotonic()
+        announced = -1
+        if self._live is None:
+            self.start()
+
+        def take(size: int) -> list[_Item]:
+            nonlocal next_index, exhausted
+            batch: list[_Item] = []
+            while requeue and len(batch) < size:
+                batch.append(requeue.popleft())
+            while not exhausted and len(batch) < size:
+                try:
+                    args, exec_id = next(source)
+                except StopIteration:
+                    exhausted = True
+                    break
+                batch.append(_Item(next_index, args, exec_id))
+                next_index += 1
+            return batch
+
+        def fill() -> None:
+            nonlocal probe_left
+            assert self._live is not None
+            while len(in_flight) < 2:
+                size = 1 if probe_left > 0 else self.batch_size
+                batch_items = take(size)
+                if not batch_items:
+                    return
+                if probe_left > 0:
+                    probe_left -= 1
+                batch = _Batch(program, batch_items)
+                in_flight.append(batch)
+                self._live.send(
+                    {
+                        "op": "run",
+                        "program": program,
+                        "items": [item.args for item in batch_items],
+                        "exec_ids": [item.exec_id for item in batch_items],
+                    }
+                )
+
+        fill()
+        mark = time.monotonic()
+        while in_flight:
+            assert self._live is not None
+            head = in_flight[0]
+            expected = head.answered
+            deadline = mark + timeout + limits.TIMEOUT_GRACE_SECONDS
+            kind, frame = self._live.next(deadline)
+            failure: Execution | None = None
+            if kind == "frame":
+                outcome = self._accept(head, frame)
+                if isinstance(outcome, list):
+                    for local, answer in outcome:
+                        yield from_answer(head.items[local].index, answer)
+                    mark = time.monotonic()
+                    continue
+                if outcome == "running":
+                    announced = expected
+                    continue
+                if outcome == "done":
+                    in_flight.popleft()
+                    fill()
+                    mark = time.monotonic()
+                    announced = -1
+                    continue
+                failure = Execution(head.items[expected].index, "protocol_error", error=host_error("ProtocolError", outcome))
+            elif kind == "bad":
+                failure = Execution(head.items[expected].index, "protocol_error", error=host_error("ProtocolError", str(frame)))
+            elif kind == "eof":
+                failure = Execution(head.items[expected].index, "crashed", error=host_error("WorkerCrashed", self._live.crash_detail()))
+            else:
+                failure = Execution(
+                    head.items[expected].index,
+                    "timeout",
+                    error=host_error(
+                        "Timeout",
+                        f"the execution exceeded timeout_seconds={timeout:g}; the sandbox was killed "
+                        "and a fresh one continued with the remaining samples",
+                    ),
+                )
+            # The worker is no longer trustworthy: kill it, decide whom to blame, go on.
+            certain = announced == expected or len(head.items) == 1
+            leftovers = [item for batch in in_flight for item in batch.items[batch.answered :]]
+            in_flight.clear()
+            if certain:
+                yield failure
+                leftovers = leftovers[1:]
+            else:
+                probe_left = PROBE_ITEMS
+            requeue.extendleft(reversed(leftovers))
+            announced = -1
+            self._restart()
+            fill()
+            mark = time.monotonic()
+
+    @staticmethod
+    def _accept(head: _Batch, frame: Any) -> list[tuple[int, Any]] | str:
+        """Check one frame against the head batch; answers, ``running``/``done`` or a violation."""
+        if not isinstance(frame, dict):
+            return "frame is not an object"
+        kind = frame.get("t")
+        if kind == "results":
+            answers = frame.get("answers")
+            start = frame.get("start")
+            if start != head.answered or not isinstance(answers, list) or not answers:
+                return f"results for position {start!r} while {head.answered} was expected"
+            if head.answered + len(answers) > len(head.items):
+                return "more answers than executions in the batch"
+            out = [(head.answered + offset, answer) for offset, answer in enumerate(answers)]
+            head.answered += len(answers)
+            return out
+        if kind == "running":
+            if frame.get("i") != head.answered:
+                return f"announced position {frame.get('i')!r} while {head.answered} was expected"
+            return "running"
+        if kind == "done":
+            if frame.get("n") != len(head.items) or head.answered != len(head.items):
+                return "batch ended before every execution was answered"
+            return "done"
+        return f"unexpected frame type {kind!r}"
+

@@ -1,0 +1,112 @@
+"""``ctx``: the grader's only door to models, through the evalkube model bridge proxy.
+
+The proxy holds the credentials and the budgets; the grader never sees an API key. Every
+call carries the execution id so the proxy can enforce ``max_model_calls`` per execution
+and hand the runner each sample's call count and response ids.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from typing import Any
+
+EXECUTION_HEADER = "X-Evalkube-Execution"
+
+
+class ModelCallError(RuntimeError):
+    """A model call through ``ctx`` failed (budget exhausted, provider error, no access)."""
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+class Context:
+    """Passed as the grader's ``ctx`` argument when its signature asks for one."""
+
+    __slots__ = ("_enabled", "_endpoint", "_timeout", "execution_id", "task_id")
+
+    def __init__(
+        self, endpoint: str | None, execution_id: str, task_id: str, timeout: float = 600.0
+    ) -> None:
+        self._endpoint = endpoint
+        self._enabled = endpoint is not None
+        self._timeout = timeout
+        self.execution_id = execution_id
+        self.task_id = task_id
+
+    def responses_create(self, **request: Any) -> dict[str, Any]:
+        """Create a response (Responses API shape); ``model="auto"`` is the run's judge model.
+
+        The result carries ``output_text`` (all output text joined) as the SDKs do.
+        """
+        response = self._post("/v1/responses", request)
+        if "output_text" not in response:
+            response["output_text"] = output_text(response)
+        return response
+
+    def embeddings_create(self, **request: Any) -> dict[str, Any]:
+        """Create embeddings (Embeddings API shape); ``model="auto"`` is the run's model."""
+        return self._post("/v1/embeddings", request)
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if not self._enabled or self._endpoint is None:
+            raise ModelCallError(
+                "model access is disabled for this grader: set `contract: model_backed` "
+                "(or `model_access: gateway`) on the task's grader"
+            )
+        payload = json.dumps(body).encode("utf-8")
+        conn = self._connection()
+        try:
+            conn.request(
+                "POST",
+                path,
+                body=payload,
+                headers={"Content-Type": "application/json", EXECUTION_HEADER: self.execution_id},
+            )
+            reply = conn.getresponse()
+            data = reply.read()
+        except OSError as exc:
+            raise ModelCallError(f"model bridge unreachable: {exc}") from None
+        finally:
+            conn.close()
+        try:
+            decoded = json.loads(data) if data else {}
+        except ValueError:
+            decoded = {}
+        if reply.status >= 400:
+            error = decoded.get("error") if isinstance(decoded, dict) else None
+            message = error.get("message") if isinstance(error, dict) else None
+            raise ModelCallError(message or f"model bridge answered HTTP {reply.status}")
+        if not isinstance(decoded, dict):
+            raise ModelCallError("model bridge answered with a non-object")
+        return decoded
+
+    def _connection(self) -> http.client.HTTPConnection:
+        endpoint = self._endpoint or ""
+        if endpoint.startswith("unix:"):
+            return _UnixHTTPConnection(endpoint[len("unix:") :], self._timeout)
+        host = endpoint.split("://", 1)[-1].rstrip("/")
+        return http.client.HTTPConnection(host, timeout=self._timeout)
+
+
+def output_text(response: dict[str, Any]) -> str:
+    """Join the ``output_text`` parts of a Responses API ``output`` list."""
+    parts: list[str] = []
+    for item in response.get("output") or []:
+        if not isinstance(item, dict) or item.get("type") != "message":
+            continue
+        for content in item.get("content") or []:
+            if isinstance(content, dict) and content.get("type") == "output_text":
+                parts.append(str(content.get("text", "")))
+    return "".join(parts)

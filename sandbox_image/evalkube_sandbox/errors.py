@@ -1,0 +1,27 @@
+"""Describe a user exception for the host: type, message and the traceback's tail."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+MESSAGE_CHARS = 2_000
+TRACEBACK_LINES = 12
+
+
+def describe(exc: BaseException) -> dict[str, Any]:
+    """Error payload of an exception raised by user code (kept small)."""
+    try:
+        message = str(exc)
+    except BaseException:  # a hostile __str__
+        message = "<unprintable exception>"
+    try:
+        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        tail = "".join(lines).splitlines()[-TRACEBACK_LINES:]
+    except BaseException:
+        tail = []
+    return {
+        "type": type(exc).__name__,
+        "message": message[:MESSAGE_CHARS],
+        "traceback": "\n".join(tail),
+    }

@@ -1,0 +1,699 @@
+"""A real, throw-away Kubernetes control plane on loopback, for tests.
+
+Starts etcd, kube-apiserver (TLS on 127.0.0.1, RBAC, service-account signing keys),
+kube-controller-manager, kube-scheduler and kwok (one fake node, ``kwok-node-0``) from the
+binaries that ``tests/cluster/build-tools.sh`` builds, each on a free loopback port, each in its
+own process group. Writes an admin kubeconfig, waits until the cluster is usable (apiserver
+/readyz, controller and scheduler /healthz, the ``default`` ServiceAccount and the
+``kube-root-ca.crt`` ConfigMap in namespace ``default``, the kwok node Ready), and on ``stop()``
+kills exactly the process groups it started. Logs, certificates and the kubeconfig live in one
+work directory, removed on stop unless asked to keep it (the pytest plugin keeps it when a test
+failed and prints where).
+
+Standard library only; certificates are made with the ``openssl`` command.
+
+    with ControlPlane(bin_dir) as cp:
+        cp.kubectl("get", "nodes")
+
+Nothing here sends traffic anywhere but 127.0.0.1. Pod and service IPs that appear in object
+status are fake (kwok runs no containers; there is no kube-proxy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+HERE = Path(__file__).resolve().parent
+STAGES_DIR = HERE / "stages"
+BUILD_SCRIPT = HERE / "build-tools.sh"
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "helm",
+)
+NODE_NAME = "kwok-node-0"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# Annotations understood by the stages in tests/cluster/stages/pod.yaml
+HOLD_ANNOTATION = "evalkube.io/kwok-hold"
+COMPLETE_ANNOTATION = "evalkube.io/kwok-complete"
+
+T = TypeVar("T")
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be started (the message says which component and why)."""
+
+
+class BinariesMissing(ControlPlaneError):
+    """The control-plane binaries are not built."""
+
+
+class KubectlError(subprocess.CalledProcessError):
+    """kubectl exited non-zero; ``stderr`` holds its message (also shown by ``str()``)."""
+
+    def __str__(self) -> str:
+        args = " ".join(str(a) for a in self.cmd[2:])  # drop binary and --kubeconfig
+        return f"kubectl {args} exited {self.returncode}: {(self.stderr or '').strip()}"
+
+
+# --------------------------------------------------------------------------------------------
+# Finding the binaries
+# --------------------------------------------------------------------------------------------
+
+
+def missing_binaries(bin_dir: Path) -> list[str]:
+    return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
+
+
+def find_bin_dir(*, env: dict[str, str] | None = None) -> Path:
+    """The bin dir from ``$EVALKUBE_CTRLPLANE_BIN``, else from the build cache (never builds).
+
+    Raises BinariesMissing with a message that says how to build them.
+    """
+    env = dict(os.environ if env is None else env)
+    explicit = env.get("EVALKUBE_CTRLPLANE_BIN")
+    if explicit:
+        bin_dir = Path(explicit)
+        missing = missing_binaries(bin_dir)
+        if missing:
+            raise BinariesMissing(
+                f"EVALKUBE_CTRLPLANE_BIN={explicit} lacks {', '.join(missing)}; "
+                f"build them with `bash {rel(BUILD_SCRIPT)}` and point the variable at the "
+                "directory it prints"
+            )
+        return bin_dir
+    try:
+        out = subprocess.run(
+            ["bash", str(BUILD_SCRIPT), "--print-if-cached"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:  # pragma: no cover - defensive
+        raise BinariesMissing(f"could not run {rel(BUILD_SCRIPT)} --print-if-cached: {exc}") from exc
+    if out.returncode == 0 and out.stdout.strip():
+        bin_dir = Path(out.stdout.strip().splitlines()[-1])
+        if not missing_binaries(bin_dir):
+            return bin_dir
+    raise BinariesMissing(
+        "control-plane binaries are not built "
+        f"({out.stderr.strip() or 'build-tools.sh found no complete cache'}). "
+        f"Build them once with `bash {rel(BUILD_SCRIPT)}` (cold: ~30-40 min on 2 cores, "
+        "then cached outside the work tree), or set EVALKUBE_CTRLPLANE_BIN to a directory "
+        f"holding {', '.join(BINARIES)}."
+    )
+
+
+def rel(p: Path) -> str:
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(
+    check: Callable[[], T],
+    *,
+    timeout: float,
+    interval: float = 0.2,
+    what: str = "condition",
+    on_timeout: Callable[[], str] | None = None,
+) -> T:
+    """Call ``check`` until it returns a truthy value (returned) or ``timeout`` seconds pass.
+
+    Exceptions from ``check`` count as "not yet"; the last one is reported on timeout.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as exc:  # noqa: BLE001 - polling
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc else ""
+            extra = f"\n{on_timeout()}" if on_timeout else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}{extra}")
+        time.sleep(interval)
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    proc = subprocess.run(
+        ["openssl", *args], cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    if proc.returncode != 0:
+        raise ControlPlaneError(f"openssl {' '.join(args)} failed:\n{proc.stderr}")
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    """Have the kernel SIGTERM the child if the test process dies without cleaning up."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - best effort, Linux only
+        pass
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        data = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(data[-lines:])
+
+
+class _Proc:
+    def __init__(self, name: str, popen: subprocess.Popen[bytes], log: Path) -> None:
+        self.name = name
+        self.popen = popen
+        self.log = log
+        self.pgid = os.getpgid(popen.pid)  # == pid: started with start_new_session=True
+
+
+# --------------------------------------------------------------------------------------------
+# The control plane
+# --------------------------------------------------------------------------------------------
+
+
+class ControlPlane:
+    """A loopback Kubernetes control plane (see module docstring).
+
+    Attributes after ``start()``:
+      bin         directory with the binaries (also first on ``env["PATH"]``)
+      workdir     directory with certs, kubeconfigs, etcd data and ``logs/``
+      logs_dir    ``workdir/logs``: one ``<component>.log`` per process
+      kubeconfig  admin kubeconfig (system:masters, client certificate)
+      server      ``https://127.0.0.1:<port>``
+      env         environment for subprocesses: KUBECONFIG, PATH, isolated helm/kubectl caches
+      node_name   the kwok fake node (``kwok-node-0``)
+      ports       {"etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler"}
+      startup_seconds  wall time of ``start()``
+    """
+
+    def __init__(
+        self,
+        bin_dir: Path | str,
+        *,
+        workdir: Path | str | None = None,
+        stages: Sequence[Path | str] | None = None,
+        node_name: str = NODE_NAME,
+        start_timeout: float = 120.0,
+        extra_apiserver_args: Iterable[str] = (),
+    ) -> None:
+        self.bin = Path(bin_dir).resolve()
+        missing = missing_binaries(self.bin)
+        if missing:
+            raise BinariesMissing(f"{self.bin} lacks {', '.join(missing)}")
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="evalkube-ctrlplane-")).resolve()
+        self.logs_dir = self.workdir / "logs"
+        self.stages = [Path(s) for s in (stages or sorted(STAGES_DIR.glob("*.yaml")))]
+        self.node_name = node_name
+        self.start_timeout = start_timeout
+        self.extra_apiserver_args = list(extra_apiserver_args)
+        self.ports: dict[str, int] = {}
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.server = ""
+        self.startup_seconds: float | None = None
+        self._procs: list[_Proc] = []
+        self._stopped = False
+        self.env = self._make_env()
+
+    # -- context manager ----------------------------------------------------------------------
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.stop(keep_workdir=exc_type is not None)
+
+    # -- public helpers -----------------------------------------------------------------------
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 60.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``kubectl --kubeconfig=<admin> *args``; raise CalledProcessError (with stderr in
+        the message) when ``check`` and it fails (KubectlError, a CalledProcessError)."""
+        cmd = [str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
+        proc = subprocess.run(
+            cmd,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
+        if check and proc.returncode != 0:
+            raise KubectlError(proc.returncode, cmd, proc.stdout, proc.stderr)
+        return proc
+
+    def kubectl_json(self, *args: str, timeout: float = 60.0) -> Any:
+        """``kubectl *args -o json``, parsed."""
+        return json.loads(self.kubectl(*args, "-o", "json", timeout=timeout).stdout)
+
+    def apply(self, manifest: str | dict[str, Any] | list[dict[str, Any]], *args: str) -> str:
+        """``kubectl apply -f -`` of YAML text or of object(s) (dicts, sent as JSON)."""
+        if not isinstance(manifest, str):
+            items = manifest if isinstance(manifest, list) else [manifest]
+            manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+        return self.kubectl("apply", "-f", "-", *args, input=manifest).stdout
+
+    def run(
+        self, tool: str, *args: str, input: str | None = None, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run another binary from ``bin`` (e.g. ``helm``) with ``env``; never raises on exit."""
+        return subprocess.run(
+            [str(self.bin / tool), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
+
+    def wait_for(self, check: Callable[[], T], *, timeout: float = 60.0, what: str = "condition",
+                 interval: float = 0.2) -> T:
+        return wait_for(check, timeout=timeout, what=what, interval=interval,
+                        on_timeout=self._dead_processes_report)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> ControlPlane:
+        t0 = time.monotonic()
+        try:
+            self._start()
+        except BaseException:
+            self.stop(keep_workdir=True)
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def stop(self, *, keep_workdir: bool = False, timeout: float = 15.0) -> None:
+        """SIGTERM each started process group (newest first), SIGKILL what is left after
+        ``timeout``; then remove the work dir unless ``keep_workdir``."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for proc in reversed(self._procs):
+            if proc.popen.poll() is None:
+                try:
+                    os.killpg(proc.pgid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for proc in reversed(self._procs):
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            # the whole group, also any child a component forked (none expected)
+            try:
+                os.killpg(proc.pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
+        if self._own_workdir and not keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {p.name: p.popen.pid for p in self._procs}
+
+    # -- internals ----------------------------------------------------------------------------
+    def _make_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PATH"] = f"{self.bin}{os.pathsep}{env.get('PATH', '')}"
+        # keep helm and kubectl state out of $HOME
+        for var, sub in (
+            ("HELM_CACHE_HOME", "helm/cache"),
+            ("HELM_CONFIG_HOME", "helm/config"),
+            ("HELM_DATA_HOME", "helm/data"),
+            ("KUBECACHEDIR", "kube-cache"),
+        ):
+            env[var] = str(self.workdir / sub)
+        env["KWOK_WORKDIR"] = str(self.workdir / "kwok-home")  # no ~/.kwok/kwok.yaml
+        return env
+
+    def _spawn(self, name: str, args: list[str]) -> _Proc:
+        log = self.logs_dir / f"{name}.log"
+        with open(log, "ab") as fh:
+            fh.write(f"$ {' '.join(args)}\n".encode())
+            fh.flush()
+            popen = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env=self.env,
+                start_new_session=True,  # own process group: stop() kills exactly this group
+                preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
+            )
+        proc = _Proc(name, popen, log)
+        self._procs.append(proc)
+        return proc
+
+    def _dead_processes_report(self) -> str:
+        out = []
+        for p in self._procs:
+            rc = p.popen.poll()
+            if rc is not None:
+                out.append(f"--- {p.name} exited with {rc}; last lines of {p.log}:\n{_tail(p.log)}")
+        return "\n".join(out)
+
+    def _wait_component(self, proc: _Proc, check: Callable[[], Any], what: str,
+                        timeout: float | None = None) -> None:
+        def probe() -> Any:
+            rc = proc.popen.poll()
+            if rc is not None:
+                raise ControlPlaneError(
+                    f"{proc.name} exited with code {rc} during startup; last lines of "
+                    f"{proc.log}:\n{_tail(proc.log)}"
+                )
+            return check()
+
+        deadline = time.monotonic() + (timeout or self.start_timeout)
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            try:
+                if probe():
+                    return
+            except ControlPlaneError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                last = exc
+            time.sleep(0.1)
+        raise ControlPlaneError(
+            f"{proc.name}: timed out waiting for {what} (last error: {last!r}); last lines of "
+            f"{proc.log}:\n{_tail(proc.log)}"
+        )
+
+    def _https_ok(self, url: str, *, client_cert: bool, verify: bool = True) -> bool:
+        if verify:
+            ctx = ssl.create_default_context(cafile=str(self.workdir / "pki" / "ca.crt"))
+        else:  # controller-manager / scheduler serve a self-signed loopback certificate
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if client_cert:
+            pki = self.workdir / "pki"
+            ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
+                return resp.status == 200
+        except urllib.error.HTTPError:
+            return False
+
+    @staticmethod
+    def _http_ok(url: str) -> bool:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            body = resp.read()
+            return resp.status == 200 and b'"health":"true"' in body.replace(b" ", b"")
+
+    def _make_pki(self) -> None:
+        pki = self.workdir / "pki"
+        pki.mkdir()
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "7",
+                 "-subj", "/CN=evalkube-test-ca", cwd=pki)
+
+        def leaf(name: str, subj: str, *exts: str) -> None:
+            _openssl("req", "-x509", *ec, "-keyout", f"{name}.key", "-out", f"{name}.crt",
+                     "-days", "7", "-subj", subj, "-CA", "ca.crt", "-CAkey", "ca.key",
+                     "-addext", "basicConstraints=critical,CA:FALSE",
+                     "-addext", "keyUsage=critical,digitalSignature,keyEncipherment",
+                     *[a for e in exts for a in ("-addext", e)], cwd=pki)
+
+        leaf("apiserver", "/CN=kube-apiserver",
+             "extendedKeyUsage=serverAuth",
+             "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
+             "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+             "DNS:kubernetes.default.svc.cluster.local")
+        client = "extendedKeyUsage=clientAuth"
+        leaf("admin", "/O=system:masters/CN=evalkube-admin", client)
+        leaf("controller-manager", "/CN=system:kube-controller-manager", client)
+        leaf("scheduler", "/CN=system:kube-scheduler", client)
+        # kwok updates node and pod status, leases and deletes pods: cluster-admin for simplicity
+        leaf("kwok", "/O=system:masters/CN=kwok", client)
+        _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                 "-out", "sa.key", cwd=pki)
+        _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+    def _write_kubeconfig(self, path: Path, user: str) -> None:
+        pki = self.workdir / "pki"
+        path.write_text(textwrap.dedent(f"""\
+            apiVersion: v1
+            kind: Config
+            clusters:
+            - name: evalkube-test
+              cluster:
+                server: {self.server}
+                certificate-authority: {pki / 'ca.crt'}
+            users:
+            - name: {user}
+              user:
+                client-certificate: {pki / (user + '.crt')}
+                client-key: {pki / (user + '.key')}
+            contexts:
+            - name: evalkube-test
+              context:
+                cluster: evalkube-test
+                user: {user}
+                namespace: default
+            current-context: evalkube-test
+            """))
+        path.chmod(0o600)
+
+    def _start(self) -> None:
+        if self._procs:
+            raise ControlPlaneError("already started")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(exist_ok=True)
+        for d in ("helm/cache", "helm/config", "helm/data", "kube-cache", "kwok-home"):
+            (self.workdir / d).mkdir(parents=True, exist_ok=True)
+        self._make_pki()
+        pki = self.workdir / "pki"
+        for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler"):
+            port = free_port()
+            while port in self.ports.values():
+                port = free_port()
+            self.ports[name] = port
+        self.server = f"https://127.0.0.1:{self.ports['apiserver']}"
+        self._write_kubeconfig(self.kubeconfig, "admin")
+        kcs = {}
+        for user in ("controller-manager", "scheduler", "kwok"):
+            kcs[user] = self.workdir / f"{user}.kubeconfig"
+            self._write_kubeconfig(kcs[user], user)
+
+        # etcd ---------------------------------------------------------------------------------
+        ep, epp = self.ports["etcd"], self.ports["etcd-peer"]
+        etcd = self._spawn("etcd", [
+            str(self.bin / "etcd"),
+            "--name=evalkube", f"--data-dir={self.workdir / 'etcd-data'}",
+            f"--listen-client-urls=http://127.0.0.1:{ep}",
+            f"--advertise-client-urls=http://127.0.0.1:{ep}",
+            f"--listen-peer-urls=http://127.0.0.1:{epp}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{epp}",
+            f"--initial-cluster=evalkube=http://127.0.0.1:{epp}",
+            "--initial-cluster-state=new",
+            "--unsafe-no-fsync=true",  # throw-away data: no fsync per write
+            "--log-level=warn",
+        ])
+        self._wait_component(etcd, lambda: self._http_ok(f"http://127.0.0.1:{ep}/health"),
+                             "/health")
+
+        # kube-apiserver -----------------------------------------------------------------------
+        ap = self.ports["apiserver"]
+        apiserver = self._spawn("kube-apiserver", [
+            str(self.bin / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{ep}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ap}",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=RBAC",
+            "--anonymous-auth=false",
+            "--allow-privileged=true",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--profiling=false",
+            *self.extra_apiserver_args,
+        ])
+        self._wait_component(
+            apiserver,
+            lambda: self._https_ok(f"{self.server}/readyz", client_cert=True),
+            "/readyz",
+        )
+
+        # controller-manager and scheduler -----------------------------------------------------
+        cmp_ = self.ports["controller-manager"]
+        kcm = self._spawn("kube-controller-manager", [
+            str(self.bin / "kube-controller-manager"),
+            f"--kubeconfig={kcs['controller-manager']}",
+            f"--authentication-kubeconfig={kcs['controller-manager']}",
+            f"--authorization-kubeconfig={kcs['controller-manager']}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={cmp_}",
+            f"--cert-dir={self.workdir / 'kcm-certs'}",
+            "--leader-elect=false",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--use-service-account-credentials=true",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--profiling=false",
+        ])
+        sp = self.ports["scheduler"]
+        sched = self._spawn("kube-scheduler", [
+            str(self.bin / "kube-scheduler"),
+            f"--kubeconfig={kcs['scheduler']}",
+            f"--authentication-kubeconfig={kcs['scheduler']}",
+            f"--authorization-kubeconfig={kcs['scheduler']}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={sp}",
+            f"--cert-dir={self.workdir / 'scheduler-certs'}",
+            "--leader-elect=false",
+            "--profiling=false",
+        ])
+
+        # kwok ---------------------------------------------------------------------------------
+        kwok = self._spawn("kwok", [
+            str(self.bin / "kwok"),
+            f"--kubeconfig={kcs['kwok']}",
+            *[f"--config={s}" for s in self.stages],
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            "--node-ip=127.0.0.1",  # fake; nothing listens there for it
+            "--cidr=10.244.0.0/16",  # fake pod IPs (no traffic: kwok runs no containers)
+            "--node-lease-duration-seconds=40",
+        ])
+
+        self._wait_component(
+            kcm, lambda: self._https_ok(f"https://127.0.0.1:{cmp_}/healthz", client_cert=False,
+                                        verify=False), "/healthz")
+        self._wait_component(
+            sched, lambda: self._https_ok(f"https://127.0.0.1:{sp}/healthz", client_cert=False,
+                                          verify=False), "/healthz")
+
+        # the fake node --------------------------------------------------------------------------
+        self.apply({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.node_name,
+                "annotations": {KWOK_NODE_ANNOTATION: "fake",
+                                "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": self.node_name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                },
+            },
+        })
+
+        def node_ready() -> bool:
+            node = self.kubectl_json("get", "node", self.node_name)
+            conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+            taints = node.get("spec", {}).get("taints") or []
+            # the node lifecycle controller removes node.kubernetes.io/not-ready once it is Ready
+            return conds.get("Ready") == "True" and not any(
+                t.get("key", "").startswith("node.kubernetes.io/") for t in taints)
+
+        self._wait_component(kwok, node_ready, f"node {self.node_name} Ready and untainted")
+
+        def default_ns_usable() -> bool:
+            self.kubectl("get", "serviceaccount", "default", "-n", "default")
+            self.kubectl("get", "configmap", "kube-root-ca.crt", "-n", "default")
+            return True
+
+        self._wait_component(kcm, default_ns_usable,
+                             "ServiceAccount default and ConfigMap kube-root-ca.crt in default")
+
+    def describe(self) -> str:
+        lines = [f"control plane {self.server} (workdir {self.workdir})"]
+        lines += [f"  {p.name}: pid {p.popen.pid} log {p.log}" for p in self._procs]
+        return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.cluster.ctrlplane``: start a control plane and keep it up until ^C."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", help="bin dir (default: $EVALKUBE_CTRLPLANE_BIN or the build cache)")
+    ap.add_argument("--workdir", help="work dir (default: a new temp dir, kept)")
+    ns = ap.parse_args(argv)
+    bin_dir = Path(ns.bin) if ns.bin else find_bin_dir()
+    cp = ControlPlane(bin_dir, workdir=ns.workdir)
+    cp.start()
+    print(cp.describe())
+    print(f"ready in {cp.startup_seconds:.1f}s\nexport KUBECONFIG={cp.kubeconfig}", flush=True)
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cp.stop(keep_workdir=True)
+        print(f"stopped; logs in {cp.logs_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

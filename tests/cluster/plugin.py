@@ -1,0 +1,105 @@
+"""pytest plugin: a session-scoped real Kubernetes control plane (see tests/cluster/ctrlplane.py).
+
+Registered from tests/conftest.py (``pytest_plugins = ["tests.cluster.plugin"]``) or with
+``-p tests.cluster.plugin``.
+
+- marker ``cluster``: the test needs the control plane; the ``control_plane`` fixture is added to
+  it automatically. Select or deselect with ``-m cluster`` / ``-m "not cluster"``.
+- fixture ``control_plane`` (session): a started ``ControlPlane`` -- ``.kubeconfig``, ``.bin``,
+  ``.env``, ``.kubectl(*args)``, ``.kubectl_json(*args)``, ``.apply(obj_or_yaml)``,
+  ``.run("helm", ...)``, ``.wait_for(fn)``, ``.node_name``, ``.server``, ``.logs_dir``.
+- fixture ``cluster_namespace`` (function): a fresh namespace name, deleted afterwards.
+
+Binaries: ``$EVALKUBE_CTRLPLANE_BIN``, else the build cache of tests/cluster/build-tools.sh
+(looked up with ``--print-if-cached``; the plugin never builds). If they are missing, tests that
+need them FAIL when ``$CI`` is set (never skipped in CI), and are skipped locally with a message
+saying how to build them.
+
+When any test failed, the control plane's work dir (logs/, certificates, kubeconfig) is kept and
+its path printed in the terminal summary; set ``EVALKUBE_KEEP_CTRLPLANE=1`` to always keep it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.ctrlplane import (
+    COMPLETE_ANNOTATION,
+    HOLD_ANNOTATION,
+    BinariesMissing,
+    ControlPlane,
+    find_bin_dir,
+)
+
+__all__ = ["COMPLETE_ANNOTATION", "HOLD_ANNOTATION", "ControlPlane"]
+
+_KEPT: list[str] = []
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "cluster: needs the real loopback Kubernetes control plane (fixture control_plane; "
+        "binaries from tests/cluster/build-tools.sh). Never skipped when $CI is set.",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("cluster") and "control_plane" not in getattr(
+            item, "fixturenames", ["control_plane"]
+        ):
+            item.fixturenames.append("control_plane")  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    try:
+        bin_dir = find_bin_dir()
+    except BinariesMissing as exc:
+        if _in_ci():
+            pytest.fail(f"[CI] cluster tests cannot run: {exc}", pytrace=False)
+        pytest.skip(f"cluster tests skipped: {exc}")
+    cp = ControlPlane(bin_dir)
+    try:
+        cp.start()
+    except BaseException:
+        _KEPT.append(str(cp.workdir))
+        raise
+    sys.stderr.write(
+        f"\n[evalkube] control plane up in {cp.startup_seconds:.1f}s at {cp.server} "
+        f"(bin {cp.bin})\n"
+    )
+    yield cp
+    failed = request.session.testsfailed > 0
+    keep = failed or os.environ.get("EVALKUBE_KEEP_CTRLPLANE", "") not in ("", "0")
+    cp.stop(keep_workdir=keep)
+    if keep:
+        _KEPT.append(str(cp.workdir))
+
+
+@pytest.fixture
+def cluster_namespace(control_plane: ControlPlane) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found",
+                          check=False)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    for d in _KEPT:
+        terminalreporter.write_line(
+            f"[evalkube] control-plane logs kept in {Path(d) / 'logs'} "
+            f"(work dir {d}: kubeconfig, certificates, etcd data)"
+        )
