@@ -1,0 +1,57 @@
+"""Aggregates per task x model, computed by streaming over samples (pure, O(metrics) memory).
+
+Each per-sample metric is the mean over *all* samples of the task x model: a sample without
+the metric (invalid, errored, or a grader that did not return it) counts 0, so failures pull
+the score down instead of silently shrinking the denominator. Batch metrics from
+``grade_batch`` are added as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class TaskAggregate:
+    """Running sums for one task x model."""
+
+    samples: int = 0
+    valid: int = 0
+    invalid: int = 0
+    errored: int = 0
+    pending: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+    model_calls: dict[str, int] = field(default_factory=dict)
+
+    def add(self, status: str, scores: Mapping[str, float] | None, model_calls: Mapping[str, Any] | None = None) -> None:
+        """Count one sample."""
+        self.samples += 1
+        if status == "valid":
+            self.valid += 1
+        elif status == "invalid":
+            self.invalid += 1
+        elif status == "errored":
+            self.errored += 1
+        else:
+            self.pending += 1
+        for name, value in (scores or {}).items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+        for purpose, count in (model_calls or {}).items():
+            if isinstance(count, int) and not isinstance(count, bool):
+                self.model_calls[purpose] = self.model_calls.get(purpose, 0) + count
+
+    def metrics(self, batch_metrics: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Per-sample means (missing counts 0) plus batch metrics, sorted by name."""
+        out = {name: total / self.samples for name, total in self.sums.items()} if self.samples else {}
+        out.update(batch_metrics or {})
+        return dict(sorted(out.items()))
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "samples": self.samples,
+            "valid": self.valid,
+            "invalid": self.invalid,
+            "errored": self.errored,
+        }

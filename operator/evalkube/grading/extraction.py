@@ -1,0 +1,104 @@
+"""From ``output_text`` to ``extracted_output``: stop sequences, then one extraction rule."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, Literal
+
+
+class ExtractionMiss(ValueError):
+    """The rule found nothing in the output; the sample records it as an extraction error."""
+
+
+def apply_stop(text: str, stop: Sequence[str]) -> str:
+    """Cut ``text`` at the earliest stop sequence."""
+    cut = len(text)
+    for sequence in stop:
+        if sequence:
+            found = text.find(sequence)
+            if 0 <= found < cut:
+                cut = found
+    return text[:cut]
+
+
+class Extractor:
+    """A compiled extraction rule (``none``, ``regex``, ``json``, ``choice``)."""
+
+    def __init__(
+        self,
+        kind: Literal["none", "regex", "json", "choice"] = "none",
+        *,
+        pattern: str | None = None,
+        field: str | None = None,
+        ignore_case: bool = False,
+    ) -> None:
+        self.kind = kind
+        self.ignore_case = ignore_case
+        self.field = field.split(".") if field else []
+        self.regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0) if pattern else None
+
+    def extract(self, text: str, choices: Sequence[str] = ()) -> str:
+        """Return the extracted answer or raise :class:`ExtractionMiss` saying why."""
+        if self.kind == "none":
+            return text.strip()
+        if self.kind == "regex":
+            assert self.regex is not None
+            match = self.regex.search(text)
+            if match is None:
+                raise ExtractionMiss(f"pattern {self.regex.pattern!r} did not match the output")
+            value = match.group(1) if match.re.groups else match.group(0)
+            return (value or "").strip()
+        if self.kind == "json":
+            return self._json(text)
+        return self._choice(text, choices)
+
+    def _json(self, text: str) -> str:
+        document = _first_json_object(text)
+        value: Any = document
+        for part in self.field:
+            if isinstance(value, dict) and part in value:
+                value = value[part]
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                raise ExtractionMiss(f"JSON output has no field {'.'.join(self.field)!r}")
+        if value is None:
+            raise ExtractionMiss(f"JSON field {'.'.join(self.field)!r} is null")
+        return value if isinstance(value, str) else json.dumps(value)
+
+    def _choice(self, text: str, choices: Sequence[str]) -> str:
+        if not choices:
+            raise ExtractionMiss("choice extraction needs `choices` on the task or row")
+        flags = re.IGNORECASE if self.ignore_case else 0
+        best: tuple[int, int, str] | None = None
+        for choice in choices:
+            match = re.search(rf"(?<!\w){re.escape(str(choice))}(?!\w)", text, flags)
+            if match is None:
+                continue
+            key = (match.start(), -len(str(choice)), str(choice))
+            if best is None or key < best:
+                best = key
+        if best is None:
+            raise ExtractionMiss(f"none of the choices {list(choices)!r} appears in the output")
+        return best[2]
+
+
+def _first_json_object(text: str) -> Any:
+    stripped = text.strip()
+    if stripped.startswith("```"):
+        stripped = stripped.strip("`")
+        stripped = stripped[stripped.find("\n") + 1 :] if "\n" in stripped else stripped
+    try:
+        return json.loads(stripped)
+    except ValueError:
+        pass
+    decoder = json.JSONDecoder()
+    for start, char in enumerate(text):
+        if char in "{[":
+            try:
+                return decoder.raw_decode(text, start)[0]
+            except ValueError:
+                continue
+    raise ExtractionMiss("the output contains no JSON object")

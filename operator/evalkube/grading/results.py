@@ -1,0 +1,113 @@
+"""Validate what a grader returned, exactly as DESIGN.md §1 says (pure functions).
+
+A finite number (not a bool) is stored under ``metric_id``; a dict with ``scores`` keeps its
+finite numeric scores and its ``judge``. Everything else is *invalid*: it scores 0 under
+``metric_id``, is counted as invalid, and keeps the raw payload and the error on the judge
+so the debugging view shows what happened.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from evalkube import limits
+
+Status = Literal["valid", "invalid"]
+
+
+@dataclass(slots=True)
+class GradeOutcome:
+    """A validated grade: status, scores that count, judge payload, error if invalid."""
+
+    status: Status
+    scores: dict[str, float]
+    judge: Any = None
+    error: dict[str, Any] | None = field(default=None)
+
+
+def is_score(value: Any) -> bool:
+    """A finite int or float that is not a bool."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
+
+
+def capped_repr(value: Any, limit: int = limits.INVALID_PAYLOAD_REPR_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters (with a marker when cut)."""
+    try:
+        text = repr(value)
+    except Exception:  # a value decoded from JSON has a repr, but stay total
+        text = f"<unrepresentable {type(value).__name__}>"
+    if len(text) > limit:
+        return text[:limit] + f"... [{len(text) - limit} more characters]"
+    return text
+
+
+def invalid(
+    metric_id: str,
+    *,
+    error_type: str,
+    message: str,
+    traceback: str = "",
+    raw: Any = None,
+    raw_repr: str | None = None,
+) -> GradeOutcome:
+    """An invalid outcome: 0 under ``metric_id``; the judge holds the raw payload and error."""
+    error = {
+        "type": error_type,
+        "message": message[: limits.ERROR_MESSAGE_CHARS],
+        "traceback": "\n".join(traceback.splitlines()[-limits.TRACEBACK_TAIL_LINES :]),
+    }
+    judge = {
+        "invalid_payload": raw_repr if raw_repr is not None else capped_repr(raw),
+        "error": error,
+    }
+    return GradeOutcome("invalid", {metric_id: 0.0}, judge, error)
+
+
+def validate_return(value: Any, metric_id: str) -> GradeOutcome:
+    """Validate a ``grade()`` return value."""
+    if isinstance(value, bool):
+        return invalid(
+            metric_id,
+            error_type="InvalidResult",
+            message="the grader returned a bool; return a number (1.0/0.0) or {'scores': {...}}",
+            raw=value,
+        )
+    if isinstance(value, int | float):
+        if math.isfinite(value):
+            return GradeOutcome("valid", {metric_id: float(value)})
+        return invalid(
+            metric_id,
+            error_type="InvalidResult",
+            message=f"the grader returned a non-finite number ({value}); scores must be finite",
+            raw=value,
+        )
+    if isinstance(value, dict):
+        scores_in = value.get("scores")
+        scores = (
+            {str(k): float(v) for k, v in scores_in.items() if is_score(v)}
+            if isinstance(scores_in, dict)
+            else {}
+        )
+        if not scores:
+            return invalid(
+                metric_id,
+                error_type="InvalidResult",
+                message="the grader returned a dict without any finite numeric score in "
+                "`scores`; return {'scores': {'name': number}}",
+                raw=value,
+            )
+        return GradeOutcome("valid", scores, value.get("judge"))
+    kind = "None" if value is None else type(value).__name__
+    return invalid(
+        metric_id,
+        error_type="InvalidResult",
+        message=f"the grader returned {kind}; return a finite number or "
+        "{'scores': {'name': number}}",
+        raw=value,
+    )

@@ -1,0 +1,15 @@
+"""Results store (SQLAlchemy 2): SQLite by default, PostgreSQL by URL."""
+
+from evalkube.store.records import RunRecord, SampleRecord, TaskResultRecord
+from evalkube.store.store import ResultStore, StoreError, decode_cursor, default_url, encode_cursor
+
+__all__ = [
+    "ResultStore",
+    "RunRecord",
+    "SampleRecord",
+    "StoreError",
+    "TaskResultRecord",
+    "decode_cursor",
+    "default_url",
+    "encode_cursor",
+]
