@@ -21,6 +21,7 @@ status are fake (kwok runs no containers; there is no kube-proxy).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -111,7 +112,9 @@ def find_bin_dir(*, env: dict[str, str] | None = None) -> Path:
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:  # pragma: no cover - defensive
-        raise BinariesMissing(f"could not run {rel(BUILD_SCRIPT)} --print-if-cached: {exc}") from exc
+        raise BinariesMissing(
+            f"could not run {rel(BUILD_SCRIPT)} --print-if-cached: {exc}"
+        ) from exc
     if out.returncode == 0 and out.stdout.strip():
         bin_dir = Path(out.stdout.strip().splitlines()[-1])
         if not missing_binaries(bin_dir):
@@ -162,7 +165,7 @@ def wait_for(
             result = check()
             if result:
                 return result
-        except Exception as exc:  # noqa: BLE001 - polling
+        except Exception as exc:
             last_exc = exc
         if time.monotonic() >= deadline:
             detail = f" (last error: {last_exc!r})" if last_exc else ""
@@ -187,7 +190,7 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except Exception:  # noqa: BLE001 - best effort, Linux only
+    except Exception:
         pass
 
 
@@ -313,10 +316,21 @@ class ControlPlane:
             stdin=None if input is not None else subprocess.DEVNULL,
         )
 
-    def wait_for(self, check: Callable[[], T], *, timeout: float = 60.0, what: str = "condition",
-                 interval: float = 0.2) -> T:
-        return wait_for(check, timeout=timeout, what=what, interval=interval,
-                        on_timeout=self._dead_processes_report)
+    def wait_for(
+        self,
+        check: Callable[[], T],
+        *,
+        timeout: float = 60.0,
+        what: str = "condition",
+        interval: float = 0.2,
+    ) -> T:
+        return wait_for(
+            check,
+            timeout=timeout,
+            what=what,
+            interval=interval,
+            on_timeout=self._dead_processes_report,
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> ControlPlane:
@@ -330,32 +344,35 @@ class ControlPlane:
         return self
 
     def stop(self, *, keep_workdir: bool = False, timeout: float = 15.0) -> None:
-        """SIGTERM each started process group (newest first), SIGKILL what is left after
-        ``timeout``; then remove the work dir unless ``keep_workdir``."""
+        """SIGTERM the process groups this object started (kwok, scheduler, controller-manager;
+        then the apiserver; then etcd), SIGKILL what is left after ``timeout`` per wave; then
+        remove the work dir unless ``keep_workdir``. Never signals any other process."""
         if self._stopped:
             return
         self._stopped = True
-        for proc in reversed(self._procs):
-            if proc.popen.poll() is None:
-                try:
-                    os.killpg(proc.pgid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + timeout
-        for proc in reversed(self._procs):
-            try:
-                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            # the whole group, also any child a component forked (none expected)
-            try:
+        # clients first, then the apiserver, then etcd: each sees its server go away last
+        waves = [
+            [p for p in self._procs if p.name not in ("kube-apiserver", "etcd")],
+            [p for p in self._procs if p.name == "kube-apiserver"],
+            [p for p in self._procs if p.name == "etcd"],
+        ]
+        for wave in waves:
+            for proc in wave:
+                if proc.popen.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pgid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for proc in wave:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for proc in self._procs:
+            # whatever is left of the group (a hung process; any child it forked). A group id
+            # stays reserved while any member lives; once all are gone killpg finds nothing
+            # (reuse within these seconds would need the whole PID space to wrap).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                pass
         if self._own_workdir and not keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -406,8 +423,9 @@ class ControlPlane:
                 out.append(f"--- {p.name} exited with {rc}; last lines of {p.log}:\n{_tail(p.log)}")
         return "\n".join(out)
 
-    def _wait_component(self, proc: _Proc, check: Callable[[], Any], what: str,
-                        timeout: float | None = None) -> None:
+    def _wait_component(
+        self, proc: _Proc, check: Callable[[], Any], what: str, timeout: float | None = None
+    ) -> None:
         def probe() -> Any:
             rc = proc.popen.poll()
             if rc is not None:
@@ -425,7 +443,7 @@ class ControlPlane:
                     return
             except ControlPlaneError:
                 raise
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 last = exc
             time.sleep(0.1)
         raise ControlPlaneError(
@@ -459,46 +477,104 @@ class ControlPlane:
         pki = self.workdir / "pki"
         pki.mkdir()
         ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-        _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "7",
-                 "-subj", "/CN=evalkube-test-ca", cwd=pki)
+        _openssl(
+            "req",
+            "-x509",
+            *ec,
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "7",
+            "-subj",
+            "/CN=evalkube-test-ca",
+            cwd=pki,
+        )
 
-        def leaf(name: str, subj: str, *exts: str) -> None:
-            _openssl("req", "-x509", *ec, "-keyout", f"{name}.key", "-out", f"{name}.crt",
-                     "-days", "7", "-subj", subj, "-CA", "ca.crt", "-CAkey", "ca.key",
-                     "-addext", "basicConstraints=critical,CA:FALSE",
-                     "-addext", "keyUsage=critical,digitalSignature,keyEncipherment",
-                     *[a for e in exts for a in ("-addext", e)], cwd=pki)
+        _openssl(
+            "req",
+            "-x509",
+            *ec,
+            "-keyout",
+            "front-proxy-ca.key",
+            "-out",
+            "front-proxy-ca.crt",
+            "-days",
+            "7",
+            "-subj",
+            "/CN=evalkube-test-front-proxy-ca",
+            cwd=pki,
+        )
 
-        leaf("apiserver", "/CN=kube-apiserver",
-             "extendedKeyUsage=serverAuth",
-             "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
-             "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
-             "DNS:kubernetes.default.svc.cluster.local")
+        def leaf(name: str, subj: str, *exts: str, ca: str = "ca") -> None:
+            _openssl(
+                "req",
+                "-x509",
+                *ec,
+                "-keyout",
+                f"{name}.key",
+                "-out",
+                f"{name}.crt",
+                "-days",
+                "7",
+                "-subj",
+                subj,
+                "-CA",
+                f"{ca}.crt",
+                "-CAkey",
+                f"{ca}.key",
+                "-addext",
+                "basicConstraints=critical,CA:FALSE",
+                "-addext",
+                "keyUsage=critical,digitalSignature,keyEncipherment",
+                *[a for e in exts for a in ("-addext", e)],
+                cwd=pki,
+            )
+
+        leaf(
+            "apiserver",
+            "/CN=kube-apiserver",
+            "extendedKeyUsage=serverAuth",
+            "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
+            "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+            "DNS:kubernetes.default.svc.cluster.local",
+        )
         client = "extendedKeyUsage=clientAuth"
         leaf("admin", "/O=system:masters/CN=evalkube-admin", client)
         leaf("controller-manager", "/CN=system:kube-controller-manager", client)
         leaf("scheduler", "/CN=system:kube-scheduler", client)
         # kwok updates node and pod status, leases and deletes pods: cluster-admin for simplicity
         leaf("kwok", "/O=system:masters/CN=kwok", client)
-        _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                 "-out", "sa.key", cwd=pki)
+        leaf("front-proxy-client", "/CN=front-proxy-client", client, ca="front-proxy-ca")
+        _openssl(
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-out",
+            "sa.key",
+            cwd=pki,
+        )
         _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
     def _write_kubeconfig(self, path: Path, user: str) -> None:
         pki = self.workdir / "pki"
-        path.write_text(textwrap.dedent(f"""\
+        path.write_text(
+            textwrap.dedent(f"""\
             apiVersion: v1
             kind: Config
             clusters:
             - name: evalkube-test
               cluster:
                 server: {self.server}
-                certificate-authority: {pki / 'ca.crt'}
+                certificate-authority: {pki / "ca.crt"}
             users:
             - name: {user}
               user:
-                client-certificate: {pki / (user + '.crt')}
-                client-key: {pki / (user + '.key')}
+                client-certificate: {pki / (user + ".crt")}
+                client-key: {pki / (user + ".key")}
             contexts:
             - name: evalkube-test
               context:
@@ -506,7 +582,8 @@ class ControlPlane:
                 user: {user}
                 namespace: default
             current-context: evalkube-test
-            """))
+            """)
+        )
         path.chmod(0o600)
 
     def _start(self) -> None:
@@ -532,43 +609,62 @@ class ControlPlane:
 
         # etcd ---------------------------------------------------------------------------------
         ep, epp = self.ports["etcd"], self.ports["etcd-peer"]
-        etcd = self._spawn("etcd", [
-            str(self.bin / "etcd"),
-            "--name=evalkube", f"--data-dir={self.workdir / 'etcd-data'}",
-            f"--listen-client-urls=http://127.0.0.1:{ep}",
-            f"--advertise-client-urls=http://127.0.0.1:{ep}",
-            f"--listen-peer-urls=http://127.0.0.1:{epp}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{epp}",
-            f"--initial-cluster=evalkube=http://127.0.0.1:{epp}",
-            "--initial-cluster-state=new",
-            "--unsafe-no-fsync=true",  # throw-away data: no fsync per write
-            "--log-level=warn",
-        ])
-        self._wait_component(etcd, lambda: self._http_ok(f"http://127.0.0.1:{ep}/health"),
-                             "/health")
+        etcd = self._spawn(
+            "etcd",
+            [
+                str(self.bin / "etcd"),
+                "--name=evalkube",
+                f"--data-dir={self.workdir / 'etcd-data'}",
+                f"--listen-client-urls=http://127.0.0.1:{ep}",
+                f"--advertise-client-urls=http://127.0.0.1:{ep}",
+                f"--listen-peer-urls=http://127.0.0.1:{epp}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{epp}",
+                f"--initial-cluster=evalkube=http://127.0.0.1:{epp}",
+                "--initial-cluster-state=new",
+                "--unsafe-no-fsync=true",  # throw-away data: no fsync per write
+                "--log-level=warn",
+            ],
+        )
+        self._wait_component(
+            etcd, lambda: self._http_ok(f"http://127.0.0.1:{ep}/health"), "/health"
+        )
 
         # kube-apiserver -----------------------------------------------------------------------
         ap = self.ports["apiserver"]
-        apiserver = self._spawn("kube-apiserver", [
-            str(self.bin / "kube-apiserver"),
-            f"--etcd-servers=http://127.0.0.1:{ep}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={ap}",
-            f"--cert-dir={self.workdir / 'apiserver-certs'}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            "--authorization-mode=RBAC",
-            "--anonymous-auth=false",
-            "--allow-privileged=true",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--profiling=false",
-            *self.extra_apiserver_args,
-        ])
+        apiserver = self._spawn(
+            "kube-apiserver",
+            [
+                str(self.bin / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{ep}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ap}",
+                f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--authorization-mode=RBAC",
+                "--anonymous-auth=false",
+                "--allow-privileged=true",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                # the loopback advertise address cannot be stored in the "kubernetes" Endpoints
+                # (validation forbids loopback IPs); nothing in-cluster talks to it anyway
+                "--endpoint-reconciler-type=none",
+                # aggregation layer / request-header authentication (front-proxy CA)
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                "--profiling=false",
+                *self.extra_apiserver_args,
+            ],
+        )
         self._wait_component(
             apiserver,
             lambda: self._https_ok(f"{self.server}/readyz", client_cert=True),
@@ -577,71 +673,92 @@ class ControlPlane:
 
         # controller-manager and scheduler -----------------------------------------------------
         cmp_ = self.ports["controller-manager"]
-        kcm = self._spawn("kube-controller-manager", [
-            str(self.bin / "kube-controller-manager"),
-            f"--kubeconfig={kcs['controller-manager']}",
-            f"--authentication-kubeconfig={kcs['controller-manager']}",
-            f"--authorization-kubeconfig={kcs['controller-manager']}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={cmp_}",
-            f"--cert-dir={self.workdir / 'kcm-certs'}",
-            "--leader-elect=false",
-            f"--root-ca-file={pki / 'ca.crt'}",
-            f"--service-account-private-key-file={pki / 'sa.key'}",
-            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
-            f"--cluster-signing-key-file={pki / 'ca.key'}",
-            "--use-service-account-credentials=true",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            "--profiling=false",
-        ])
+        kcm = self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.bin / "kube-controller-manager"),
+                f"--kubeconfig={kcs['controller-manager']}",
+                f"--authentication-kubeconfig={kcs['controller-manager']}",
+                f"--authorization-kubeconfig={kcs['controller-manager']}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={cmp_}",
+                f"--cert-dir={self.workdir / 'kcm-certs'}",
+                "--leader-elect=false",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--use-service-account-credentials=true",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--profiling=false",
+            ],
+        )
         sp = self.ports["scheduler"]
-        sched = self._spawn("kube-scheduler", [
-            str(self.bin / "kube-scheduler"),
-            f"--kubeconfig={kcs['scheduler']}",
-            f"--authentication-kubeconfig={kcs['scheduler']}",
-            f"--authorization-kubeconfig={kcs['scheduler']}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={sp}",
-            f"--cert-dir={self.workdir / 'scheduler-certs'}",
-            "--leader-elect=false",
-            "--profiling=false",
-        ])
+        sched = self._spawn(
+            "kube-scheduler",
+            [
+                str(self.bin / "kube-scheduler"),
+                f"--kubeconfig={kcs['scheduler']}",
+                f"--authentication-kubeconfig={kcs['scheduler']}",
+                f"--authorization-kubeconfig={kcs['scheduler']}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={sp}",
+                f"--cert-dir={self.workdir / 'scheduler-certs'}",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+        )
 
         # kwok ---------------------------------------------------------------------------------
-        kwok = self._spawn("kwok", [
-            str(self.bin / "kwok"),
-            f"--kubeconfig={kcs['kwok']}",
-            *[f"--config={s}" for s in self.stages],
-            "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
-            "--node-ip=127.0.0.1",  # fake; nothing listens there for it
-            "--cidr=10.244.0.0/16",  # fake pod IPs (no traffic: kwok runs no containers)
-            "--node-lease-duration-seconds=40",
-        ])
+        kwok = self._spawn(
+            "kwok",
+            [
+                str(self.bin / "kwok"),
+                f"--kubeconfig={kcs['kwok']}",
+                *[f"--config={s}" for s in self.stages],
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                "--node-ip=127.0.0.1",  # fake; nothing listens there for it
+                "--cidr=10.244.0.0/16",  # fake pod IPs (no traffic: kwok runs no containers)
+                "--node-lease-duration-seconds=40",
+            ],
+        )
 
         self._wait_component(
-            kcm, lambda: self._https_ok(f"https://127.0.0.1:{cmp_}/healthz", client_cert=False,
-                                        verify=False), "/healthz")
+            kcm,
+            lambda: self._https_ok(
+                f"https://127.0.0.1:{cmp_}/healthz", client_cert=False, verify=False
+            ),
+            "/healthz",
+        )
         self._wait_component(
-            sched, lambda: self._https_ok(f"https://127.0.0.1:{sp}/healthz", client_cert=False,
-                                          verify=False), "/healthz")
+            sched,
+            lambda: self._https_ok(
+                f"https://127.0.0.1:{sp}/healthz", client_cert=False, verify=False
+            ),
+            "/healthz",
+        )
 
         # the fake node --------------------------------------------------------------------------
-        self.apply({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": self.node_name,
-                "annotations": {KWOK_NODE_ANNOTATION: "fake",
-                                "node.alpha.kubernetes.io/ttl": "0"},
-                "labels": {
-                    "kubernetes.io/hostname": self.node_name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "type": "kwok",
+        self.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": self.node_name,
+                    "annotations": {
+                        KWOK_NODE_ANNOTATION: "fake",
+                        "node.alpha.kubernetes.io/ttl": "0",
+                    },
+                    "labels": {
+                        "kubernetes.io/hostname": self.node_name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "type": "kwok",
+                    },
                 },
-            },
-        })
+            }
+        )
 
         def node_ready() -> bool:
             node = self.kubectl_json("get", "node", self.node_name)
@@ -649,7 +766,8 @@ class ControlPlane:
             taints = node.get("spec", {}).get("taints") or []
             # the node lifecycle controller removes node.kubernetes.io/not-ready once it is Ready
             return conds.get("Ready") == "True" and not any(
-                t.get("key", "").startswith("node.kubernetes.io/") for t in taints)
+                t.get("key", "").startswith("node.kubernetes.io/") for t in taints
+            )
 
         self._wait_component(kwok, node_ready, f"node {self.node_name} Ready and untainted")
 
@@ -658,8 +776,11 @@ class ControlPlane:
             self.kubectl("get", "configmap", "kube-root-ca.crt", "-n", "default")
             return True
 
-        self._wait_component(kcm, default_ns_usable,
-                             "ServiceAccount default and ConfigMap kube-root-ca.crt in default")
+        self._wait_component(
+            kcm,
+            default_ns_usable,
+            "ServiceAccount default and ConfigMap kube-root-ca.crt in default",
+        )
 
     def describe(self) -> str:
         lines = [f"control plane {self.server} (workdir {self.workdir})"]
@@ -680,6 +801,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cp.start()
     print(cp.describe())
     print(f"ready in {cp.startup_seconds:.1f}s\nexport KUBECONFIG={cp.kubeconfig}", flush=True)
+
     def _interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 

@@ -96,8 +96,9 @@ def cluster_namespace(control_plane: ControlPlane) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:10]}"
     control_plane.kubectl("create", "namespace", name)
     yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found",
-                          check=False)
+    control_plane.kubectl(
+        "delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False
+    )
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from tests.cluster.ctrlplane import (
     COMPLETE_ANNOTATION,
     HOLD_ANNOTATION,
@@ -47,8 +46,9 @@ def versions(cp: ControlPlane) -> dict[str, str]:
     return out
 
 
-def job(name: str, ns: str, *, annotations: dict[str, str] | None = None,
-        backoff_limit: int = 0) -> dict[str, Any]:
+def job(
+    name: str, ns: str, *, annotations: dict[str, str] | None = None, backoff_limit: int = 0
+) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -60,8 +60,13 @@ def job(name: str, ns: str, *, annotations: dict[str, str] | None = None,
                 "metadata": {"annotations": annotations or {}},
                 "spec": {
                     "restartPolicy": "Never",
-                    "containers": [{"name": "grader", "image": FAKE_IMAGE,
-                                    "command": ["python3", "-c", "print(42)"]}],
+                    "containers": [
+                        {
+                            "name": "grader",
+                            "image": FAKE_IMAGE,
+                            "command": ["python3", "-c", "print(42)"],
+                        }
+                    ],
                 },
             },
         },
@@ -78,8 +83,11 @@ def job_condition(cp: ControlPlane, ns: str, name: str) -> str | None:
 
 
 def job_pods(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
-    return list(cp.kubectl_json("get", "pods", "-n", ns, "-l",
-                                f"batch.kubernetes.io/job-name={name}")["items"])
+    return list(
+        cp.kubectl_json("get", "pods", "-n", ns, "-l", f"batch.kubernetes.io/job-name={name}")[
+            "items"
+        ]
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -105,12 +113,23 @@ def test_namespace(control_plane: ControlPlane) -> None:
         assert ns["status"]["phase"] == "Active"
         # the controller-manager gives every namespace its default ServiceAccount and root CA
         control_plane.wait_for(
-            lambda: control_plane.kubectl("get", "sa", "default", "-n", name, check=False)
-            .returncode == 0, what="default ServiceAccount", timeout=30)
+            lambda: (
+                control_plane.kubectl("get", "sa", "default", "-n", name, check=False).returncode
+                == 0
+            ),
+            what="default ServiceAccount",
+            timeout=30,
+        )
         control_plane.wait_for(
-            lambda: control_plane.kubectl("get", "cm", "kube-root-ca.crt", "-n", name,
-                                          check=False).returncode == 0,
-            what="kube-root-ca.crt", timeout=30)
+            lambda: (
+                control_plane.kubectl(
+                    "get", "cm", "kube-root-ca.crt", "-n", name, check=False
+                ).returncode
+                == 0
+            ),
+            what="kube-root-ca.crt",
+            timeout=30,
+        )
     finally:
         control_plane.kubectl("delete", "namespace", name, "--wait=false")
 
@@ -145,16 +164,20 @@ spec:
 
 
 def widget(ns: str, name: str, lo: int, hi: int) -> dict[str, Any]:
-    return {"apiVersion": "smoke.evalkube.io/v1", "kind": "Widget",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"minReplicas": lo, "maxReplicas": hi}}
+    return {
+        "apiVersion": "smoke.evalkube.io/v1",
+        "kind": "Widget",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"minReplicas": lo, "maxReplicas": hi},
+    }
 
 
 def test_crd_cel_validation(control_plane: ControlPlane, cluster_namespace: str) -> None:
     cp, ns = control_plane, cluster_namespace
     cp.apply(CRD)
-    cp.kubectl("wait", "--for=condition=Established", "crd/widgets.smoke.evalkube.io",
-               "--timeout=60s")
+    cp.kubectl(
+        "wait", "--for=condition=Established", "crd/widgets.smoke.evalkube.io", "--timeout=60s"
+    )
     # discovery may lag Established by a moment: retry the first create until the type is served
     cp.wait_for(lambda: cp.apply(widget(ns, "good", 1, 3)), what="Widget served", timeout=30)
     with pytest.raises(KubectlError) as err:
@@ -163,13 +186,15 @@ def test_crd_cel_validation(control_plane: ControlPlane, cluster_namespace: str)
     assert cp.kubectl("get", "widget", "bad", "-n", ns, check=False).returncode != 0
     # the rule also guards updates of a stored object
     with pytest.raises(KubectlError) as err:
-        cp.kubectl("patch", "widget", "good", "-n", ns, "--type=merge",
-                   "-p", '{"spec":{"minReplicas":9}}')
+        cp.kubectl(
+            "patch", "widget", "good", "-n", ns, "--type=merge", "-p", '{"spec":{"minReplicas":9}}'
+        )
     assert "minReplicas must not exceed maxReplicas" in err.value.stderr
 
 
-def test_job_runs_to_completion_on_kwok_node(control_plane: ControlPlane,
-                                             cluster_namespace: str) -> None:
+def test_job_runs_to_completion_on_kwok_node(
+    control_plane: ControlPlane, cluster_namespace: str
+) -> None:
     cp, ns = control_plane, cluster_namespace
     cp.apply(job("smoke", ns))
     cond = cp.wait_for(lambda: job_condition(cp, ns, "smoke"), what="Job finished", timeout=90)
@@ -186,21 +211,32 @@ def test_job_runs_to_completion_on_kwok_node(control_plane: ControlPlane,
     assert status.get("succeeded") == 1
 
 
-def test_garbage_collection_via_owner_reference(control_plane: ControlPlane,
-                                                cluster_namespace: str) -> None:
+def test_garbage_collection_via_owner_reference(
+    control_plane: ControlPlane, cluster_namespace: str
+) -> None:
     cp, ns = control_plane, cluster_namespace
     cp.kubectl("create", "configmap", "owner", "-n", ns, "--from-literal=a=1")
     uid = cp.kubectl_json("get", "configmap", "owner", "-n", ns)["metadata"]["uid"]
-    cp.apply({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "dependent", "namespace": ns, "ownerReferences": [
-            {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid}]},
-        "data": {"b": "2"},
-    })
+    cp.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": "dependent",
+                "namespace": ns,
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid}
+                ],
+            },
+            "data": {"b": "2"},
+        }
+    )
     cp.kubectl("delete", "configmap", "owner", "-n", ns, "--cascade=background")
-    cp.wait_for(lambda: cp.kubectl("get", "configmap", "dependent", "-n", ns,
-                                   check=False).returncode != 0,
-                what="garbage collector to delete the dependent", timeout=60)
+    cp.wait_for(
+        lambda: cp.kubectl("get", "configmap", "dependent", "-n", ns, check=False).returncode != 0,
+        what="garbage collector to delete the dependent",
+        timeout=60,
+    )
 
 
 def pod(name: str, ns: str, *, privileged: bool) -> dict[str, Any]:
@@ -211,24 +247,41 @@ def pod(name: str, ns: str, *, privileged: bool) -> dict[str, Any]:
     else:
         container["securityContext"] = RESTRICTED_SECURITY["container"]
         spec["securityContext"] = RESTRICTED_SECURITY["pod"]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-            "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }
 
 
-def test_pod_security_restricted_namespace(control_plane: ControlPlane,
-                                           cluster_namespace: str) -> None:
+def test_pod_security_restricted_namespace(
+    control_plane: ControlPlane, cluster_namespace: str
+) -> None:
     cp, ns = control_plane, cluster_namespace
-    cp.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted",
-               "pod-security.kubernetes.io/enforce-version=latest")
+    cp.kubectl(
+        "label",
+        "namespace",
+        ns,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )
     with pytest.raises(KubectlError) as err:
         cp.apply(pod("privileged", ns, privileged=True))
     assert "violates PodSecurity" in err.value.stderr
     assert "privileged" in err.value.stderr
-    cp.wait_for(lambda: cp.apply(pod("compliant", ns, privileged=False)),
-                what="compliant pod admitted (default ServiceAccount may lag)", timeout=30)
     cp.wait_for(
-        lambda: cp.kubectl_json("get", "pod", "compliant", "-n", ns)["status"].get("phase")
-        == "Running", what="compliant pod Running on the kwok node", timeout=60)
+        lambda: cp.apply(pod("compliant", ns, privileged=False)),
+        what="compliant pod admitted (default ServiceAccount may lag)",
+        timeout=30,
+    )
+    cp.wait_for(
+        lambda: (
+            cp.kubectl_json("get", "pod", "compliant", "-n", ns)["status"].get("phase") == "Running"
+        ),
+        what="compliant pod Running on the kwok node",
+        timeout=60,
+    )
 
 
 def test_kwok_hold_then_release(control_plane: ControlPlane, cluster_namespace: str) -> None:
@@ -244,8 +297,7 @@ def test_kwok_hold_then_release(control_plane: ControlPlane, cluster_namespace: 
         return None
 
     ok_pod = cp.wait_for(lambda: running_pod("held-ok"), what="held-ok Running", timeout=60)
-    fail_pod = cp.wait_for(lambda: running_pod("held-fail"), what="held-fail Running",
-                           timeout=60)
+    fail_pod = cp.wait_for(lambda: running_pod("held-fail"), what="held-fail Running", timeout=60)
     # held: a Job pod without the annotation completes within ~1 s; give this one 3 s
     time.sleep(3)
     assert running_pod("held-ok") == ok_pod
@@ -253,17 +305,24 @@ def test_kwok_hold_then_release(control_plane: ControlPlane, cluster_namespace: 
 
     cp.kubectl("annotate", "pod", ok_pod, "-n", ns, f"{COMPLETE_ANNOTATION}=true")
     cp.kubectl("annotate", "pod", fail_pod, "-n", ns, f"{COMPLETE_ANNOTATION}=fail")
-    assert cp.wait_for(lambda: job_condition(cp, ns, "held-ok"), timeout=60,
-                       what="held-ok finished") == "Complete"
-    assert cp.wait_for(lambda: job_condition(cp, ns, "held-fail"), timeout=60,
-                       what="held-fail finished") == "Failed"
+    assert (
+        cp.wait_for(lambda: job_condition(cp, ns, "held-ok"), timeout=60, what="held-ok finished")
+        == "Complete"
+    )
+    assert (
+        cp.wait_for(
+            lambda: job_condition(cp, ns, "held-fail"), timeout=60, what="held-fail finished"
+        )
+        == "Failed"
+    )
     failed = cp.kubectl_json("get", "pod", fail_pod, "-n", ns)
     assert failed["status"]["phase"] == "Failed"
     assert failed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 1
 
 
-def test_helm_lint_template_and_server_dry_run(control_plane: ControlPlane,
-                                               cluster_namespace: str) -> None:
+def test_helm_lint_template_and_server_dry_run(
+    control_plane: ControlPlane, cluster_namespace: str
+) -> None:
     cp, ns = control_plane, cluster_namespace
     lint = cp.run("helm", "lint", "--strict", str(CHART))
     assert lint.returncode == 0, lint.stdout + lint.stderr
@@ -278,15 +337,20 @@ def test_helm_lint_template_and_server_dry_run(control_plane: ControlPlane,
     # the namespace's default ServiceAccount must exist for server-side admission of the objects
     out = cp.wait_for(
         lambda: cp.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-", input=rendered),
-        what="server dry-run", timeout=30).stdout
+        what="server dry-run",
+        timeout=30,
+    ).stdout
     assert "deployment.apps/smoke-evalkube-smoke created (server dry run)" in out, out
     # a dry run persists nothing
-    assert cp.kubectl("get", "deployment", "smoke-evalkube-smoke", "-n", ns,
-                      check=False).returncode != 0
+    assert (
+        cp.kubectl("get", "deployment", "smoke-evalkube-smoke", "-n", ns, check=False).returncode
+        != 0
+    )
     # and the server really validates: a bad value is rejected by the apiserver, not by helm
-    bad = cp.run("helm", "template", "smoke", str(CHART), "--namespace", ns,
-                 "--set", "replicas=-1")
+    bad = cp.run("helm", "template", "smoke", str(CHART), "--namespace", ns, "--set", "replicas=-1")
     assert bad.returncode == 0, bad.stderr
-    rej = cp.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-", input=bad.stdout,
-                     check=False)
-    assert rej.returncode != 0 and "spec.replicas" in rej.stderr, rej.stderr
+    rej = cp.kubectl(
+        "apply", "--dry-run=server", "-n", ns, "-f", "-", input=bad.stdout, check=False
+    )
+    assert rej.returncode != 0, rej.stdout
+    assert "spec.replicas" in rej.stderr, rej.stderr

@@ -25,7 +25,9 @@ def test_needs_cluster(control_plane):
 """
 
 
-def run_inner(tmp_path: Path, env_overrides: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
+def run_inner(
+    tmp_path: Path, env_overrides: dict[str, str | None]
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_inner.py").write_text(INNER_TEST)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = dict(os.environ)
@@ -36,10 +38,26 @@ def run_inner(tmp_path: Path, env_overrides: dict[str, str | None]) -> subproces
         else:
             env[k] = v
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.cluster.plugin", "-p", "no:cacheprovider",
-         "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), "-rsfE",
-         str(tmp_path / "test_inner.py")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=100,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "tests.cluster.plugin",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            str(tmp_path / "pytest.ini"),
+            "--rootdir",
+            str(tmp_path),
+            "-rsfE",
+            str(tmp_path / "test_inner.py"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
         stdin=subprocess.DEVNULL,
     )
 
@@ -57,7 +75,8 @@ def test_missing_binaries_fail_under_ci(tmp_path: Path, how: str) -> None:
     assert res.returncode == 1, out
     assert "[CI] cluster tests cannot run" in out, out
     assert "build-tools.sh" in out, out
-    assert "1 error" in out and "skipped" not in out, out
+    assert "1 error" in out, out
+    assert "skipped" not in out, out
 
 
 @pytest.mark.parametrize("how", ["explicit-bin", "empty-cache"])
