@@ -41,10 +41,34 @@ WORKER_FLUSH_INTERVAL: Final = 0.02
 #: Extra wall-clock slack on top of ``timeout_seconds`` before the runner kills a sandbox
 #: (covers the flush interval and scheduling jitter).
 TIMEOUT_GRACE_SECONDS: Final = 0.5
-#: Address-space limit of the plain-process sandbox (bytes).
+#: Memory of one grader sandbox (bytes). Inside the worker it is the address-space limit
+#: (``RLIMIT_AS``, set before user code runs: allocations past it raise ``MemoryError`` and
+#: the sample is invalid); gVisor, nsjail and bwrap also put the whole sandbox in a memory
+#: cgroup of this size plus :data:`SANDBOX_MEMORY_OVERHEAD_BYTES` (child processes, tmpfs).
 WORKER_MEMORY_BYTES: Final = 1024 * 1024 * 1024
-#: Open files allowed in the plain-process sandbox.
+#: Cgroup headroom above :data:`WORKER_MEMORY_BYTES` for the sandbox's own runtime (the gVisor
+#: sentry, /tmp contents). Exceeding the cgroup kills the sandbox: the in-flight sample
+#: becomes invalid ("the grader sandbox was killed: out of memory") and a fresh one continues.
+SANDBOX_MEMORY_OVERHEAD_BYTES: Final = 256 * 1024 * 1024
+#: CPU seconds one grader execution may use (``RLIMIT_CPU`` inside the worker, re-armed per
+#: execution). Past it the execution raises ``CpuTimeLimitExceeded`` and the sample is
+#: invalid. ``None`` means "the task's ``timeout_seconds``" (CPU can only outrun wall time
+#: with threads or child processes). The wall-clock kill from outside is the hard backstop.
+WORKER_CPU_SECONDS: Final[int | None] = None
+#: Processes and threads one sandbox may hold (pids cgroup under gVisor, nsjail and bwrap).
+#: A fork bomb meets ``BlockingIOError: Resource temporarily unavailable``.
+SANDBOX_PIDS: Final = 64
+#: Size of the sandbox's private, memory-backed ``/tmp`` (bytes); the only writable place.
+#: Writing past it fails with ``OSError: [Errno 28] No space left on device``. The same
+#: value is the largest single file the worker may write (``RLIMIT_FSIZE``).
+SANDBOX_TMP_BYTES: Final = 64 * 1024 * 1024
+#: Open files allowed in the worker (``RLIMIT_NOFILE``).
 WORKER_OPEN_FILES: Final = 256
+#: Bytes of the worker's raw stderr (output written straight to file descriptors 1 and 2,
+#: bypassing ``print``) the runner keeps for crash reports; the rest is read and dropped.
+WORKER_STDERR_TAIL_BYTES: Final = 16_384
+#: Seconds the runner waits for a sandbox to start and say hello.
+SANDBOX_START_TIMEOUT_SECONDS: Final = 60
 #: Rows per work unit (shard) when the run does not say otherwise.
 SHARD_SIZE_DEFAULT: Final = 10_000
 #: Concurrent candidate-generation requests per unit.

@@ -10,6 +10,11 @@ User output never reaches the protocol channel: the channel uses private duplica
 original stdin/stdout descriptors; fd 0 becomes /dev/null, fd 1 is pointed at stderr (which
 the host drains and caps), and ``print`` inside an execution lands in a per-execution
 capped buffer returned with the answer.
+
+Every frame about a batch echoes the batch token the host sent with it (``"b"``), and
+answers carry their position: the host rejects frames that are out of sequence, so user
+code that writes forged frames to the channel is caught and blamed (see
+``evalkube.sandbox.session``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from evalkube_sandbox.ctx import Context
 from evalkube_sandbox.errors import describe
 from evalkube_sandbox.loader import LoadError, load
 from evalkube_sandbox.protocol import encode, read_frame
+from evalkube_sandbox.rlimits import CpuBudget, apply_fixed
 
 FLUSH_INTERVAL = 0.02
 FLUSH_COUNT = 256
@@ -61,6 +67,9 @@ class Worker:
         self._current_since = 0.0
         self._announced = -1
         self._last_flush = 0.0
+        self._batch: Any = None
+        self._in_user = False
+        self._cpu = CpuBudget(lambda: self._in_user)
 
     # -- channel ---------------------------------------------------------------------------
     def _write(self, message: Any) -> None:
@@ -79,10 +88,11 @@ class Worker:
             self._pending_start += len(answers)
             self._write_bytes(self._encode_results(start, answers))
         self._last_flush = time.monotonic()
+        self._cpu.arm()
 
     def _encode_results(self, start: int, answers: list[dict[str, Any]]) -> bytes:
         """Encode a results frame; check answers one by one only when the fast path fails."""
-        frame = {"t": "results", "start": start, "answers": answers}
+        frame = {"t": "results", "b": self._batch, "start": start, "answers": answers}
         try:
             data = encode(frame)
         except (TypeError, ValueError, RecursionError):
@@ -123,7 +133,7 @@ class Worker:
                 if self._current != current:
                     continue
                 self._flush_locked()
-                self._write({"t": "running", "i": current})
+                self._write({"t": "running", "b": self._batch, "i": current})
                 self._announced = current
 
     # -- requests ----------------------------------------------------------------------------
@@ -147,6 +157,10 @@ class Worker:
                     self._write({"t": "error", "error": {"type": "ProtocolError", "message": f"unknown op {op!r}"}})
 
     def _load(self, request: dict[str, Any]) -> None:
+        limits = request.get("limits")
+        if isinstance(limits, dict):
+            apply_fixed(limits)
+        self._cpu.install()
         self._endpoint = request.get("model_endpoint")
         self._task_id = request.get("task_id", "")
         self._capture_chars = int(request.get("capture_chars", DEFAULT_CAPTURE_CHARS))
@@ -175,10 +189,13 @@ class Worker:
         err = CappedText(self._capture_chars)
         real_out, real_err = sys.stdout, sys.stderr
         function = program.function
+        cpu_seconds = request.get("cpu_seconds")
         with self._lock:
+            self._batch = request.get("batch")
             self._pending = []
             self._pending_start = 0
             self._last_flush = time.monotonic()
+            self._cpu.set(float(cpu_seconds) if isinstance(cpu_seconds, int | float) else None)
         for index, args in enumerate(items):
             if program.wants_ctx:
                 exec_id = exec_ids[index] if index < len(exec_ids) else f"exec-{index}"
@@ -190,7 +207,12 @@ class Worker:
             sys.stdout, sys.stderr = out, err
             started = time.perf_counter()
             try:
-                answer: dict[str, Any] = {"ok": True, "value": function(*args)}
+                try:
+                    self._in_user = True
+                    value = function(*args)
+                finally:
+                    self._in_user = False
+                answer: dict[str, Any] = {"ok": True, "value": value}
             except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
                 answer = {"ok": False, "error": describe(exc)}
             finally:
@@ -212,7 +234,7 @@ class Worker:
                     self._flush_locked()
         with self._lock:
             self._flush_locked()
-            self._write({"t": "done", "n": len(items)})
+            self._write({"t": "done", "b": self._batch, "n": len(items)})
 
 
 def _repr(value: Any, limit: int = 2_000) -> str:

@@ -2,11 +2,22 @@
 
 Every backend runs the same stdlib-only worker (``evalkube_sandbox``) and hands back a
 :class:`WorkerProcess` with three pipes; everything above (batching, deadlines, restarts)
-is backend-independent. ``auto`` picks the strongest backend that works on this machine.
+is backend-independent and lives in :mod:`evalkube.sandbox.session`.
+
+Backends register themselves by name when their module is imported (``import
+evalkube.sandbox`` imports them all). ``auto`` picks the strongest that works here, in
+:data:`AUTO_ORDER`; each backend's :meth:`SandboxBackend.unavailable_reason` says why not.
+
+Nothing may outlive a run: every worker is tracked from spawn to cleanup, an ``atexit`` hook
+kills the ones still alive when the interpreter exits (Ctrl-C of ``evalkube run``), workers
+get ``SIGKILL`` when the process that spawned them dies, and each backend sweeps what a
+killed predecessor process left behind (see :func:`sweep_stale`).
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import os
 import resource
 import shutil
@@ -14,7 +25,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, ClassVar
 
@@ -28,18 +43,74 @@ WORKER_BOOTSTRAP = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
     "from evalkube_sandbox.worker import main; raise SystemExit(main())"
 )
+#: Prefix of every host-side resource a sandbox creates (temp dirs, cgroups, container ids):
+#: ``evalkube-<kind>-<pid of the evalkube process>-<random>``. The pid lets a later process
+#: recognize leftovers of a dead one.
+RESOURCE_PREFIX = "evalkube-"
 
 
 class SandboxUnavailable(RuntimeError):
     """The requested backend cannot run on this machine; the message says why."""
 
 
-class WorkerProcess:
-    """A running worker: request/answer/stderr pipes and a kill that leaves nothing behind."""
+@dataclass(frozen=True, slots=True)
+class SandboxLimits:
+    """The resource limits of one sandbox (defaults and meaning: :mod:`evalkube.limits`)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], workdir: Path) -> None:
+    memory_bytes: int = limits.WORKER_MEMORY_BYTES
+    memory_overhead_bytes: int = limits.SANDBOX_MEMORY_OVERHEAD_BYTES
+    pids: int = limits.SANDBOX_PIDS
+    tmp_bytes: int = limits.SANDBOX_TMP_BYTES
+    open_files: int = limits.WORKER_OPEN_FILES
+    cpu_seconds: int | None = limits.WORKER_CPU_SECONDS
+
+    @property
+    def cgroup_memory_bytes(self) -> int:
+        return self.memory_bytes + self.memory_overhead_bytes
+
+    def worker_rlimits(self) -> dict[str, int]:
+        """What the worker sets on itself before user code runs (load request ``limits``)."""
+        return {
+            "memory_bytes": self.memory_bytes,
+            "file_bytes": self.tmp_bytes,
+            "open_files": self.open_files,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnRequest:
+    """What a backend needs to start one worker."""
+
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    #: The model bridge proxy as the runner sees it (``unix:/path`` or ``http://host:port``),
+    #: or ``None`` when the programs have no model access.
+    model_endpoint: str | None = None
+
+
+class WorkerProcess:
+    """A running worker: request/answer/stderr pipes and a kill that leaves nothing behind.
+
+    ``model_endpoint`` is the proxy address as seen from inside the sandbox (it differs from
+    the host's when a socket is bound in at another path). Backends with more to clean than
+    a process group and a temp dir pass ``cleanup`` callbacks, run in order by :meth:`kill`.
+    """
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        workdir: Path | None,
+        *,
+        model_endpoint: str | None = None,
+        cleanup: list[Callable[[], None]] | None = None,
+        describe_exit: Callable[[int | None], str | None] | None = None,
+    ) -> None:
         self.popen = popen
         self.workdir = workdir
+        self.model_endpoint = model_endpoint
+        self._cleanup = cleanup or []
+        self._describe_exit = describe_exit
+        self._closed = False
+        _track(self)
 
     @property
     def stdin(self) -> IO[bytes]:
@@ -59,12 +130,27 @@ class WorkerProcess:
     def exit_code(self) -> int | None:
         return self.popen.poll()
 
+    def exit_reason(self, code: int | None) -> str | None:
+        """Why the worker died, when the backend can tell (out of memory, a signal)."""
+        if self._describe_exit is not None:
+            reason = self._describe_exit(code)
+            if reason:
+                return reason
+        return describe_signal(code)
+
     def kill(self) -> None:
-        """Kill the worker and everything it started (its whole process group)."""
+        """Kill the worker and everything it started; remove what the sandbox created."""
+        if self._closed:
+            return
         try:
             os.killpg(self.popen.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        for step in self._cleanup:
+            try:
+                step()
+            except Exception as exc:  # cleanup must go on; report what stayed behind
+                print(f"evalkube: sandbox cleanup step failed: {exc}", file=sys.stderr)
         try:
             self.popen.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -79,7 +165,154 @@ class WorkerProcess:
                     stream.close()
                 except OSError:
                     pass
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self._closed = True
+        _untrack(self)
+
+
+def describe_signal(code: int | None) -> str | None:
+    """``"killed by SIGKILL"`` for a negative return code or a shell-style 128+N one."""
+    if code is None:
+        return None
+    number = -code if code < 0 else code - 128 if 128 < code < 160 else 0
+    if not number:
+        return None
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    hint = {
+        "SIGKILL": " (killed: usually the sandbox's memory limit, or a kill from inside)",
+        "SIGXCPU": " (CPU time limit)",
+        "SIGXFSZ": " (file size limit: /tmp is capped)",
+        "SIGSEGV": " (a crash in native code, often a recursion too deep for the C stack)",
+    }.get(name, "")
+    return f"killed by {name}{hint}"
+
+
+# -- tracking: nothing outlives the evalkube process --------------------------------------------
+_LIVE: set[WorkerProcess] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _track(worker: WorkerProcess) -> None:
+    with _LIVE_LOCK:
+        _LIVE.add(worker)
+
+
+def _untrack(worker: WorkerProcess) -> None:
+    with _LIVE_LOCK:
+        _LIVE.discard(worker)
+
+
+def live_workers() -> int:
+    """Workers spawned and not yet killed (tests use it to check for leaks)."""
+    with _LIVE_LOCK:
+        return len(_LIVE)
+
+
+@atexit.register
+def kill_all() -> None:
+    """Kill every worker still alive (runs at interpreter exit, e.g. after Ctrl-C)."""
+    with _LIVE_LOCK:
+        workers = list(_LIVE)
+    for worker in workers:
+        try:
+            worker.kill()
+        except Exception as exc:
+            print(f"evalkube: could not kill a sandbox at exit: {exc}", file=sys.stderr)
+
+
+# -- the child side of spawning ----------------------------------------------------------------
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSetup:
+    """What runs in the forked child before ``exec``: only async-signal-safe-ish ``os`` calls.
+
+    ``cgroup_procs``: ``cgroup.procs`` files to join (while still root); then a new session
+    (so ``killpg`` reaches everything), rlimits, dropping to ``uid``/``gid``, and last the
+    parent-death signal (a credential change would clear it).
+    """
+
+    cgroup_procs: tuple[str, ...] = ()
+    rlimits: tuple[tuple[int, int], ...] = ()
+    uid: int | None = None
+    gid: int | None = None
+    parent: int = field(default_factory=os.getpid)
+
+    def __call__(self) -> None:
+        pid = str(os.getpid()).encode()
+        for path in self.cgroup_procs:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+        os.setsid()
+        for which, value in self.rlimits:
+            resource.setrlimit(which, (value, value))
+        if self.gid is not None:
+            os.setgroups([])
+            os.setresgid(self.gid, self.gid, self.gid)
+        if self.uid is not None:
+            os.setresuid(self.uid, self.uid, self.uid)
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != self.parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+
+def spawn_pipes(
+    argv: list[str], setup: ChildSetup, *, cwd: Path | str = "/", env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with the three protocol pipes and ``setup`` applied in the child."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=env if env is not None else worker_env(),
+        preexec_fn=setup,  # noqa: PLW1509 - only os-level calls, see ChildSetup
+        close_fds=True,
+    )
+
+
+def worker_env() -> dict[str, str]:
+    """The worker's whole environment: nothing inherited, so no secret can leak in."""
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def resource_name(kind: str) -> str:
+    """A fresh ``evalkube-<kind>-<pid>-<random>`` name for a sandbox's host resources."""
+    return f"{RESOURCE_PREFIX}{kind}-{os.getpid()}-{os.urandom(4).hex()}"
+
+
+def owner_is_dead(name: str, kind: str) -> bool:
+    """True for a resource named by :func:`resource_name` whose evalkube process is gone."""
+    prefix = f"{RESOURCE_PREFIX}{kind}-"
+    if not name.startswith(prefix):
+        return False
+    pid_text = name[len(prefix) :].split("-", 1)[0]
+    if not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 class SandboxBackend(ABC):
@@ -100,28 +333,19 @@ class SandboxBackend(ABC):
         """``None`` when the backend works here, otherwise why it does not."""
 
     @abstractmethod
-    def spawn(self) -> WorkerProcess:
+    def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
         """Start one worker process."""
 
     def describe(self) -> str:
         return self.name if self.isolating else f"{self.name} (unsafe: no isolation)"
 
 
-def _worker_env() -> dict[str, str]:
-    """The worker's whole environment: nothing inherited, so no secret can leak in."""
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
-
-
-def _apply_rlimits() -> None:
-    """Runs in the child before exec: its own session (for killpg) and resource limits."""
-    os.setsid()
-    resource.setrlimit(resource.RLIMIT_AS, (limits.WORKER_MEMORY_BYTES, limits.WORKER_MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.WORKER_OPEN_FILES, limits.WORKER_OPEN_FILES))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
 class ProcessBackend(SandboxBackend):
-    """A plain subprocess with rlimits: fast, but no isolation. For trusted graders only."""
+    """A plain subprocess with rlimits: fast, but no isolation. For trusted graders only.
+
+    The worker runs as the same user with the host's filesystem and network; only its
+    environment is clean and its rlimits (memory, open files, file size, CPU) are set.
+    """
 
     name = "process"
     isolating = False
@@ -130,33 +354,48 @@ class ProcessBackend(SandboxBackend):
     def unavailable_reason(cls) -> str | None:
         return None
 
-    def spawn(self) -> WorkerProcess:
-        workdir = Path(tempfile.mkdtemp(prefix="evalkube-worker-"))
-        popen = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", WORKER_BOOTSTRAP, str(WORKER_ROOT)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=workdir,
-            env=_worker_env(),
-            preexec_fn=_apply_rlimits,  # noqa: PLW1509 - no threads hold locks we need here
-            close_fds=True,
+    def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
+        request = request or SpawnRequest()
+        workdir = Path(tempfile.mkdtemp(prefix=resource_name("process") + "-"))
+        setup = ChildSetup(
+            rlimits=(
+                (resource.RLIMIT_AS, request.limits.memory_bytes),
+                (resource.RLIMIT_NOFILE, request.limits.open_files),
+                (resource.RLIMIT_CORE, 0),
+            )
         )
-        return WorkerProcess(popen, workdir)
+        popen = spawn_pipes(
+            [sys.executable, "-I", "-S", "-c", WORKER_BOOTSTRAP, str(WORKER_ROOT)],
+            setup,
+            cwd=workdir,
+        )
+        return WorkerProcess(popen, workdir, model_endpoint=request.model_endpoint)
 
 
 #: Strongest first: what ``auto`` tries.
 AUTO_ORDER = ("gvisor", "nsjail", "bwrap", "process")
 
 
+def availability() -> dict[str, str | None]:
+    """Every registered backend, strongest first, with why it cannot run (``None``: it can)."""
+    names = [n for n in AUTO_ORDER if n in SandboxBackend.registry]
+    names += sorted(set(SandboxBackend.registry) - set(names))
+    return {name: SandboxBackend.registry[name].unavailable_reason() for name in names}
+
+
 def resolve_backend(name: str) -> SandboxBackend:
     """The backend called ``name``, or for ``auto`` the strongest one available here."""
     if name == "auto":
+        reasons: list[str] = []
         for candidate in AUTO_ORDER:
             cls = SandboxBackend.registry.get(candidate)
-            if cls is not None and cls.unavailable_reason() is None:
+            if cls is None:
+                continue
+            reason = cls.unavailable_reason()
+            if reason is None:
                 return cls()
-        raise SandboxUnavailable("no sandbox backend is available")
+            reasons.append(f"{candidate}: {reason}")
+        raise SandboxUnavailable("no sandbox backend is available (" + "; ".join(reasons) + ")")
     cls = SandboxBackend.registry.get(name)
     if cls is None:
         known = ", ".join(["auto", *sorted(SandboxBackend.registry)])
@@ -165,3 +404,17 @@ def resolve_backend(name: str) -> SandboxBackend:
     if reason is not None:
         raise SandboxUnavailable(f"sandbox {name!r} cannot run here: {reason}")
     return cls()
+
+
+@contextmanager
+def cleanup_on_error(steps: list[Callable[[], None]]) -> Iterator[None]:
+    """Run ``steps`` (in reverse) when the body raises: a half-built sandbox is taken apart."""
+    try:
+        yield
+    except BaseException:
+        for step in reversed(steps):
+            try:
+                step()
+            except Exception as exc:
+                print(f"evalkube: sandbox cleanup step failed: {exc}", file=sys.stderr)
+        raise

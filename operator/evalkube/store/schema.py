@@ -7,6 +7,7 @@ at 100k+ samples and keeps the schema identical on both databases.
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     DateTime,
     Index,
@@ -50,7 +51,7 @@ samples = Table(
     Column("sample_id", String(64), primary_key=True),
     Column("task_id", String(63), nullable=False),
     Column("model", String(253), nullable=False),
-    Column("seq", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
     Column("status", String(16), nullable=False),
     Column("row_id", String(253)),
     Column("prompt", Text),

@@ -220,6 +220,33 @@ class ResultStore:
                     .values(**encoded)
                 )
 
+    def settle_pending(self, run_id: str, task_id: str, model: str, status: str, values: dict[str, Any] | None = None) -> int:
+        """Move the task x model's ``pending`` samples to ``status`` (after ``grade_batch``)."""
+        c = schema.samples.c
+        encoded = {k: (_json(v) if k in ("scores", "judge", "error") else v) for k, v in (values or {}).items()}
+        if "error" in (values or {}):
+            error = (values or {})["error"]
+            encoded["error_stage"] = error.get("stage") if isinstance(error, dict) else None
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(schema.samples)
+                .where(and_(c.run_id == run_id, c.task_id == task_id, c.model == model, c.status == "pending"))
+                .values(status=status, **encoded)
+            )
+            return int(result.rowcount or 0)
+
+    def iter_scores(self, run_id: str) -> Iterator[tuple[str, str, str, dict[str, float], dict[str, Any]]]:
+        """Stream ``(task, model, status, scores, model_calls)`` of every sample, for aggregates."""
+        c = schema.samples.c
+        query = (
+            select(c.task_id, c.model, c.status, c.scores, c.model_calls)
+            .where(c.run_id == run_id)
+            .order_by(c.task_id, c.model)
+        )
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=5000).execute(query):
+                yield row[0], row[1], row[2], json.loads(row[3]), (_load(row[4]) or {})
+
     # -- task results -----------------------------------------------------------------------
     def save_task_result(self, result: TaskResultRecord) -> None:
         self._upsert(

@@ -1,0 +1,296 @@
+"""``evalkube``: run suites on this machine, inspect samples, and start the cluster parts.
+
+Exit codes: 0 the run finished and printed its scores (invalid samples included);
+2 configuration error (bad YAML, spec, grader that does not load); 3 the run could not
+complete (sandbox or store failure); 130 interrupted (resume with ``--resume RUN_ID``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from evalkube import __version__
+from evalkube.engine import ConfigError, LocalEngine, RunSummary, Unit, UnitFailed, load_files, resolve_run_spec
+from evalkube.sandbox import SandboxError, SandboxUnavailable, resolve_backend
+from evalkube.store import ResultStore, SampleRecord, StoreError
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_RUNTIME = 3
+EXIT_INTERRUPTED = 130
+DEFAULT_DB = ".evalkube/results.db"
+
+app = typer.Typer(
+    name="evalkube",
+    help="Sandboxed Python graders for LLM evaluations: run suites locally or in Kubernetes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+errors = Console(stderr=True)
+
+DbOption = Annotated[
+    str | None,
+    typer.Option("--db", envvar="EVALKUBE_DB", help=f"Results store URL or SQLite path [default: {DEFAULT_DB}]"),
+]
+
+
+def _store_url(db: str | None) -> str:
+    db = db or DEFAULT_DB
+    if "://" in db:
+        return db
+    path = Path(db)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def _open_store(db: str | None) -> ResultStore:
+    try:
+        return ResultStore.open(_store_url(db))
+    except StoreError as exc:
+        _fail(str(exc), EXIT_RUNTIME)
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+class _RichProgress:
+    """Draws one bar per task x model from the engine's unit events."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.bars: dict[tuple[str, str, str], Any] = {}
+
+    def _bar(self, unit: Unit) -> Any:
+        key = (unit.task_id, unit.model, unit.kind)
+        if key not in self.bars:
+            label = f"{unit.task_id} · {unit.model}" + (" · grade_batch" if unit.kind == "aggregate" else "")
+            self.bars[key] = self.progress.add_task(label, total=0)
+        return self.bars[key]
+
+    def unit_started(self, unit: Unit, total: int) -> None:
+        bar = self._bar(unit)
+        current = self.progress.tasks[bar].total or 0
+        self.progress.update(bar, total=current + total)
+
+    def advance(self, unit: Unit, samples: int) -> None:
+        self.progress.advance(self._bar(unit), samples)
+
+
+def _results_table(summary: RunSummary) -> Table:
+    table = Table(title=f"{summary.suite} · run {summary.run_id}", title_justify="left")
+    for column in ("task", "model", "metrics"):
+        table.add_column(column, no_wrap=True)
+    for column in ("samples", "valid", "invalid", "errored"):
+        table.add_column(column, justify="right")
+    for result in summary.results:
+        metrics = "\n".join(f"{name} = {value:.4f}" for name, value in result.metrics.items()) or "-"
+        if result.error:
+            metrics += f"\n[red]batch failed: {result.error}[/]"
+        counts = result.counts
+        table.add_row(
+            result.task,
+            result.model,
+            metrics,
+            str(counts.samples),
+            str(counts.valid),
+            f"[yellow]{counts.invalid}[/]" if counts.invalid else "0",
+            f"[red]{counts.errored}[/]" if counts.errored else "0",
+        )
+    return table
+
+
+@app.command()
+def run(
+    suite: Annotated[Path | None, typer.Argument(help="EvalSuite YAML (may also hold the EvalRun)")] = None,
+    run_file: Annotated[Path | None, typer.Argument(metavar="[RUN]", help="EvalRun YAML")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the run's results as JSON")] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model(s) to run, overriding the run file")] = None,
+    sandbox: Annotated[str, typer.Option(help="auto|gvisor|nsjail|bwrap|process")] = "auto",
+    resume: Annotated[str | None, typer.Option("--resume", help="Continue an interrupted run by id")] = None,
+    db: DbOption = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars")] = False,
+) -> None:
+    """Run every task x model of a suite on this machine and print the scores."""
+    if (suite is None) == (resume is None):
+        _fail("give a SUITE file, or --resume RUN_ID", EXIT_CONFIG)
+    try:
+        backend = resolve_backend(sandbox)
+    except SandboxUnavailable as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    store = _open_store(db)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=errors,
+        disable=quiet or not errors.is_terminal,
+        transient=False,
+    )
+    engine = LocalEngine(store, backend, progress=_RichProgress(progress), bridge_factory=_bridge_factory())
+    run_id = resume
+    try:
+        with progress:
+            if resume is not None:
+                summary = engine.resume(resume)
+            else:
+                assert suite is not None
+                loaded, run_resource = load_files(suite, run_file)
+                spec = resolve_run_spec(loaded, run_resource, model)
+                errors.print(f"sandbox: [bold]{backend.describe()}[/]", highlight=False)
+                summary = engine.start(loaded, spec)
+    except (ConfigError, UnitFailed) as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    except (SandboxError, StoreError) as exc:
+        _fail(f"{exc}; recorded samples are kept, resume with --resume", EXIT_RUNTIME)
+    except KeyboardInterrupt:
+        errors.print("[yellow]interrupted:[/] recorded samples are kept; continue with "
+                     "`evalkube run --resume <run id>` (see `evalkube runs`)")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        store.close()
+    del run_id
+    console.print(_results_table(summary))
+    console.print(f"sandbox: {summary.sandbox} · {summary.seconds:.2f} s", highlight=False)
+    for problem in summary.problems:
+        errors.print(f"[yellow]warning:[/] {problem}", highlight=False)
+    if output is not None:
+        output.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+
+
+def _bridge_factory() -> Any:
+    try:
+        from evalkube.proxy.bridge import local_model_access
+    except ImportError:
+        return None
+    return local_model_access
+
+
+@app.command()
+def runs(db: DbOption = None, limit: Annotated[int, typer.Option(min=1)] = 20) -> None:
+    """List recent runs in the store."""
+    store = _open_store(db)
+    try:
+        records = store.list_runs(limit)
+    finally:
+        store.close()
+    table = Table("run", "suite", "phase", "sandbox", "created")
+    for record in records:
+        table.add_row(record.run_id, record.suite_name, record.phase, record.sandbox, str(record.created_at)[:19])
+    console.print(table)
+
+
+STATUS_FILTERS = {"failed": ["invalid", "errored"], "valid": ["valid"], "invalid": ["invalid"], "errored": ["errored"]}
+
+
+def sample_view(record: SampleRecord) -> dict[str, Any]:
+    """The debugging view of one sample (what `samples --json` prints)."""
+    return {
+        "sample_id": record.sample_id,
+        "task_id": record.task_id,
+        "model": record.model,
+        "status": record.status,
+        "row_id": record.row_id,
+        "prompt": record.prompt,
+        "target": record.target,
+        "output_text": record.output_text,
+        "extracted_output": record.extracted_output,
+        "scores": record.scores,
+        "judge": record.judge,
+        "error": record.error,
+        "model_calls": record.model_calls,
+        "response_id": record.response_id,
+        "stdout": record.stdout,
+        "stderr": record.stderr,
+    }
+
+
+@app.command()
+def samples(
+    run_id: Annotated[str, typer.Argument(help="Run id (see `evalkube runs`)")],
+    status: Annotated[str | None, typer.Option(help="failed|valid|invalid|errored")] = None,
+    task: Annotated[str | None, typer.Option(help="Only this task")] = None,
+    model: Annotated[str | None, typer.Option(help="Only this model")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    db: DbOption = None,
+) -> None:
+    """Show samples of a run: prompt, target, output, extraction, scores, judge, error."""
+    if status is not None and status not in STATUS_FILTERS:
+        _fail(f"--status must be one of {', '.join(STATUS_FILTERS)}", EXIT_CONFIG)
+    store = _open_store(db)
+    try:
+        if store.get_run(run_id) is None:
+            _fail(f"run {run_id!r} is not in the store; list runs with `evalkube runs`", EXIT_CONFIG)
+        records, _ = store.page_samples(
+            run_id, task_id=task, model=model, status=STATUS_FILTERS.get(status or ""), limit=limit
+        )
+    finally:
+        store.close()
+    views = [sample_view(r) for r in records]
+    if as_json:
+        sys.stdout.write(json.dumps(views, indent=2, ensure_ascii=False) + "\n")
+        return
+    if not views:
+        console.print("no samples match")
+    for view in views:
+        lines = []
+        for key in ("prompt", "target", "output_text", "extracted_output", "scores", "judge", "error", "stdout", "stderr"):
+            value = view[key]
+            if value is None or value == {}:
+                continue
+            text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+            lines.append(f"[bold]{key}[/]: {text}")
+        color = {"valid": "green", "invalid": "yellow", "errored": "red"}.get(view["status"], "white")
+        console.print(
+            Panel(
+                "\n".join(lines),
+                title=f"{view['sample_id']} · {view['task_id']} · {view['model']} · [{color}]{view['status']}[/]",
+                title_align="left",
+            ),
+            highlight=False,
+        )
+
+
+@app.command()
+def validate(
+    suite: Annotated[Path, typer.Argument(help="EvalSuite YAML")],
+    run_file: Annotated[Path | None, typer.Argument(metavar="[RUN]")] = None,
+) -> None:
+    """Check a suite (and run) without running anything: specs, templates, grader code."""
+    from evalkube.engine.runtime import TaskRuntime
+    from evalkube.engine.validate import check_programs
+
+    try:
+        loaded, run_resource = load_files(suite, run_file)
+        for task in loaded.suite.spec.tasks:
+            TaskRuntime.build(loaded, task)
+        check_programs(loaded)
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    console.print(f"[green]ok[/]: {loaded.name} ({len(loaded.suite.spec.tasks)} tasks, {loaded.version[:19]})")
+
+
+@app.command()
+def version() -> None:
+    """Print the evalkube version."""
+    console.print(__version__)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    app()

@@ -1,0 +1,241 @@
+"""The embedded default: run a whole suite on this machine, unit by unit, into the store.
+
+Creates (or resumes) a run record, plans units, runs each shard and aggregate unit through
+the same :mod:`evalkube.engine.runner` a work-unit pod uses, then aggregates per task x
+model from the store. Interrupted runs keep every recorded sample; ``resume`` skips done
+units and already-recorded samples.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from evalkube.engine.candidates import candidate_source
+from evalkube.engine.loading import ConfigError, LoadedSuite, iter_dataset, suite_version
+from evalkube.engine.plan import Unit, plan_units
+from evalkube.engine.runner import (
+    NoProgress,
+    Progress,
+    UnitContext,
+    UsageTaker,
+    run_aggregate,
+    run_shard,
+)
+from evalkube.engine.runtime import TaskRuntime
+from evalkube.engine.validate import check_programs
+from evalkube.grading import TaskAggregate
+from evalkube.models import EvalRunSpec, EvalSuite, SampleCounts, TaskModelResult, validate_spec
+from evalkube.sandbox import SandboxBackend
+from evalkube.store import ResultStore, RunRecord
+
+
+@dataclass
+class RunSummary:
+    """What ``evalkube run`` prints and writes with ``--output``."""
+
+    run_id: str
+    suite: str
+    suite_version: str
+    sandbox: str
+    phase: str
+    results: list[TaskModelResult] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "suite": self.suite,
+            "suite_version": self.suite_version,
+            "sandbox": self.sandbox,
+            "phase": self.phase,
+            "seconds": round(self.seconds, 3),
+            "problems": self.problems,
+            "results": [
+                {
+                    "task": r.task,
+                    "model": r.model,
+                    "metrics": r.metrics,
+                    "counts": r.counts.model_dump(),
+                    "model_calls": r.model_calls,
+                    **({"error": r.error} if r.error else {}),
+                }
+                for r in self.results
+            ],
+        }
+
+
+@dataclass
+class ModelAccess:
+    """The model bridge a run's graders reach through ``ctx`` (endpoint + usage taker)."""
+
+    endpoint: str
+    take_usage: UsageTaker
+    configure_unit: Callable[[str, int, int], None]
+    close: Callable[[], None]
+
+
+BridgeFactory = Callable[[EvalRunSpec], ModelAccess]
+
+
+def new_run_id(suite_name: str) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{suite_name}-{stamp}-{secrets.token_hex(3)}"
+
+
+def count_rows(loaded: LoadedSuite, task_id: str) -> int:
+    return sum(1 for _ in iter_dataset(loaded, loaded.task(task_id)))
+
+
+class LocalEngine:
+    """Runs suites in this process, grading in sandboxes of ``backend``."""
+
+    def __init__(
+        self,
+        store: ResultStore,
+        backend: SandboxBackend,
+        *,
+        progress: Progress | None = None,
+        bridge_factory: BridgeFactory | None = None,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.progress = progress or NoProgress()
+        self.bridge_factory = bridge_factory
+
+    def start(self, loaded: LoadedSuite, spec: EvalRunSpec, run_id: str | None = None) -> RunSummary:
+        """Start a new run of ``loaded`` with ``spec``."""
+        check_programs(loaded)
+        for task in loaded.suite.spec.tasks:
+            TaskRuntime.build(loaded, task)
+        run_id = run_id or new_run_id(loaded.name)
+        snapshot = {
+            "suite": loaded.suite.to_wire(),
+            "run": spec.to_wire(),
+            "base_dir": str(loaded.base_dir),
+            "sources": {f"{t}/{k}": list(v) for (t, k), v in loaded.sources.items()},
+        }
+        self.store.create_run(
+            RunRecord(run_id, loaded.name, loaded.version, snapshot, self.backend.describe())
+        )
+        return self._execute(run_id, loaded, spec, resuming=False)
+
+    def resume(self, run_id: str) -> RunSummary:
+        """Continue an interrupted run from what the store holds."""
+        record = self.store.get_run(run_id)
+        if record is None:
+            raise ConfigError(f"run {run_id!r} is not in the store; list runs with `evalkube runs`")
+        if record.phase in ("Succeeded", "Failed"):
+            raise ConfigError(f"run {run_id!r} already finished ({record.phase}); nothing to resume")
+        snapshot = record.spec
+        suite = validate_spec(EvalSuite, snapshot["suite"], prefix="")
+        loaded = LoadedSuite(suite, Path(snapshot["base_dir"]))
+        for key, (source, filename) in snapshot["sources"].items():
+            task_id, kind = key.split("/", 1)
+            loaded.sources[(task_id, kind)] = (source, filename)
+        loaded.version = suite_version(loaded)
+        if loaded.version != record.suite_version:
+            raise ConfigError(
+                f"run {run_id!r}: its dataset or output files changed since it started "
+                f"({record.suite_version[:19]} -> {loaded.version[:19]}); start a new run instead"
+            )
+        spec = validate_spec(EvalRunSpec, snapshot["run"], prefix="run.spec")
+        self.store.set_run_phase(run_id, "Running", sandbox=self.backend.describe())
+        return self._execute(run_id, loaded, spec, resuming=True)
+
+    def _execute(self, run_id: str, loaded: LoadedSuite, spec: EvalRunSpec, *, resuming: bool) -> RunSummary:
+        started = time.perf_counter()
+        runtimes = {task.id: TaskRuntime.build(loaded, task) for task in loaded.suite.spec.tasks}
+        tasks = [
+            (task.id, count_rows(loaded, task.id), task.grader.resolved_execution == "aggregate")
+            for task in loaded.suite.spec.tasks
+        ]
+        units = plan_units(tasks, spec.models, spec.shard_size)
+        done = self.store.done_units(run_id) if resuming else set()
+        needs_bridge = any(t.grader.resolved_model_access == "gateway" for t in loaded.suite.spec.tasks)
+        bridge = self.bridge_factory(spec) if needs_bridge and self.bridge_factory else None
+        try:
+            for (task_id, model), group in _group(units):
+                runtime = runtimes[task_id]
+                ctx = UnitContext(
+                    run_id=run_id,
+                    runtime=runtime,
+                    store=self.store,
+                    backend=self.backend,
+                    source=candidate_source(model, runtime.task, spec, loaded.base_dir),
+                    model_endpoint=bridge.endpoint if bridge else None,
+                    take_usage=bridge.take_usage if bridge else None,
+                    progress=self.progress,
+                    resuming=resuming,
+                )
+                rows = iter_dataset(loaded, runtime.task)
+                position = 0
+                for unit in group:
+                    if unit.kind == "aggregate":
+                        if unit.unit_id not in done:
+                            if bridge:
+                                bridge.configure_unit(unit.unit_id, runtime.task.grader.max_model_calls, 1)
+                            run_aggregate(ctx, unit)
+                            self.store.mark_unit_done(run_id, unit.unit_id)
+                        continue
+                    shard = list(islice(rows, unit.stop - unit.start))
+                    position += len(shard)
+                    if unit.unit_id in done:
+                        continue
+                    if bridge:
+                        bridge.configure_unit(unit.unit_id, runtime.task.grader.max_model_calls, len(shard))
+                    run_shard(ctx, unit, shard)
+                    self.store.mark_unit_done(run_id, unit.unit_id)
+        finally:
+            if bridge:
+                bridge.close()
+        results = aggregate_results(self.store, run_id)
+        order = {(t.id, m): i for i, (t, m) in enumerate((t, m) for t in loaded.suite.spec.tasks for m in spec.models)}
+        results.sort(key=lambda r: order.get((r.task, r.model), len(order)))
+        summary = RunSummary(
+            run_id, loaded.name, loaded.version, self.backend.describe(), "Succeeded", results,
+            [p for r in self.store.task_results(run_id) for p in r.problems],
+            time.perf_counter() - started,
+        )
+        self.store.finish_run(run_id, summary.phase, summary.to_json())
+        return summary
+
+
+def _group(units: list[Unit]) -> Iterator[tuple[tuple[str, str], list[Unit]]]:
+    groups: dict[tuple[str, str], list[Unit]] = {}
+    for unit in units:
+        groups.setdefault((unit.task_id, unit.model), []).append(unit)
+    yield from groups.items()
+
+
+def aggregate_results(store: ResultStore, run_id: str) -> list[TaskModelResult]:
+    """Aggregates per task x model from the stored samples and batch results."""
+    aggregates: dict[tuple[str, str], TaskAggregate] = {}
+    for task_id, model, status, scores, calls in store.iter_scores(run_id):
+        key = (task_id, model)
+        aggregate = aggregates.get(key)
+        if aggregate is None:
+            aggregate = aggregates[key] = TaskAggregate()
+        aggregate.add(status, scores, {k: v for k, v in calls.items() if k != "response_ids"})
+    batch = {(r.task_id, r.model): r for r in store.task_results(run_id)}
+    results = []
+    for (task_id, model), aggregate in aggregates.items():
+        task_result = batch.get((task_id, model))
+        results.append(
+            TaskModelResult(
+                task=task_id,
+                model=model,
+                metrics=aggregate.metrics(task_result.metrics if task_result else None),
+                counts=SampleCounts(**aggregate.counts()),
+                model_calls=dict(sorted(aggregate.model_calls.items())),
+                error=task_result.error if task_result else None,
+            )
+        )
+    return results

@@ -1,0 +1,459 @@
+"""Run one unit: rows -> preprocess -> prompt -> candidate -> extraction -> grade -> store.
+
+The unit runner is the trusted side of the sandbox: the worker's answers are untrusted data,
+validated here by :mod:`evalkube.grading` before anything is recorded. Every row ends as a
+stored sample (valid, invalid, errored, or pending for ``grade_batch``) before the unit
+counts as done. The same function runs inside a work-unit pod and in ``evalkube run``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from evalkube import limits
+from evalkube.engine.candidates import Candidate, CandidateSource
+from evalkube.engine.plan import SEQ_STRIDE, Unit, sample_id
+from evalkube.engine.runtime import TaskRuntime
+from evalkube.grading import (
+    ExtractionMiss,
+    GradeOutcome,
+    TemplateError,
+    apply_stop,
+    capped_repr,
+    invalid,
+    validate_batch_return,
+    validate_return,
+)
+from evalkube.sandbox import Execution, GraderSandbox, ProgramLoadError, SandboxBackend
+from evalkube.store import ResultStore, SampleRecord, TaskResultRecord
+
+UsageTaker = Callable[[list[str]], dict[str, dict[str, Any]]]
+
+
+class Progress(Protocol):
+    """What a unit reports while it runs (the CLI draws progress bars from it)."""
+
+    def unit_started(self, unit: Unit, total: int) -> None: ...
+
+    def advance(self, unit: Unit, samples: int) -> None: ...
+
+
+class NoProgress:
+    def unit_started(self, unit: Unit, total: int) -> None:
+        pass
+
+    def advance(self, unit: Unit, samples: int) -> None:
+        pass
+
+
+@dataclass
+class UnitContext:
+    """Everything a unit needs from its run."""
+
+    run_id: str
+    runtime: TaskRuntime
+    store: ResultStore
+    backend: SandboxBackend
+    source: CandidateSource | None = None
+    model_endpoint: str | None = None
+    take_usage: UsageTaker | None = None
+    progress: Progress = field(default_factory=NoProgress)
+    resuming: bool = False
+
+
+@dataclass
+class UnitReport:
+    """What one unit did."""
+
+    unit: Unit
+    samples: int = 0
+    skipped: int = 0
+    restarts: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class _Prepared:
+    seq: int
+    sample_id: str
+    row: dict[str, Any]
+    row_id: str
+    record: SampleRecord
+
+
+class UnitFailed(RuntimeError):
+    """A unit could not run at all (its programs do not load); nothing partial is recorded."""
+
+
+def _error(stage: str, kind: str, message: str, traceback: str = "") -> dict[str, Any]:
+    return {"stage": stage, "type": kind, "message": message, "traceback": traceback}
+
+
+def _outcome(execution: Execution, metric_id: str) -> GradeOutcome:
+    if execution.status == "returned":
+        return validate_return(execution.value, metric_id)
+    error = execution.error or {}
+    return invalid(
+        metric_id,
+        error_type=str(error.get("type") or execution.status),
+        message=str(error.get("message") or execution.status),
+        traceback=str(error.get("traceback") or ""),
+        raw_repr=execution.value if isinstance(execution.value, str) else None,
+    )
+
+
+class _Buffer:
+    """Collects records and writes them to the store in chunks (and on exit)."""
+
+    def __init__(self, ctx: UnitContext, unit: Unit) -> None:
+        self.ctx, self.unit = ctx, unit
+        self.records: list[SampleRecord] = []
+        self.written = 0
+
+    def add(self, record: SampleRecord) -> None:
+        self.records.append(record)
+        if len(self.records) >= limits.STORE_CHUNK_SIZE:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.records:
+            return
+        if self.ctx.take_usage is not None:
+            self._attach_usage()
+        self.ctx.store.record_samples(self.records)
+        self.ctx.progress.advance(self.unit, len(self.records))
+        self.written += len(self.records)
+        self.records = []
+
+    def _attach_usage(self) -> None:
+        assert self.ctx.take_usage is not None
+        usage = self.ctx.take_usage([r.sample_id for r in self.records])
+        for record in self.records:
+            calls = usage.get(record.sample_id)
+            if not calls:
+                continue
+            merged = dict(record.model_calls)
+            for purpose, count in (calls.get("by_purpose") or {}).items():
+                merged[purpose] = merged.get(purpose, 0) + int(count)
+            ids = list(merged.get("response_ids", [])) + list(calls.get("response_ids") or [])
+            if ids:
+                merged["response_ids"] = ids
+            record.model_calls = merged
+
+
+def run_shard(ctx: UnitContext, unit: Unit, rows: list[dict[str, Any]]) -> UnitReport:
+    """Run one shard unit over ``rows`` (the dataset rows of this shard, unprocessed)."""
+    started = time.perf_counter()
+    runtime = ctx.runtime
+    report = UnitReport(unit)
+    buffer = _Buffer(ctx, unit)
+    sandbox = GraderSandbox(
+        ctx.backend,
+        runtime.programs,
+        task_id=runtime.task.id,
+        model_endpoint=ctx.model_endpoint,
+        load_timeout=float(runtime.task.grader.timeout_seconds),
+    )
+    try:
+        sandbox.start()
+    except ProgramLoadError as exc:
+        raise UnitFailed(_load_message(runtime, exc)) from None
+    try:
+        prepared = _preprocess(ctx, sandbox, unit, rows, buffer)
+        if ctx.resuming:
+            done = ctx.store.recorded_sample_ids(ctx.run_id, unit.task_id, unit.model)
+            report.skipped = sum(1 for p in prepared if p.sample_id in done)
+            prepared = [p for p in prepared if p.sample_id not in done]
+        ctx.progress.unit_started(unit, len(prepared) + buffer.written + len(buffer.records))
+        ready = _candidates(ctx, prepared, buffer)
+        if runtime.task.grader.resolved_execution == "aggregate":
+            for p in ready:
+                p.record.status = "pending"
+                buffer.add(p.record)
+        else:
+            _grade_samples(ctx, sandbox, ready, buffer)
+        buffer.flush()
+    finally:
+        buffer.flush()
+        report.restarts = sandbox.restarts
+        sandbox.close()
+    report.samples = buffer.written
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _load_message(runtime: TaskRuntime, exc: ProgramLoadError) -> str:
+    error = exc.error
+    line = error.get("line")
+    spec = runtime.task.grader if exc.program == "grader" else runtime.task.preprocess
+    where = f"task {runtime.task.id!r} {exc.program}"
+    if spec is not None and spec.file:
+        where += f" ({spec.file}{f', line {line}' if line else ''})"
+    elif line:
+        where += f" (line {line})"
+    return f"{where}: {error.get('type')}: {error.get('message')}"
+
+
+def _base_record(ctx: UnitContext, unit: Unit, seq: int, row: dict[str, Any], row_id: str) -> SampleRecord:
+    return SampleRecord(
+        run_id=ctx.run_id,
+        sample_id=sample_id(ctx.run_id, unit.task_id, unit.model, seq),
+        task_id=unit.task_id,
+        model=unit.model,
+        seq=seq,
+        status="valid",
+        row_id=row_id,
+        dataset_row=row,
+    )
+
+
+def _row_id(runtime: TaskRuntime, row: dict[str, Any], fallback: int | str) -> str:
+    id_field = runtime.task.dataset.id_field
+    if id_field and row.get(id_field) is not None:
+        return str(row[id_field])
+    return str(fallback)
+
+
+def _preprocess(
+    ctx: UnitContext, sandbox: GraderSandbox, unit: Unit, rows: list[dict[str, Any]], buffer: _Buffer
+) -> list[_Prepared]:
+    """Rows after the preprocessor, each with its sequence number and sample id."""
+    runtime = ctx.runtime
+    base = unit.shard * SEQ_STRIDE
+    spec = runtime.task.preprocess
+    out: list[_Prepared] = []
+
+    def keep(position: int, row: dict[str, Any], row_id: str) -> None:
+        record = _base_record(ctx, unit, base + position, row, row_id)
+        out.append(_Prepared(record.seq, record.sample_id, row, row_id, record))
+
+    def fail(position: int, row: dict[str, Any], row_id: str, error: dict[str, Any]) -> None:
+        record = _base_record(ctx, unit, base + position, row, row_id)
+        record.status, record.error = "errored", error
+        buffer.add(record)
+
+    if spec is None:
+        for position, row in enumerate(rows):
+            keep(position, row, _row_id(runtime, row, unit.start + position))
+        return out
+    timeout = float(spec.timeout_seconds)
+    if spec.contract == "sample":
+        executions = sandbox.execute("preprocess", (([row], None) for row in rows), timeout=timeout)
+        for position, (row, execution) in enumerate(zip(rows, executions, strict=True)):
+            row_id = _row_id(runtime, row, unit.start + position)
+            if execution.status == "returned" and isinstance(execution.value, dict):
+                keep(position, execution.value, _row_id(runtime, execution.value, row_id))
+            else:
+                fail(position, row, row_id, _preprocess_error(execution, "transform", "a dict (the row)"))
+        return out
+    execution = next(iter(sandbox.execute("preprocess", [([rows], None)], timeout=timeout)))
+    value = execution.value
+    if execution.status == "returned" and isinstance(value, list) and all(isinstance(r, dict) for r in value):
+        for position, row in enumerate(value):
+            keep(position, row, _row_id(runtime, row, f"{unit.shard}:{position}"))
+        return out
+    error = _preprocess_error(execution, "transform_batch", "a list of dicts (the rows)")
+    for position, row in enumerate(rows):
+        fail(position, row, _row_id(runtime, row, unit.start + position), error)
+    return out
+
+
+def _preprocess_error(execution: Execution, function: str, expected: str) -> dict[str, Any]:
+    if execution.status == "returned":
+        return _error(
+            "preprocess",
+            "InvalidPreprocessResult",
+            f"{function} returned {capped_repr(execution.value, 200)}; it must return {expected}",
+        )
+    error = execution.error or {}
+    return _error(
+        "preprocess",
+        str(error.get("type", execution.status)),
+        str(error.get("message", "")),
+        str(error.get("traceback", "")),
+    )
+
+
+def _candidates(ctx: UnitContext, prepared: list[_Prepared], buffer: _Buffer) -> Iterator[_Prepared]:
+    """Render, fetch candidates and extract; errored samples go to the buffer."""
+    runtime = ctx.runtime
+    rendered: list[_Prepared] = []
+    for p in prepared:
+        try:
+            prompt, target = runtime.template.render(p.row, runtime.context)
+        except TemplateError as exc:
+            p.record.status, p.record.error = "errored", _error("render", "TemplateError", str(exc))
+            buffer.add(p.record)
+            continue
+        p.record.prompt, p.record.target = prompt, target
+        rendered.append(p)
+    assert ctx.source is not None
+    candidates = ctx.source.candidates(
+        [p.row for p in rendered], [p.row_id for p in rendered], [p.record.prompt for p in rendered]
+    )
+    stop = runtime.task.stop
+    for p, candidate in zip(rendered, candidates, strict=True):
+        if _apply_candidate(runtime, p, candidate, stop):
+            yield p
+        else:
+            buffer.add(p.record)
+
+
+def _apply_candidate(runtime: TaskRuntime, p: _Prepared, candidate: Candidate, stop: Sequence[str]) -> bool:
+    record = p.record
+    record.response_id = candidate.response_id
+    if candidate.model_calls:
+        record.model_calls = dict(candidate.model_calls)
+    if candidate.ms is not None:
+        record.timings["generation_ms"] = candidate.ms
+    if candidate.error is not None:
+        record.status, record.error = "errored", _error("generation", "GenerationError", candidate.error)
+        return False
+    text = candidate.output_text or ""
+    record.output_text = apply_stop(text, stop) if stop else text
+    if candidate.extracted_output is not None:
+        record.extracted_output = candidate.extracted_output
+        return True
+    try:
+        record.extracted_output = runtime.extractor.extract(record.output_text, runtime.choices(p.row))
+    except ExtractionMiss as exc:
+        record.status, record.error = "errored", _error("extraction", "ExtractionMiss", str(exc))
+        return False
+    return True
+
+
+def _grade_samples(ctx: UnitContext, sandbox: GraderSandbox, ready: Iterator[_Prepared], buffer: _Buffer) -> None:
+    runtime = ctx.runtime
+    task = runtime.task
+    metric_id = task.grader.metric_id
+    in_flight: deque[_Prepared] = deque()
+
+    def requests() -> Iterator[tuple[list[Any], str | None]]:
+        for p in ready:
+            record = p.record
+            sample = {
+                "output_text": record.output_text,
+                "extracted_output": record.extracted_output,
+                "model": record.model,
+                "prompt": record.prompt,
+                "task_id": record.task_id,
+                "run_id": record.run_id,
+                "sample_id": record.sample_id,
+            }
+            item = dict(p.row)
+            item.update(
+                prompt=record.prompt,
+                target=record.target,
+                reference_answer=record.target,
+                choices=runtime.choices(p.row),
+                task_id=record.task_id,
+            )
+            in_flight.append(p)
+            yield [sample, item], record.sample_id
+
+    for execution in sandbox.execute("grader", requests(), timeout=float(task.grader.timeout_seconds)):
+        p = in_flight.popleft()
+        outcome = _outcome(execution, metric_id)
+        record = p.record
+        record.status, record.scores, record.judge = outcome.status, outcome.scores, outcome.judge
+        if outcome.error is not None:
+            record.error = {"stage": "grading", **outcome.error}
+        record.stdout, record.stderr = execution.stdout, execution.stderr
+        if execution.ms is not None:
+            record.timings["grade_ms"] = execution.ms
+        buffer.add(record)
+
+
+def batch_sample(record: SampleRecord) -> dict[str, Any]:
+    """The shape ``grade_batch`` receives for one sample (DESIGN.md §1)."""
+    return {
+        "sample_id": record.sample_id,
+        "task_id": record.task_id,
+        "model": record.model,
+        "prompt": record.prompt,
+        "target": record.target,
+        "output_text": record.output_text,
+        "extracted_output": record.extracted_output,
+        "dataset_row": record.dataset_row,
+        "response_id": record.response_id,
+        "scores": record.scores,
+        "judge": record.judge,
+    }
+
+
+def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
+    """Run ``grade_batch`` once over the task x model's samples; apply metrics and updates."""
+    started = time.perf_counter()
+    runtime = ctx.runtime
+    task = runtime.task
+    records = list(ctx.store.iter_samples(ctx.run_id, task_id=unit.task_id, model=unit.model))
+    ctx.progress.unit_started(unit, len(records))
+    by_id = {r.sample_id: r for r in records}
+    report = UnitReport(unit, samples=len(records))
+    sandbox = GraderSandbox(
+        ctx.backend,
+        [runtime.grader],
+        task_id=task.id,
+        model_endpoint=ctx.model_endpoint,
+        load_timeout=float(task.grader.timeout_seconds),
+    )
+    try:
+        sandbox.start()
+    except ProgramLoadError as exc:
+        raise UnitFailed(_load_message(runtime, exc)) from None
+    try:
+        payload = [batch_sample(r) for r in records]
+        execution = next(
+            iter(sandbox.execute("grader", [([payload], f"{unit.unit_id}")], timeout=float(task.grader.timeout_seconds)))
+        )
+    finally:
+        report.restarts = sandbox.restarts
+        sandbox.close()
+    metric_id = task.grader.metric_id
+    if execution.status != "returned":
+        failed = _outcome(execution, metric_id)
+        _fail_batch(ctx, unit, failed.error or {}, metric_id)
+    else:
+        outcome = validate_batch_return(execution.value, declared_metrics=task.metrics, sample_ids=by_id.keys())
+        if outcome.error is not None:
+            _fail_batch(ctx, unit, outcome.error, metric_id)
+        else:
+            updates = []
+            for update in outcome.updates:
+                record = by_id[update.sample_id]
+                values: dict[str, Any] = {"sample_id": update.sample_id}
+                if update.scores:
+                    values["scores"] = {**record.scores, **update.scores}
+                if update.sets_judge:
+                    values["judge"] = update.judge
+                if update.sets_extracted_output:
+                    values["extracted_output"] = update.extracted_output
+                if len(values) > 1:
+                    updates.append(values)
+            ctx.store.apply_sample_updates(ctx.run_id, updates)
+            ctx.store.settle_pending(ctx.run_id, unit.task_id, unit.model, "valid")
+            problems = list(outcome.problems)
+            if outcome.dropped_metrics:
+                problems.append(f"undeclared batch metrics dropped: {sorted(outcome.dropped_metrics)}")
+            ctx.store.save_task_result(
+                TaskResultRecord(ctx.run_id, unit.task_id, unit.model, outcome.metrics, None, problems)
+            )
+    ctx.progress.advance(unit, len(records))
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _fail_batch(ctx: UnitContext, unit: Unit, error: dict[str, Any], metric_id: str) -> None:
+    raw = error.get("invalid_payload")
+    error = {"stage": "batch", **{k: v for k, v in error.items() if k != "invalid_payload"}}
+    judge = {"invalid_payload": raw, "error": error}
+    ctx.store.settle_pending(
+        ctx.run_id, unit.task_id, unit.model, "invalid", {"scores": {metric_id: 0.0}, "error": error, "judge": judge}
+    )
+    ctx.store.save_task_result(
+        TaskResultRecord(ctx.run_id, unit.task_id, unit.model, {}, f"{error.get('type')}: {error.get('message')}", [])
+    )

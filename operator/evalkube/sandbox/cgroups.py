@@ -1,0 +1,160 @@
+"""Per-sandbox cgroups (v1 ``memory`` and ``pids``) for the nsjail and bwrap backends.
+
+A sandbox gets ``/sys/fs/cgroup/{memory,pids}/evalkube-cg-<pid>-<random>``: the memory limit
+covers the worker, its children and its /tmp; the pids limit stops fork bombs. The spawned
+child joins them before it drops privileges (:class:`evalkube.sandbox.backends.ChildSetup`),
+so everything the sandbox starts is inside. :meth:`Cgroup.destroy` kills whatever is left in
+them and removes the directories; :func:`sweep_stale` removes those of dead evalkube processes.
+
+gVisor manages its own cgroups from the OCI spec (``linux.cgroupsPath``) and only uses this
+module to read the out-of-memory counter and to sweep.
+
+Where cgroup v1 controllers are not writable (not root, or a pure cgroup v2 host),
+:func:`available` says why and the backends fall back to rlimits alone, saying so in
+``describe()``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from pathlib import Path
+
+from evalkube.sandbox.backends import owner_is_dead, resource_name
+
+ROOT = Path("/sys/fs/cgroup")
+CONTROLLERS = ("memory", "pids")
+KIND = "cg"
+
+
+def available() -> str | None:
+    """``None`` when per-sandbox v1 memory and pids cgroups can be made, else why not."""
+    for controller in CONTROLLERS:
+        base = ROOT / controller
+        if not (base / "cgroup.procs").exists():
+            return f"no cgroup v1 {controller} controller at {base}"
+        if not os.access(base, os.W_OK):
+            return f"{base} is not writable (run as root for memory and pids limits)"
+    return None
+
+
+class Cgroup:
+    """One sandbox's memory and pids cgroups."""
+
+    def __init__(self, name: str, memory_bytes: int, pids: int) -> None:
+        self.name = name
+        self.paths = {c: ROOT / c / name for c in CONTROLLERS}
+        self.memory_bytes = memory_bytes
+        created: list[Path] = []
+        try:
+            for path in self.paths.values():
+                path.mkdir()
+                created.append(path)
+            memory = self.paths["memory"]
+            _write(memory / "memory.limit_in_bytes", memory_bytes)
+            if (memory / "memory.memsw.limit_in_bytes").exists():
+                _write(memory / "memory.memsw.limit_in_bytes", memory_bytes)
+            _write(memory / "memory.swappiness", 0, missing_ok=True)
+            _write(self.paths["pids"] / "pids.max", pids)
+        except BaseException:
+            for path in created:
+                _rmdir(path)
+            raise
+
+    @classmethod
+    def create(cls, memory_bytes: int, pids: int) -> Cgroup:
+        return cls(resource_name(KIND), memory_bytes, pids)
+
+    @property
+    def procs_files(self) -> tuple[str, ...]:
+        return tuple(str(path / "cgroup.procs") for path in self.paths.values())
+
+    def oom_killed(self) -> bool:
+        """True when the memory limit was hit (the kernel killed or refused an allocation)."""
+        return oom_killed(self.paths["memory"])
+
+    def destroy(self) -> None:
+        """Kill everything still in the cgroups and remove them (idempotent)."""
+        destroy_paths(list(self.paths.values()))
+
+
+def oom_killed(memory_dir: Path) -> bool:
+    try:
+        control = (memory_dir / "memory.oom_control").read_text()
+    except OSError:
+        return False
+    for line in control.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value) > 0
+    try:  # older kernels have no oom_kill counter: the limit was at least reached
+        return int((memory_dir / "memory.failcnt").read_text()) > 0
+    except (OSError, ValueError):
+        return False
+
+
+def destroy_paths(paths: list[Path]) -> None:
+    """Kill every process in ``paths`` (cgroup dirs) and remove them; retries while busy."""
+    deadline = time.monotonic() + 10
+    for path in paths:
+        while path.exists():
+            for pid in _procs(path):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if _rmdir(path) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+
+
+def sweep_stale(kinds: tuple[str, ...] = (KIND,)) -> list[str]:
+    """Remove cgroups named after dead evalkube processes; return their names."""
+    removed: list[str] = []
+    for controller in CONTROLLERS:
+        base = ROOT / controller
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            if any(owner_is_dead(name, kind) for kind in kinds) and (base / name).is_dir():
+                destroy_paths([base / name])
+                removed.append(f"{controller}/{name}")
+    return removed
+
+
+def _procs(path: Path) -> list[int]:
+    try:
+        return [int(line) for line in (path / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _rmdir(path: Path) -> bool:
+    """Remove one cgroup dir (and nested ones first); True when it is gone."""
+    try:
+        for child in path.iterdir():
+            if child.is_dir():
+                destroy_paths([child])
+        path.rmdir()
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EBUSY, errno.ENOTEMPTY):
+            return False
+        raise
+
+
+def _write(path: Path, value: int, *, missing_ok: bool = False) -> None:
+    try:
+        path.write_text(str(value))
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+    except OSError:
+        if not missing_ok:
+            raise

@@ -1,0 +1,123 @@
+"""The OCI runtime spec (``config.json``) of a gVisor grader sandbox, built by a pure function.
+
+The container: an empty read-only root (the bundle's ``rootfs`` directory, holding only mount
+points and the host's ``/bin``-style symlinks), read-only binds of the system and the worker
+package (:mod:`evalkube.sandbox.hostfs`), a size-capped tmpfs ``/tmp``, uid/gid 65534, no
+capabilities, ``noNewPrivileges``, fresh namespaces, memory and pids limits, and the model
+bridge's socket directory when model access is on. No network is set up (runsc runs with
+``--network=none``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evalkube.sandbox.hostfs import (
+    INSIDE_BRIDGE_DIR,
+    INSIDE_WORKER_ROOT,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    SystemEntry,
+)
+
+_RO_BIND = ["rbind", "ro", "nosuid", "nodev"]
+
+
+def build_spec(
+    *,
+    args: list[str],
+    env: dict[str, str],
+    system: list[SystemEntry],
+    worker_package: str,
+    bridge_dir: str | None,
+    memory_bytes: int,
+    pids: int,
+    tmp_bytes: int,
+    open_files: int,
+    cgroups_path: str,
+    hostname: str = "evalkube-sandbox",
+) -> dict[str, Any]:
+    """The whole ``config.json``; symlink entries of ``system`` go into the rootfs instead."""
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "noexec", "strictatime", "mode=755", "size=65536k"],
+        },
+        {
+            "destination": "/tmp",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "nodev", "mode=1777", f"size={max(1, tmp_bytes // 1024)}k"],
+        },
+    ]
+    for entry in system:
+        if entry.target is None:
+            mounts.append(
+                {"destination": entry.path, "type": "bind", "source": entry.path, "options": _RO_BIND}
+            )
+    mounts.append(
+        {
+            "destination": f"{INSIDE_WORKER_ROOT}/evalkube_sandbox",
+            "type": "bind",
+            "source": worker_package,
+            "options": _RO_BIND,
+        }
+    )
+    if bridge_dir is not None:
+        mounts.append(
+            {"destination": INSIDE_BRIDGE_DIR, "type": "bind", "source": bridge_dir, "options": _RO_BIND}
+        )
+    no_caps: list[str] = []
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": SANDBOX_UID, "gid": SANDBOX_GID, "additionalGids": []},
+            "args": args,
+            "env": [f"{key}={value}" for key, value in sorted(env.items())],
+            "cwd": "/tmp",
+            "capabilities": {
+                "bounding": no_caps,
+                "effective": no_caps,
+                "inheritable": no_caps,
+                "permitted": no_caps,
+                "ambient": no_caps,
+            },
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "hard": open_files, "soft": open_files},
+                {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
+            ],
+            "noNewPrivileges": True,
+        },
+        "root": {"path": "rootfs", "readonly": True},
+        "hostname": hostname,
+        "mounts": mounts,
+        "linux": {
+            "namespaces": [
+                {"type": "pid"},
+                {"type": "network"},
+                {"type": "ipc"},
+                {"type": "uts"},
+                {"type": "mount"},
+            ],
+            "resources": {
+                "memory": {"limit": memory_bytes, "swap": memory_bytes},
+                "pids": {"limit": pids},
+            },
+            "cgroupsPath": cgroups_path,
+            "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
+            "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
+        },
+    }
+
+
+def rootfs_dirs(system: list[SystemEntry], *, bridge: bool) -> list[str]:
+    """Mount points to create in the empty rootfs (relative paths)."""
+    dirs = ["proc", "dev", "tmp", "sys", f"{INSIDE_WORKER_ROOT.lstrip('/')}/evalkube_sandbox"]
+    dirs += [entry.path.lstrip("/") for entry in system if entry.target is None]
+    if bridge:
+        dirs.append(INSIDE_BRIDGE_DIR.lstrip("/"))
+    return dirs
