@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -20,7 +20,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from evalkube import __version__
-from evalkube.engine import ConfigError, LocalEngine, RunSummary, Unit, UnitFailed, load_files, resolve_run_spec
+from evalkube.engine import (
+    ConfigError,
+    LocalEngine,
+    RunSummary,
+    Unit,
+    UnitFailed,
+    load_files,
+    resolve_run_spec,
+)
 from evalkube.sandbox import SandboxError, SandboxUnavailable, resolve_backend
 from evalkube.store import ResultStore, SampleRecord, StoreError
 
@@ -42,7 +50,11 @@ errors = Console(stderr=True)
 
 DbOption = Annotated[
     str | None,
-    typer.Option("--db", envvar="EVALKUBE_DB", help=f"Results store URL or SQLite path [default: {DEFAULT_DB}]"),
+    typer.Option(
+        "--db",
+        envvar="EVALKUBE_DB",
+        help=f"Results store URL or SQLite path [default: {DEFAULT_DB}]",
+    ),
 ]
 
 
@@ -62,7 +74,7 @@ def _open_store(db: str | None) -> ResultStore:
         _fail(str(exc), EXIT_RUNTIME)
 
 
-def _fail(message: str, code: int) -> typer.Exit:
+def _fail(message: str, code: int) -> NoReturn:
     errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -77,7 +89,9 @@ class _RichProgress:
     def _bar(self, unit: Unit) -> Any:
         key = (unit.task_id, unit.model, unit.kind)
         if key not in self.bars:
-            label = f"{unit.task_id} · {unit.model}" + (" · grade_batch" if unit.kind == "aggregate" else "")
+            label = f"{unit.task_id} · {unit.model}" + (
+                " · grade_batch" if unit.kind == "aggregate" else ""
+            )
             self.bars[key] = self.progress.add_task(label, total=0)
         return self.bars[key]
 
@@ -97,7 +111,9 @@ def _results_table(summary: RunSummary) -> Table:
     for column in ("samples", "valid", "invalid", "errored"):
         table.add_column(column, justify="right")
     for result in summary.results:
-        metrics = "\n".join(f"{name} = {value:.4f}" for name, value in result.metrics.items()) or "-"
+        metrics = (
+            "\n".join(f"{name} = {value:.4f}" for name, value in result.metrics.items()) or "-"
+        )
         if result.error:
             metrics += f"\n[red]batch failed: {result.error}[/]"
         counts = result.counts
@@ -115,12 +131,21 @@ def _results_table(summary: RunSummary) -> Table:
 
 @app.command()
 def run(
-    suite: Annotated[Path | None, typer.Argument(help="EvalSuite YAML (may also hold the EvalRun)")] = None,
+    suite: Annotated[
+        Path | None, typer.Argument(help="EvalSuite YAML (may also hold the EvalRun)")
+    ] = None,
     run_file: Annotated[Path | None, typer.Argument(metavar="[RUN]", help="EvalRun YAML")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the run's results as JSON")] = None,
-    model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model(s) to run, overriding the run file")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the run's results as JSON")
+    ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", help="Model(s) to run, overriding the run file"),
+    ] = None,
     sandbox: Annotated[str, typer.Option(help="auto|gvisor|nsjail|bwrap|process")] = "auto",
-    resume: Annotated[str | None, typer.Option("--resume", help="Continue an interrupted run by id")] = None,
+    resume: Annotated[
+        str | None, typer.Option("--resume", help="Continue an interrupted run by id")
+    ] = None,
     db: DbOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars")] = False,
 ) -> None:
@@ -141,7 +166,9 @@ def run(
         disable=quiet or not errors.is_terminal,
         transient=False,
     )
-    engine = LocalEngine(store, backend, progress=_RichProgress(progress), bridge_factory=_bridge_factory())
+    engine = LocalEngine(
+        store, backend, progress=_RichProgress(progress), bridge_factory=_bridge_factory()
+    )
     run_id = resume
     try:
         with progress:
@@ -158,8 +185,10 @@ def run(
     except (SandboxError, StoreError) as exc:
         _fail(f"{exc}; recorded samples are kept, resume with --resume", EXIT_RUNTIME)
     except KeyboardInterrupt:
-        errors.print("[yellow]interrupted:[/] recorded samples are kept; continue with "
-                     "`evalkube run --resume <run id>` (see `evalkube runs`)")
+        errors.print(
+            "[yellow]interrupted:[/] recorded samples are kept; continue with "
+            "`evalkube run --resume <run id>` (see `evalkube runs`)"
+        )
         raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
         store.close()
@@ -190,11 +219,22 @@ def runs(db: DbOption = None, limit: Annotated[int, typer.Option(min=1)] = 20) -
         store.close()
     table = Table("run", "suite", "phase", "sandbox", "created")
     for record in records:
-        table.add_row(record.run_id, record.suite_name, record.phase, record.sandbox, str(record.created_at)[:19])
+        table.add_row(
+            record.run_id,
+            record.suite_name,
+            record.phase,
+            record.sandbox,
+            str(record.created_at)[:19],
+        )
     console.print(table)
 
 
-STATUS_FILTERS = {"failed": ["invalid", "errored"], "valid": ["valid"], "invalid": ["invalid"], "errored": ["errored"]}
+STATUS_FILTERS = {
+    "failed": ["invalid", "errored"],
+    "valid": ["valid"],
+    "invalid": ["invalid"],
+    "errored": ["errored"],
+}
 
 
 def sample_view(record: SampleRecord) -> dict[str, Any]:
@@ -235,7 +275,9 @@ def samples(
     store = _open_store(db)
     try:
         if store.get_run(run_id) is None:
-            _fail(f"run {run_id!r} is not in the store; list runs with `evalkube runs`", EXIT_CONFIG)
+            _fail(
+                f"run {run_id!r} is not in the store; list runs with `evalkube runs`", EXIT_CONFIG
+            )
         records, _ = store.page_samples(
             run_id, task_id=task, model=model, status=STATUS_FILTERS.get(status or ""), limit=limit
         )
@@ -249,17 +291,34 @@ def samples(
         console.print("no samples match")
     for view in views:
         lines = []
-        for key in ("prompt", "target", "output_text", "extracted_output", "scores", "judge", "error", "stdout", "stderr"):
+        for key in (
+            "prompt",
+            "target",
+            "output_text",
+            "extracted_output",
+            "scores",
+            "judge",
+            "error",
+            "stdout",
+            "stderr",
+        ):
             value = view[key]
             if value is None or value == {}:
                 continue
-            text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+            text = (
+                value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+            )
             lines.append(f"[bold]{key}[/]: {text}")
-        color = {"valid": "green", "invalid": "yellow", "errored": "red"}.get(view["status"], "white")
+        color = {"valid": "green", "invalid": "yellow", "errored": "red"}.get(
+            view["status"], "white"
+        )
         console.print(
             Panel(
                 "\n".join(lines),
-                title=f"{view['sample_id']} · {view['task_id']} · {view['model']} · [{color}]{view['status']}[/]",
+                title=(
+                    f"{view['sample_id']} · {view['task_id']} · {view['model']} · "
+                    f"[{color}]{view['status']}[/]"
+                ),
                 title_align="left",
             ),
             highlight=False,
@@ -276,13 +335,15 @@ def validate(
     from evalkube.engine.validate import check_programs
 
     try:
-        loaded, run_resource = load_files(suite, run_file)
+        loaded, _run = load_files(suite, run_file)
         for task in loaded.suite.spec.tasks:
             TaskRuntime.build(loaded, task)
         check_programs(loaded)
     except ConfigError as exc:
         _fail(str(exc), EXIT_CONFIG)
-    console.print(f"[green]ok[/]: {loaded.name} ({len(loaded.suite.spec.tasks)} tasks, {loaded.version[:19]})")
+    console.print(
+        f"[green]ok[/]: {loaded.name} ({len(loaded.suite.spec.tasks)} tasks, {loaded.version[:19]})"
+    )
 
 
 @app.command()

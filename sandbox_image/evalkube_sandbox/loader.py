@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 import sys
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: Entry points and the number of positional data parameters before an optional ``ctx``.
 ENTRYPOINTS = {"grade": 2, "grade_batch": 1, "transform": 1, "transform_batch": 1}
@@ -39,7 +40,9 @@ def wants_ctx(function: Callable[..., Any], data_params: int) -> bool:
     return positional[data_params].default is inspect.Parameter.empty
 
 
-def load(source: str, filename: str, entrypoint: str, module_name: str) -> tuple[Callable[..., Any], bool]:
+def load(
+    source: str, filename: str, entrypoint: str, module_name: str
+) -> tuple[Callable[..., Any], bool]:
     """Compile ``source`` as module ``module_name``; return ``(entrypoint, wants_ctx)``."""
     if entrypoint not in ENTRYPOINTS:
         raise LoadError({"type": "LoadError", "message": f"unknown entry point {entrypoint}"})

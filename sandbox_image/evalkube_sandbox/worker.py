@@ -24,7 +24,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, BinaryIO, Callable
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 from evalkube_sandbox import PROTOCOL_VERSION
 from evalkube_sandbox.capture import CappedText
@@ -111,7 +112,11 @@ class Worker:
         except (TypeError, ValueError, RecursionError) as exc:
             safe = dict(answer)
             del safe["value"]
-            safe["unserializable"] = {"type": type(value).__name__, "repr": _repr(value), "reason": str(exc)[:500]}
+            safe["unserializable"] = {
+                "type": type(value).__name__,
+                "repr": _repr(value),
+                "reason": str(exc)[:500],
+            }
             return safe
         if size > self._payload_bytes:
             safe = dict(answer)
@@ -154,7 +159,12 @@ class Worker:
                     self._write({"t": "pong"})
             else:
                 with self._lock:
-                    self._write({"t": "error", "error": {"type": "ProtocolError", "message": f"unknown op {op!r}"}})
+                    self._write(
+                        {
+                            "t": "error",
+                            "error": {"type": "ProtocolError", "message": f"unknown op {op!r}"},
+                        }
+                    )
 
     def _load(self, request: dict[str, Any]) -> None:
         limits = request.get("limits")
@@ -170,7 +180,10 @@ class Worker:
             name = program["name"]
             try:
                 function, ctx = load(
-                    program["source"], program["filename"], program["entrypoint"], f"evalkube_user_{name}"
+                    program["source"],
+                    program["filename"],
+                    program["entrypoint"],
+                    f"evalkube_user_{name}",
                 )
             except LoadError as exc:
                 with self._lock:

@@ -75,7 +75,11 @@ class PrecomputedSource:
             if self._by_id is not None:
                 found = self._by_id.get(row_id)
                 if found is None:
-                    out.append(Candidate(error=f"no precomputed output for row id {row_id!r} in outputs.path"))
+                    out.append(
+                        Candidate(
+                            error=f"no precomputed output for row id {row_id!r} in outputs.path"
+                        )
+                    )
                 else:
                     out.append(Candidate(output_text=found[0], extracted_output=found[1]))
                 continue
@@ -146,13 +150,18 @@ class GeneratedSource:
                     output_text=response_output_text(response),
                     response_id=response_id,
                     ms=round(ms, 3),
-                    model_calls={"candidate": 1, "response_ids": [response_id] if response_id else []},
+                    model_calls={
+                        "candidate": 1,
+                        "response_ids": [response_id] if response_id else [],
+                    },
                 )
 
             return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
-def candidate_source(model: str, task: TaskSpec, spec: EvalRunSpec, base_dir: Path) -> CandidateSource:
+def candidate_source(
+    model: str, task: TaskSpec, spec: EvalRunSpec, base_dir: Path
+) -> CandidateSource:
     """The source of candidates for ``model`` on ``task``."""
     provider, _, label = model.partition(":")
     if provider == "precomputed":

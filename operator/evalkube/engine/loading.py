@@ -90,7 +90,7 @@ def load_files(suite_path: Path, run_path: Path | None) -> tuple[LoadedSuite, Ev
     if suite_doc is None:
         raise ConfigError(f"{suite_path}: no EvalSuite found (a document with kind: EvalSuite)")
     if run_path is not None:
-        other_suite, run_doc = _split(run_path, read_yaml_documents(run_path))
+        _, run_doc = _split(run_path, read_yaml_documents(run_path))
         if run_doc is None:
             raise ConfigError(f"{run_path}: no EvalRun found (a document with kind: EvalRun)")
     try:

@@ -110,7 +110,9 @@ class LocalEngine:
         self.progress = progress or NoProgress()
         self.bridge_factory = bridge_factory
 
-    def start(self, loaded: LoadedSuite, spec: EvalRunSpec, run_id: str | None = None) -> RunSummary:
+    def start(
+        self, loaded: LoadedSuite, spec: EvalRunSpec, run_id: str | None = None
+    ) -> RunSummary:
         """Start a new run of ``loaded`` with ``spec``."""
         check_programs(loaded)
         for task in loaded.suite.spec.tasks:
@@ -133,7 +135,9 @@ class LocalEngine:
         if record is None:
             raise ConfigError(f"run {run_id!r} is not in the store; list runs with `evalkube runs`")
         if record.phase in ("Succeeded", "Failed"):
-            raise ConfigError(f"run {run_id!r} already finished ({record.phase}); nothing to resume")
+            raise ConfigError(
+                f"run {run_id!r} already finished ({record.phase}); nothing to resume"
+            )
         snapshot = record.spec
         suite = validate_spec(EvalSuite, snapshot["suite"], prefix="")
         loaded = LoadedSuite(suite, Path(snapshot["base_dir"]))
@@ -150,7 +154,9 @@ class LocalEngine:
         self.store.set_run_phase(run_id, "Running", sandbox=self.backend.describe())
         return self._execute(run_id, loaded, spec, resuming=True)
 
-    def _execute(self, run_id: str, loaded: LoadedSuite, spec: EvalRunSpec, *, resuming: bool) -> RunSummary:
+    def _execute(
+        self, run_id: str, loaded: LoadedSuite, spec: EvalRunSpec, *, resuming: bool
+    ) -> RunSummary:
         started = time.perf_counter()
         runtimes = {task.id: TaskRuntime.build(loaded, task) for task in loaded.suite.spec.tasks}
         tasks = [
@@ -159,7 +165,9 @@ class LocalEngine:
         ]
         units = plan_units(tasks, spec.models, spec.shard_size)
         done = self.store.done_units(run_id) if resuming else set()
-        needs_bridge = any(t.grader.resolved_model_access == "gateway" for t in loaded.suite.spec.tasks)
+        needs_bridge = any(
+            t.grader.resolved_model_access == "gateway" for t in loaded.suite.spec.tasks
+        )
         bridge = self.bridge_factory(spec) if needs_bridge and self.bridge_factory else None
         try:
             for (task_id, model), group in _group(units):
@@ -181,7 +189,9 @@ class LocalEngine:
                     if unit.kind == "aggregate":
                         if unit.unit_id not in done:
                             if bridge:
-                                bridge.configure_unit(unit.unit_id, runtime.task.grader.max_model_calls, 1)
+                                bridge.configure_unit(
+                                    unit.unit_id, runtime.task.grader.max_model_calls, 1
+                                )
                             run_aggregate(ctx, unit)
                             self.store.mark_unit_done(run_id, unit.unit_id)
                         continue
@@ -190,17 +200,27 @@ class LocalEngine:
                     if unit.unit_id in done:
                         continue
                     if bridge:
-                        bridge.configure_unit(unit.unit_id, runtime.task.grader.max_model_calls, len(shard))
+                        bridge.configure_unit(
+                            unit.unit_id, runtime.task.grader.max_model_calls, len(shard)
+                        )
                     run_shard(ctx, unit, shard)
                     self.store.mark_unit_done(run_id, unit.unit_id)
         finally:
             if bridge:
                 bridge.close()
         results = aggregate_results(self.store, run_id)
-        order = {(t.id, m): i for i, (t, m) in enumerate((t, m) for t in loaded.suite.spec.tasks for m in spec.models)}
+        order = {
+            (t.id, m): i
+            for i, (t, m) in enumerate((t, m) for t in loaded.suite.spec.tasks for m in spec.models)
+        }
         results.sort(key=lambda r: order.get((r.task, r.model), len(order)))
         summary = RunSummary(
-            run_id, loaded.name, loaded.version, self.backend.describe(), "Succeeded", results,
+            run_id,
+            loaded.name,
+            loaded.version,
+            self.backend.describe(),
+            "Succeeded",
+            results,
             [p for r in self.store.task_results(run_id) for p in r.problems],
             time.perf_counter() - started,
         )

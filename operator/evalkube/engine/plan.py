@@ -47,7 +47,15 @@ def plan_units(
             for shard in range(shards):
                 start = shard * shard_size
                 units.append(
-                    Unit(f"{base}.{shard:05d}", task_id, model, "shard", shard, start, min(rows, start + shard_size))
+                    Unit(
+                        f"{base}.{shard:05d}",
+                        task_id,
+                        model,
+                        "shard",
+                        shard,
+                        start,
+                        min(rows, start + shard_size),
+                    )
                 )
             if aggregate:
                 units.append(Unit(f"{base}.batch", task_id, model, "aggregate"))

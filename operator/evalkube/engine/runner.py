@@ -198,7 +198,9 @@ def _load_message(runtime: TaskRuntime, exc: ProgramLoadError) -> str:
     return f"{where}: {error.get('type')}: {error.get('message')}"
 
 
-def _base_record(ctx: UnitContext, unit: Unit, seq: int, row: dict[str, Any], row_id: str) -> SampleRecord:
+def _base_record(
+    ctx: UnitContext, unit: Unit, seq: int, row: dict[str, Any], row_id: str
+) -> SampleRecord:
     return SampleRecord(
         run_id=ctx.run_id,
         sample_id=sample_id(ctx.run_id, unit.task_id, unit.model, seq),
@@ -219,7 +221,11 @@ def _row_id(runtime: TaskRuntime, row: dict[str, Any], fallback: int | str) -> s
 
 
 def _preprocess(
-    ctx: UnitContext, sandbox: GraderSandbox, unit: Unit, rows: list[dict[str, Any]], buffer: _Buffer
+    ctx: UnitContext,
+    sandbox: GraderSandbox,
+    unit: Unit,
+    rows: list[dict[str, Any]],
+    buffer: _Buffer,
 ) -> list[_Prepared]:
     """Rows after the preprocessor, each with its sequence number and sample id."""
     runtime = ctx.runtime
@@ -248,11 +254,20 @@ def _preprocess(
             if execution.status == "returned" and isinstance(execution.value, dict):
                 keep(position, execution.value, _row_id(runtime, execution.value, row_id))
             else:
-                fail(position, row, row_id, _preprocess_error(execution, "transform", "a dict (the row)"))
+                fail(
+                    position,
+                    row,
+                    row_id,
+                    _preprocess_error(execution, "transform", "a dict (the row)"),
+                )
         return out
     execution = next(iter(sandbox.execute("preprocess", [([rows], None)], timeout=timeout)))
     value = execution.value
-    if execution.status == "returned" and isinstance(value, list) and all(isinstance(r, dict) for r in value):
+    if (
+        execution.status == "returned"
+        and isinstance(value, list)
+        and all(isinstance(r, dict) for r in value)
+    ):
         for position, row in enumerate(value):
             keep(position, row, _row_id(runtime, row, f"{unit.shard}:{position}"))
         return out
@@ -278,7 +293,9 @@ def _preprocess_error(execution: Execution, function: str, expected: str) -> dic
     )
 
 
-def _candidates(ctx: UnitContext, prepared: list[_Prepared], buffer: _Buffer) -> Iterator[_Prepared]:
+def _candidates(
+    ctx: UnitContext, prepared: list[_Prepared], buffer: _Buffer
+) -> Iterator[_Prepared]:
     """Render, fetch candidates and extract; errored samples go to the buffer."""
     runtime = ctx.runtime
     rendered: list[_Prepared] = []
@@ -303,7 +320,9 @@ def _candidates(ctx: UnitContext, prepared: list[_Prepared], buffer: _Buffer) ->
             buffer.add(p.record)
 
 
-def _apply_candidate(runtime: TaskRuntime, p: _Prepared, candidate: Candidate, stop: Sequence[str]) -> bool:
+def _apply_candidate(
+    runtime: TaskRuntime, p: _Prepared, candidate: Candidate, stop: Sequence[str]
+) -> bool:
     record = p.record
     record.response_id = candidate.response_id
     if candidate.model_calls:
@@ -311,7 +330,10 @@ def _apply_candidate(runtime: TaskRuntime, p: _Prepared, candidate: Candidate, s
     if candidate.ms is not None:
         record.timings["generation_ms"] = candidate.ms
     if candidate.error is not None:
-        record.status, record.error = "errored", _error("generation", "GenerationError", candidate.error)
+        record.status, record.error = (
+            "errored",
+            _error("generation", "GenerationError", candidate.error),
+        )
         return False
     text = candidate.output_text or ""
     record.output_text = apply_stop(text, stop) if stop else text
@@ -319,14 +341,18 @@ def _apply_candidate(runtime: TaskRuntime, p: _Prepared, candidate: Candidate, s
         record.extracted_output = candidate.extracted_output
         return True
     try:
-        record.extracted_output = runtime.extractor.extract(record.output_text, runtime.choices(p.row))
+        record.extracted_output = runtime.extractor.extract(
+            record.output_text, runtime.choices(p.row)
+        )
     except ExtractionMiss as exc:
         record.status, record.error = "errored", _error("extraction", "ExtractionMiss", str(exc))
         return False
     return True
 
 
-def _grade_samples(ctx: UnitContext, sandbox: GraderSandbox, ready: Iterator[_Prepared], buffer: _Buffer) -> None:
+def _grade_samples(
+    ctx: UnitContext, sandbox: GraderSandbox, ready: Iterator[_Prepared], buffer: _Buffer
+) -> None:
     runtime = ctx.runtime
     task = runtime.task
     metric_id = task.grader.metric_id
@@ -355,7 +381,9 @@ def _grade_samples(ctx: UnitContext, sandbox: GraderSandbox, ready: Iterator[_Pr
             in_flight.append(p)
             yield [sample, item], record.sample_id
 
-    for execution in sandbox.execute("grader", requests(), timeout=float(task.grader.timeout_seconds)):
+    for execution in sandbox.execute(
+        "grader", requests(), timeout=float(task.grader.timeout_seconds)
+    ):
         p = in_flight.popleft()
         outcome = _outcome(execution, metric_id)
         record = p.record
@@ -408,7 +436,13 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
     try:
         payload = [batch_sample(r) for r in records]
         execution = next(
-            iter(sandbox.execute("grader", [([payload], f"{unit.unit_id}")], timeout=float(task.grader.timeout_seconds)))
+            iter(
+                sandbox.execute(
+                    "grader",
+                    [([payload], f"{unit.unit_id}")],
+                    timeout=float(task.grader.timeout_seconds),
+                )
+            )
         )
     finally:
         report.restarts = sandbox.restarts
@@ -418,7 +452,9 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         failed = _outcome(execution, metric_id)
         _fail_batch(ctx, unit, failed.error or {}, metric_id)
     else:
-        outcome = validate_batch_return(execution.value, declared_metrics=task.metrics, sample_ids=by_id.keys())
+        outcome = validate_batch_return(
+            execution.value, declared_metrics=task.metrics, sample_ids=by_id.keys()
+        )
         if outcome.error is not None:
             _fail_batch(ctx, unit, outcome.error, metric_id)
         else:
@@ -438,9 +474,13 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
             ctx.store.settle_pending(ctx.run_id, unit.task_id, unit.model, "valid")
             problems = list(outcome.problems)
             if outcome.dropped_metrics:
-                problems.append(f"undeclared batch metrics dropped: {sorted(outcome.dropped_metrics)}")
+                problems.append(
+                    f"undeclared batch metrics dropped: {sorted(outcome.dropped_metrics)}"
+                )
             ctx.store.save_task_result(
-                TaskResultRecord(ctx.run_id, unit.task_id, unit.model, outcome.metrics, None, problems)
+                TaskResultRecord(
+                    ctx.run_id, unit.task_id, unit.model, outcome.metrics, None, problems
+                )
             )
     ctx.progress.advance(unit, len(records))
     report.seconds = time.perf_counter() - started
@@ -452,8 +492,19 @@ def _fail_batch(ctx: UnitContext, unit: Unit, error: dict[str, Any], metric_id: 
     error = {"stage": "batch", **{k: v for k, v in error.items() if k != "invalid_payload"}}
     judge = {"invalid_payload": raw, "error": error}
     ctx.store.settle_pending(
-        ctx.run_id, unit.task_id, unit.model, "invalid", {"scores": {metric_id: 0.0}, "error": error, "judge": judge}
+        ctx.run_id,
+        unit.task_id,
+        unit.model,
+        "invalid",
+        {"scores": {metric_id: 0.0}, "error": error, "judge": judge},
     )
     ctx.store.save_task_result(
-        TaskResultRecord(ctx.run_id, unit.task_id, unit.model, {}, f"{error.get('type')}: {error.get('message')}", [])
+        TaskResultRecord(
+            ctx.run_id,
+            unit.task_id,
+            unit.model,
+            {},
+            f"{error.get('type')}: {error.get('message')}",
+            [],
+        )
     )

@@ -64,4 +64,11 @@ class TaskRuntime:
         if task.preprocess is not None:
             source, filename = loaded.sources[(task.id, "preprocess")]
             preprocess = Program("preprocess", source, filename, task.preprocess.entrypoint)
-        return cls(task, template, extractor, grader, preprocess, {"few_shot": task.few_shot, "task_id": task.id})
+        return cls(
+            task,
+            template,
+            extractor,
+            grader,
+            preprocess,
+            {"few_shot": task.few_shot, "task_id": task.id},
+        )

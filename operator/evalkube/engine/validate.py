@@ -40,9 +40,14 @@ def check_programs(loaded: LoadedSuite) -> None:
     """Check every task's grader and preprocessor."""
     for task in loaded.suite.spec.tasks:
         source, filename = loaded.sources[(task.id, "grader")]
-        check_source(source, filename, task.grader.entrypoint, f"task {task.id!r} grader ({filename})")
+        check_source(
+            source, filename, task.grader.entrypoint, f"task {task.id!r} grader ({filename})"
+        )
         if task.preprocess is not None:
             source, filename = loaded.sources[(task.id, "preprocess")]
             check_source(
-                source, filename, task.preprocess.entrypoint, f"task {task.id!r} preprocess ({filename})"
+                source,
+                filename,
+                task.preprocess.entrypoint,
+                f"task {task.id!r} preprocess ({filename})",
             )

@@ -25,7 +25,12 @@ class TaskAggregate:
     sums: dict[str, float] = field(default_factory=dict)
     model_calls: dict[str, int] = field(default_factory=dict)
 
-    def add(self, status: str, scores: Mapping[str, float] | None, model_calls: Mapping[str, Any] | None = None) -> None:
+    def add(
+        self,
+        status: str,
+        scores: Mapping[str, float] | None,
+        model_calls: Mapping[str, Any] | None = None,
+    ) -> None:
         """Count one sample."""
         self.samples += 1
         if status == "valid":
@@ -44,7 +49,11 @@ class TaskAggregate:
 
     def metrics(self, batch_metrics: Mapping[str, float] | None = None) -> dict[str, float]:
         """Per-sample means (missing counts 0) plus batch metrics, sorted by name."""
-        out = {name: total / self.samples for name, total in self.sums.items()} if self.samples else {}
+        out = (
+            {name: total / self.samples for name, total in self.sums.items()}
+            if self.samples
+            else {}
+        )
         out.update(batch_metrics or {})
         return dict(sorted(out.items()))
 

@@ -52,7 +52,11 @@ class BatchOutcome:
 
 def _failure(message: str, value: Any) -> BatchOutcome:
     return BatchOutcome(
-        error={"type": "InvalidBatchResult", "message": message, "invalid_payload": capped_repr(value)}
+        error={
+            "type": "InvalidBatchResult",
+            "message": message,
+            "invalid_payload": capped_repr(value),
+        }
     )
 
 
@@ -69,7 +73,9 @@ def validate_batch_return(
         return _failure("`metrics` must be an object of metric id -> number", value)
     for name, number in metrics.items():
         if not is_score(number):
-            outcome.problems.append(f"metric {name!r} is not a finite number ({capped_repr(number, 100)})")
+            outcome.problems.append(
+                f"metric {name!r} is not a finite number ({capped_repr(number, 100)})"
+            )
         elif declared_metrics is not None and name not in declared_metrics:
             outcome.dropped_metrics.append(str(name))
         else:
@@ -88,7 +94,9 @@ def validate_batch_return(
     return outcome
 
 
-def _update(raw: Any, position: int, sample_ids: Collection[str], problems: list[str]) -> SampleUpdate | None:
+def _update(
+    raw: Any, position: int, sample_ids: Collection[str], problems: list[str]
+) -> SampleUpdate | None:
     where = f"samples[{position}]"
     if not isinstance(raw, dict):
         problems.append(f"{where} is not an object")

@@ -29,11 +29,7 @@ class GradeOutcome:
 
 def is_score(value: Any) -> bool:
     """A finite int or float that is not a bool."""
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-    )
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def capped_repr(value: Any, limit: int = limits.INVALID_PAYLOAD_REPR_CHARS) -> str:

@@ -27,7 +27,9 @@ def compile_template(source: str, where: str) -> jinja2.Template:
     try:
         return _ENV.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"{where}: template syntax error on line {exc.lineno}: {exc.message}") from None
+        raise TemplateError(
+            f"{where}: template syntax error on line {exc.lineno}: {exc.message}"
+        ) from None
 
 
 class PromptTemplate:
@@ -70,7 +72,9 @@ def _render(template: jinja2.Template, variables: Mapping[str, Any], what: str) 
     try:
         return template.render(variables)
     except jinja2.UndefinedError as exc:
-        raise TemplateError(f"{what}: {exc.message}; check the row's field names and the preprocessor") from None
+        raise TemplateError(
+            f"{what}: {exc.message}; check the row's field names and the preprocessor"
+        ) from None
     except jinja2.TemplateError as exc:
         raise TemplateError(f"{what}: {exc}") from None
     except Exception as exc:  # template filters on bad data (e.g. int("x"))

@@ -14,7 +14,6 @@ from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
-
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -110,9 +109,7 @@ def format_validation_error(
     return lines
 
 
-def validate_spec(
-    model: type[M], data: Any, prefix: str = "spec", source: str | None = None
-) -> M:
+def validate_spec(model: type[M], data: Any, prefix: str = "spec", source: str | None = None) -> M:
     """Validate ``data`` as ``model``; raise :class:`SpecError` with field-named messages."""
     try:
         return model.model_validate(data)

@@ -27,9 +27,7 @@ class SecretKeyRef(SpecModel):
 class ProviderSpec(SpecModel):
     """An OpenAI-compatible provider (Responses and Embeddings APIs)."""
 
-    base_url: str = Field(
-        min_length=1, validation_alias="baseURL", serialization_alias="baseURL"
-    )
+    base_url: str = Field(min_length=1, validation_alias="baseURL", serialization_alias="baseURL")
     """API base URL, for example ``https://api.openai.com/v1``."""
     credentials_secret_ref: SecretKeyRef | None = None
     """Secret holding the API key (cluster runs)."""

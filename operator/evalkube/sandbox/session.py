@@ -208,8 +208,8 @@ class GraderSandbox:
             if kind != "frame" or not isinstance(frame, dict):
                 raise SandboxError(f"worker failed while loading programs: {live.crash_detail()}")
             if frame.get("t") == "load_error":
-                error = frame.get("error") if isinstance(frame.get("error"), dict) else {}
-                raise ProgramLoadError(str(frame.get("name")), error)
+                error = frame.get("error")
+                raise ProgramLoadError(str(frame.get("name")), error if isinstance(error, dict) else {})
             if frame.get("t") != "loaded" or not isinstance(frame.get("programs"), dict):
                 raise SandboxError("worker answered the load request with an unexpected frame")
             self.wants_ctx = {

@@ -7,7 +7,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 SampleStatus = Literal["valid", "invalid", "errored", "pending"]
-ErrorStage = Literal["preprocess", "render", "generation", "extraction", "grading", "batch", "sandbox"]
+ErrorStage = Literal[
+    "preprocess", "render", "generation", "extraction", "grading", "batch", "sandbox"
+]
 
 
 @dataclass(slots=True)

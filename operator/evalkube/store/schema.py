@@ -11,7 +11,6 @@ from sqlalchemy import (
     Column,
     DateTime,
     Index,
-    Integer,
     MetaData,
     String,
     Table,

@@ -67,7 +67,8 @@ class ResultStore:
             schema.metadata.create_all(engine)
         except Exception as exc:
             engine.dispose()
-            raise StoreError(f"cannot open the results store {parsed.render_as_string(hide_password=True)}: {exc}") from None
+            shown = parsed.render_as_string(hide_password=True)
+            raise StoreError(f"cannot open the results store {shown}: {exc}") from None
         return cls(engine)
 
     def close(self) -> None:
@@ -121,7 +122,15 @@ class ResultStore:
     def mark_unit_done(self, run_id: str, unit_id: str, info: dict[str, Any] | None = None) -> None:
         self._upsert(
             schema.units,
-            [{"run_id": run_id, "unit_id": unit_id, "state": "done", "info": _json(info), "finished_at": datetime.now(UTC)}],
+            [
+                {
+                    "run_id": run_id,
+                    "unit_id": unit_id,
+                    "state": "done",
+                    "info": _json(info),
+                    "finished_at": datetime.now(UTC),
+                }
+            ],
             ("run_id", "unit_id"),
         )
 
@@ -145,7 +154,9 @@ class ResultStore:
         c = schema.samples.c
         with self.engine.connect() as conn:
             rows = conn.execute(
-                select(c.sample_id).where(and_(c.run_id == run_id, c.task_id == task_id, c.model == model))
+                select(c.sample_id).where(
+                    and_(c.run_id == run_id, c.task_id == task_id, c.model == model)
+                )
             )
             return {row[0] for row in rows}
 
@@ -194,7 +205,9 @@ class ResultStore:
         """One page of the debugging view and the opaque cursor of the next page."""
         after = decode_cursor(cursor) if cursor else None
         page = list(
-            self.iter_samples(run_id, task_id=task_id, model=model, status=status, after=after, limit=limit + 1)
+            self.iter_samples(
+                run_id, task_id=task_id, model=model, status=status, after=after, limit=limit + 1
+            )
         )
         more = len(page) > limit
         page = page[:limit]
@@ -220,22 +233,41 @@ class ResultStore:
                     .values(**encoded)
                 )
 
-    def settle_pending(self, run_id: str, task_id: str, model: str, status: str, values: dict[str, Any] | None = None) -> int:
+    def settle_pending(
+        self,
+        run_id: str,
+        task_id: str,
+        model: str,
+        status: str,
+        values: dict[str, Any] | None = None,
+    ) -> int:
         """Move the task x model's ``pending`` samples to ``status`` (after ``grade_batch``)."""
         c = schema.samples.c
-        encoded = {k: (_json(v) if k in ("scores", "judge", "error") else v) for k, v in (values or {}).items()}
+        encoded = {
+            k: (_json(v) if k in ("scores", "judge", "error") else v)
+            for k, v in (values or {}).items()
+        }
         if "error" in (values or {}):
             error = (values or {})["error"]
             encoded["error_stage"] = error.get("stage") if isinstance(error, dict) else None
         with self.engine.begin() as conn:
             result = conn.execute(
                 update(schema.samples)
-                .where(and_(c.run_id == run_id, c.task_id == task_id, c.model == model, c.status == "pending"))
+                .where(
+                    and_(
+                        c.run_id == run_id,
+                        c.task_id == task_id,
+                        c.model == model,
+                        c.status == "pending",
+                    )
+                )
                 .values(status=status, **encoded)
             )
             return int(result.rowcount or 0)
 
-    def iter_scores(self, run_id: str) -> Iterator[tuple[str, str, str, dict[str, float], dict[str, Any]]]:
+    def iter_scores(
+        self, run_id: str
+    ) -> Iterator[tuple[str, str, str, dict[str, float], dict[str, Any]]]:
         """Stream ``(task, model, status, scores, model_calls)`` of every sample, for aggregates."""
         c = schema.samples.c
         query = (
@@ -269,7 +301,14 @@ class ResultStore:
         with self.engine.connect() as conn:
             rows = conn.execute(select(schema.task_results).where(c.run_id == run_id)).all()
         return [
-            TaskResultRecord(row.run_id, row.task_id, row.model, _load(row.metrics) or {}, row.error, _load(row.problems) or [])
+            TaskResultRecord(
+                row.run_id,
+                row.task_id,
+                row.model,
+                _load(row.metrics) or {},
+                row.error,
+                _load(row.problems) or [],
+            )
             for row in rows
         ]
 

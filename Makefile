@@ -1,0 +1,26 @@
+# Two entry points that set up everything on a fresh machine:
+#   make demo   run the example suite on the embedded default (local engine) and print scores
+#   make test   install what the tests need, start their services, run every check and test
+SHELL := /bin/bash
+VENV := .venv/bin
+
+.PHONY: setup demo test lint typecheck unit system-deps
+setup:
+	bash .ci/python.sh
+
+demo: setup
+	$(VENV)/evalkube run examples/recipes/suite.yaml --output results.json
+
+system-deps:
+	bash .ci/postgres.sh
+	@if [ -f .ci/sandboxes.sh ]; then bash .ci/sandboxes.sh; fi
+
+lint: setup
+	$(VENV)/ruff check operator sandbox_image tests benchmarks
+	$(VENV)/ruff format --check operator sandbox_image tests benchmarks
+
+typecheck: setup
+	$(VENV)/mypy
+
+test: setup system-deps lint typecheck
+	bash .ci/test.sh

@@ -1,0 +1,54 @@
+"""Shared fixtures: stores on SQLite and on a real PostgreSQL server, example paths."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from evalkube.store import ResultStore
+from tests.support.postgres import find_bindir, postgres_server
+
+pytest_plugins = ["tests.cluster.plugin"]
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def require(reason: str) -> None:
+    """Skip locally, but fail under CI: a missing dependency there is a broken CI."""
+    if os.environ.get("CI"):
+        pytest.fail(f"required under CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    url = os.environ.get("EVALKUBE_TEST_POSTGRES_URL")
+    if url:
+        yield url
+        return
+    if find_bindir() is None:
+        require("PostgreSQL server binaries are not installed (bash .ci/postgres.sh)")
+    with postgres_server() as started:
+        yield started
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ResultStore]:
+    """A fresh results store on SQLite, and again on a real PostgreSQL server."""
+    if request.param == "sqlite":
+        opened = ResultStore.open(f"sqlite:///{tmp_path / 'results.db'}")
+    else:
+        url = request.getfixturevalue("postgres_url")
+        opened = ResultStore.open(url)
+        from evalkube.store.schema import metadata
+
+        metadata.drop_all(opened.engine)
+        metadata.create_all(opened.engine)
+    try:
+        yield opened
+    finally:
+        opened.close()
