@@ -18,8 +18,9 @@ import math
 import resource
 import signal
 import time
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 
 class CpuTimeLimitExceeded(BaseException):
@@ -34,6 +35,9 @@ _FIXED = {
     "memory_bytes": resource.RLIMIT_AS,
     "file_bytes": resource.RLIMIT_FSIZE,
     "open_files": resource.RLIMIT_NOFILE,
+    # Per-user process count: only sent where the sandbox has its own user accounting
+    # (gVisor's kernel); elsewhere a pids cgroup does this job.
+    "processes": resource.RLIMIT_NPROC,
 }
 
 

@@ -28,7 +28,7 @@ import tempfile
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, ClassVar
@@ -91,8 +91,10 @@ class WorkerProcess:
     """A running worker: request/answer/stderr pipes and a kill that leaves nothing behind.
 
     ``model_endpoint`` is the proxy address as seen from inside the sandbox (it differs from
-    the host's when a socket is bound in at another path). Backends with more to clean than
-    a process group and a temp dir pass ``cleanup`` callbacks, run in order by :meth:`kill`.
+    the host's when a socket is bound in at another path); ``rlimits`` are what the worker
+    sets on itself before user code runs. :meth:`kill` runs the backend's ``terminate`` (by
+    default: ``SIGKILL`` to the process group), ``SIGKILL`` to the group as a backstop,
+    reaps the process, then runs the ``cleanup`` callbacks in order.
     """
 
     def __init__(
@@ -101,12 +103,16 @@ class WorkerProcess:
         workdir: Path | None,
         *,
         model_endpoint: str | None = None,
+        rlimits: dict[str, int] | None = None,
+        terminate: Callable[[], None] | None = None,
         cleanup: list[Callable[[], None]] | None = None,
         describe_exit: Callable[[int | None], str | None] | None = None,
     ) -> None:
         self.popen = popen
         self.workdir = workdir
         self.model_endpoint = model_endpoint
+        self.rlimits = rlimits if rlimits is not None else SandboxLimits().worker_rlimits()
+        self._terminate = terminate
         self._cleanup = cleanup or []
         self._describe_exit = describe_exit
         self._closed = False
@@ -142,33 +148,36 @@ class WorkerProcess:
         """Kill the worker and everything it started; remove what the sandbox created."""
         if self._closed:
             return
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for step in self._cleanup:
-            try:
-                step()
-            except Exception as exc:  # cleanup must go on; report what stayed behind
-                print(f"evalkube: sandbox cleanup step failed: {exc}", file=sys.stderr)
+        if self._terminate is not None:
+            _run_step(self._terminate)
+        if self.popen.poll() is None:
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
         try:
             self.popen.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+        for step in self._cleanup:
+            _run_step(step)
         self.close()
 
     def close(self) -> None:
         for stream in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
             if stream is not None:
-                try:
+                with suppress(OSError):
                     stream.close()
-                except OSError:
-                    pass
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
         self._closed = True
         _untrack(self)
+
+
+def _run_step(step: Callable[[], None]) -> None:
+    try:
+        step()
+    except Exception as exc:  # cleanup must go on; report what stayed behind
+        print(f"evalkube: sandbox cleanup step failed: {exc}", file=sys.stderr)
 
 
 def describe_signal(code: int | None) -> str | None:
@@ -280,7 +289,7 @@ def spawn_pipes(
         stderr=subprocess.PIPE,
         cwd=cwd,
         env=env if env is not None else worker_env(),
-        preexec_fn=setup,  # noqa: PLW1509 - only os-level calls, see ChildSetup
+        preexec_fn=setup,
         close_fds=True,
     )
 

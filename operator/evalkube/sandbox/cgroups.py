@@ -16,6 +16,7 @@ Where cgroup v1 controllers are not writable (not root, or a pure cgroup v2 host
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -101,10 +102,8 @@ def destroy_paths(paths: list[Path]) -> None:
     for path in paths:
         while path.exists():
             for pid in _procs(path):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             if _rmdir(path) or time.monotonic() > deadline:
                 break
             time.sleep(0.01)

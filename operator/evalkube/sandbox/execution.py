@@ -54,7 +54,9 @@ def _error(payload: Any, default_type: str) -> dict[str, Any]:
 def from_answer(index: int, answer: Any) -> Execution:
     """Normalize one worker answer (a dict) into an :class:`Execution`; never raises."""
     if not isinstance(answer, dict):
-        return Execution(index, "protocol_error", error=host_error("ProtocolError", "answer is not an object"))
+        return Execution(
+            index, "protocol_error", error=host_error("ProtocolError", "answer is not an object")
+        )
     cap = limits.CAPTURED_OUTPUT_CHARS + 100
     ms = answer.get("ms")
     execution = Execution(

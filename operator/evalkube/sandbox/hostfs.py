@@ -120,7 +120,9 @@ def bridge_mount(endpoint: str | None) -> tuple[Path | None, str | None]:
         mode = socket_path.stat().st_mode
         dir_mode = socket_path.parent.stat().st_mode
     except OSError as exc:
-        raise SandboxUnavailable(f"the model bridge socket {socket_path} is not there: {exc}") from None
+        raise SandboxUnavailable(
+            f"the model bridge socket {socket_path} is not there: {exc}"
+        ) from None
     if not stat.S_ISSOCK(mode):
         raise SandboxUnavailable(f"the model bridge {socket_path} is not a unix socket")
     if mode & 0o002 == 0 or dir_mode & 0o001 == 0:

@@ -56,7 +56,12 @@ def build_spec(
     for entry in system:
         if entry.target is None:
             mounts.append(
-                {"destination": entry.path, "type": "bind", "source": entry.path, "options": _RO_BIND}
+                {
+                    "destination": entry.path,
+                    "type": "bind",
+                    "source": entry.path,
+                    "options": _RO_BIND,
+                }
             )
     mounts.append(
         {
@@ -68,7 +73,12 @@ def build_spec(
     )
     if bridge_dir is not None:
         mounts.append(
-            {"destination": INSIDE_BRIDGE_DIR, "type": "bind", "source": bridge_dir, "options": _RO_BIND}
+            {
+                "destination": INSIDE_BRIDGE_DIR,
+                "type": "bind",
+                "source": bridge_dir,
+                "options": _RO_BIND,
+            }
         )
     no_caps: list[str] = []
     return {

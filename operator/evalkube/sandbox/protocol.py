@@ -7,11 +7,10 @@ and the reader never blocks the caller (it runs in its own thread).
 
 from __future__ import annotations
 
-import json
 import struct
 from typing import IO, Any
 
-from evalkube import limits
+from evalkube import jsonfast, limits
 
 HEADER = struct.Struct(">I")
 
@@ -22,7 +21,7 @@ class FrameError(Exception):
 
 def encode(message: Any) -> bytes:
     """Encode one request frame for the worker."""
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    body = jsonfast.dumps(message)
     return HEADER.pack(len(body)) + body
 
 
@@ -38,7 +37,7 @@ def read_frame(stream: IO[bytes], max_bytes: int = limits.FRAME_BYTES_MAX) -> An
     if body is None:
         raise FrameError("stream ended inside a frame")
     try:
-        return json.loads(body)
+        return jsonfast.loads(body)
     except (ValueError, RecursionError) as exc:
         raise FrameError(f"frame is not JSON: {exc}") from None
 

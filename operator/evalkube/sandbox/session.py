@@ -10,27 +10,48 @@ Knowing which execution is in flight: the worker flushes answers at least every 
 announces an execution that runs longer. When it could not (user code holding the GIL in C,
 or a crash), the runner re-runs the uncertain executions one per batch ("probe mode"), so
 the failure is pinned on the execution that really caused it.
+
+Everything the worker sends is checked against what the runner expects: each frame must echo
+its batch's random token, answers must come in sequence, and a batch must end after its last
+answer. User code that writes forged frames to the protocol channel (it shares the worker's
+process and can find the descriptor) breaks that sequence; the worker is killed, its batch is
+re-run one execution at a time and the forger's execution becomes a ``protocol_error``. A
+grader that reads the token out of the worker's memory can still forge answers, but only for
+the executions of its own unit: every unit has its own sandbox, so a grader can only ever
+change its own task's scores.
+
+Limits (:class:`~evalkube.sandbox.backends.SandboxLimits`): the backend applies memory,
+pids and /tmp limits around the sandbox; the worker sets its rlimits (address space, file
+size, open files, CPU seconds per execution) on itself before any user code runs.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from evalkube import limits
-from evalkube.sandbox.backends import SandboxBackend, WorkerProcess
-from evalkube.sandbox.execution import Execution, from_answer, host_error
+from evalkube.sandbox.backends import (
+    SandboxBackend,
+    SandboxLimits,
+    SandboxUnavailable,
+    SpawnRequest,
+    WorkerProcess,
+)
+from evalkube.sandbox.execution import Execution, Status, from_answer, host_error
 from evalkube.sandbox.protocol import FrameError, encode, read_frame
 
 #: Executions that can be in doubt after an unannounced failure: the worker's unflushed
 #: answers (at most its flush count) plus the one in flight.
 PROBE_ITEMS = 257
-STARTUP_TIMEOUT = 60.0
+STARTUP_TIMEOUT = float(limits.SANDBOX_START_TIMEOUT_SECONDS)
 MAX_CONSECUTIVE_START_FAILURES = 3
 
 
@@ -62,13 +83,15 @@ class _Live:
 
     def __init__(self, process: WorkerProcess) -> None:
         self.process = process
-        self.frames: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        #: ``(kind, frame, arrival time)``: deadlines count from when a frame arrived, not
+        #: from when the (possibly busy) consumer looked at it.
+        self.frames: queue.SimpleQueue[tuple[str, Any, float]] = queue.SimpleQueue()
         self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self.stderr_tail = b""
         self._threads = [
-            threading.Thread(target=self._read, daemon=True),
-            threading.Thread(target=self._write, daemon=True),
-            threading.Thread(target=self._drain, daemon=True),
+            threading.Thread(target=self._read, name="evalkube-sandbox-read", daemon=True),
+            threading.Thread(target=self._write, name="evalkube-sandbox-write", daemon=True),
+            threading.Thread(target=self._drain, name="evalkube-sandbox-stderr", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -78,13 +101,13 @@ class _Live:
             while True:
                 frame = read_frame(self.process.stdout)
                 if frame is None:
-                    self.frames.put(("eof", None))
+                    self.frames.put(("eof", None, time.monotonic()))
                     return
-                self.frames.put(("frame", frame))
+                self.frames.put(("frame", frame, time.monotonic()))
         except FrameError as exc:
-            self.frames.put(("bad", str(exc)))
+            self.frames.put(("bad", str(exc), time.monotonic()))
         except (OSError, ValueError):
-            self.frames.put(("eof", None))
+            self.frames.put(("eof", None, time.monotonic()))
 
     def _write(self) -> None:
         while True:
@@ -98,7 +121,7 @@ class _Live:
                 return
 
     def _drain(self) -> None:
-        keep = 16_384
+        keep = limits.WORKER_STDERR_TAIL_BYTES
         try:
             while chunk := self.process.stderr.read1(65_536):  # type: ignore[attr-defined]
                 self.stderr_tail = (self.stderr_tail + chunk)[-keep:]
@@ -108,12 +131,12 @@ class _Live:
     def send(self, message: Any) -> None:
         self.outbox.put(encode(message))
 
-    def next(self, deadline: float) -> tuple[str, Any]:
-        """The next event (``frame``, ``eof``, ``bad``) or ``("timeout", None)``."""
+    def next(self, deadline: float) -> tuple[str, Any, float]:
+        """The next event (``frame``, ``eof``, ``bad``) or ``("timeout", None, now)``."""
         try:
             return self.frames.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            return ("timeout", None)
+            return ("timeout", None, time.monotonic())
 
     def stop(self) -> None:
         self.outbox.put(None)
@@ -126,8 +149,12 @@ class _Live:
             code: int | None = self.process.popen.wait(timeout=2)
         except Exception:  # still running: it stopped answering instead
             code = None
+        if code is None:
+            detail = "the grader worker stopped answering"
+        else:
+            reason = self.process.exit_reason(code)
+            detail = f"the grader worker exited (code {code}{': ' + reason if reason else ''})"
         tail = self.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]
-        detail = f"the grader worker exited (code {code})" if code is not None else "the grader worker stopped answering"
         return detail + (": " + " | ".join(tail) if tail else "")
 
 
@@ -142,6 +169,9 @@ class _Item:
 class _Batch:
     program: str
     items: list[_Item]
+    #: Echoed by the worker on every frame about this batch: a frame without it was not
+    #: written by the worker's protocol code (user code forging answers).
+    token: str = field(default_factory=lambda: os.urandom(8).hex())
     answered: int = 0
 
 
@@ -157,6 +187,7 @@ class GraderSandbox:
         model_endpoint: str | None = None,
         load_timeout: float = float(limits.TIMEOUT_SECONDS_DEFAULT),
         batch_size: int = limits.WORKER_BATCH_SIZE,
+        sandbox_limits: SandboxLimits | None = None,
     ) -> None:
         self.backend = backend
         self.programs = list(programs)
@@ -164,6 +195,7 @@ class GraderSandbox:
         self.model_endpoint = model_endpoint
         self.load_timeout = load_timeout
         self.batch_size = batch_size
+        self.limits = sandbox_limits or SandboxLimits()
         self.wants_ctx: dict[str, bool] = {}
         self.restarts = 0
         self._live: _Live | None = None
@@ -182,38 +214,59 @@ class GraderSandbox:
                     raise
 
     def _spawn_and_load(self) -> _Live:
-        live = _Live(self.backend.spawn())
+        request = SpawnRequest(limits=self.limits, model_endpoint=self.model_endpoint)
         try:
-            kind, frame = live.next(time.monotonic() + STARTUP_TIMEOUT)
+            process = self.backend.spawn(request)
+        except SandboxUnavailable as exc:
+            raise SandboxError(f"the {self.backend.name} sandbox cannot start: {exc}") from None
+        except OSError as exc:
+            raise SandboxError(f"the {self.backend.name} sandbox failed to start: {exc}") from None
+        live = _Live(process)
+        try:
+            kind, frame, _ = live.next(time.monotonic() + STARTUP_TIMEOUT)
             if kind != "frame" or not isinstance(frame, dict) or frame.get("t") != "hello":
-                raise SandboxError(f"worker did not start ({self.backend.name}): {live.crash_detail()}")
+                raise SandboxError(
+                    f"worker did not start ({self.backend.name}): {live.crash_detail()}"
+                )
             live.send(
                 {
                     "op": "load",
                     "task_id": self.task_id,
-                    "model_endpoint": self.model_endpoint,
+                    "model_endpoint": process.model_endpoint,
                     "capture_chars": limits.CAPTURED_OUTPUT_CHARS,
                     "payload_bytes": limits.RESULT_PAYLOAD_BYTES,
+                    "limits": process.rlimits,
                     "programs": [
-                        {"name": p.name, "source": p.source, "filename": p.filename, "entrypoint": p.entrypoint}
+                        {
+                            "name": p.name,
+                            "source": p.source,
+                            "filename": p.filename,
+                            "entrypoint": p.entrypoint,
+                        }
                         for p in self.programs
                     ],
                 }
             )
-            kind, frame = live.next(time.monotonic() + self.load_timeout + limits.TIMEOUT_GRACE_SECONDS)
+            kind, frame, _ = live.next(
+                time.monotonic() + self.load_timeout + limits.TIMEOUT_GRACE_SECONDS
+            )
             if kind == "timeout":
                 raise ProgramLoadError(
-                    "program", host_error("Timeout", f"loading took longer than {self.load_timeout:g} s")
+                    "program",
+                    host_error("Timeout", f"loading took longer than {self.load_timeout:g} s"),
                 )
             if kind != "frame" or not isinstance(frame, dict):
                 raise SandboxError(f"worker failed while loading programs: {live.crash_detail()}")
             if frame.get("t") == "load_error":
                 error = frame.get("error")
-                raise ProgramLoadError(str(frame.get("name")), error if isinstance(error, dict) else {})
+                name = str(frame.get("name"))
+                raise ProgramLoadError(name, error if isinstance(error, dict) else {})
             if frame.get("t") != "loaded" or not isinstance(frame.get("programs"), dict):
                 raise SandboxError("worker answered the load request with an unexpected frame")
             self.wants_ctx = {
-                name: bool(info.get("ctx")) for name, info in frame["programs"].items() if isinstance(info, dict)
+                name: bool(info.get("ctx"))
+                for name, info in frame["programs"].items()
+                if isinstance(info, dict)
             }
             return live
         except BaseException:
@@ -248,15 +301,18 @@ class GraderSandbox:
         *,
         timeout: float,
     ) -> Iterator[Execution]:
-        """Run ``program`` once per ``(args, exec_id)``; yield executions in input order."""
+        """Run ``program`` once per ``(args, exec_id)``; yield executions in input order.
+
+        Closing the iterator early stops the worker (the next call starts a fresh one).
+        """
         source = iter(items)
         requeue: deque[_Item] = deque()
         in_flight: deque[_Batch] = deque()
         next_index = 0
         probe_left = 0
         exhausted = False
-        mark = time.monotonic()
         announced = -1
+        cpu_seconds = self.limits.cpu_seconds or math.ceil(timeout)
         if self._live is None:
             self.start()
 
@@ -291,65 +347,78 @@ class GraderSandbox:
                     {
                         "op": "run",
                         "program": program,
+                        "batch": batch.token,
+                        "cpu_seconds": cpu_seconds,
                         "items": [item.args for item in batch_items],
                         "exec_ids": [item.exec_id for item in batch_items],
                     }
                 )
 
-        fill()
-        mark = time.monotonic()
-        while in_flight:
-            assert self._live is not None
-            head = in_flight[0]
-            expected = head.answered
-            deadline = mark + timeout + limits.TIMEOUT_GRACE_SECONDS
-            kind, frame = self._live.next(deadline)
-            failure: Execution | None = None
-            if kind == "frame":
-                outcome = self._accept(head, frame)
-                if isinstance(outcome, list):
-                    for local, answer in outcome:
-                        yield from_answer(head.items[local].index, answer)
-                    mark = time.monotonic()
-                    continue
-                if outcome == "running":
-                    announced = expected
-                    continue
-                if outcome == "done":
-                    in_flight.popleft()
-                    fill()
-                    mark = time.monotonic()
-                    announced = -1
-                    continue
-                failure = Execution(head.items[expected].index, "protocol_error", error=host_error("ProtocolError", outcome))
-            elif kind == "bad":
-                failure = Execution(head.items[expected].index, "protocol_error", error=host_error("ProtocolError", str(frame)))
-            elif kind == "eof":
-                failure = Execution(head.items[expected].index, "crashed", error=host_error("WorkerCrashed", self._live.crash_detail()))
-            else:
-                failure = Execution(
-                    head.items[expected].index,
-                    "timeout",
-                    error=host_error(
-                        "Timeout",
-                        f"the execution exceeded timeout_seconds={timeout:g}; the sandbox was killed "
-                        "and a fresh one continued with the remaining samples",
-                    ),
-                )
-            # The worker is no longer trustworthy: kill it, decide whom to blame, go on.
-            certain = announced == expected or len(head.items) == 1
-            leftovers = [item for batch in in_flight for item in batch.items[batch.answered :]]
-            in_flight.clear()
-            if certain:
-                yield failure
-                leftovers = leftovers[1:]
-            else:
-                probe_left = PROBE_ITEMS
-            requeue.extendleft(reversed(leftovers))
-            announced = -1
-            self._restart()
+        try:
             fill()
             mark = time.monotonic()
+            while in_flight:
+                assert self._live is not None
+                head = in_flight[0]
+                expected = head.answered
+                deadline = mark + timeout + limits.TIMEOUT_GRACE_SECONDS
+                kind, frame, arrived = self._live.next(deadline)
+                failure: Execution | None = None
+                if kind == "frame":
+                    outcome = self._accept(head, frame)
+                    if isinstance(outcome, list):
+                        mark = arrived
+                        for local, answer in outcome:
+                            yield from_answer(head.items[local].index, answer)
+                        continue
+                    if outcome == "running":
+                        announced = expected
+                        continue
+                    if outcome == "done":
+                        in_flight.popleft()
+                        fill()
+                        mark = max(arrived, mark)
+                        announced = -1
+                        continue
+                    failure = self._blame(head, "protocol_error", "ProtocolError", outcome)
+                elif kind == "bad":
+                    failure = self._blame(head, "protocol_error", "ProtocolError", str(frame))
+                elif kind == "eof":
+                    failure = self._blame(
+                        head, "crashed", "WorkerCrashed", self._live.crash_detail()
+                    )
+                else:
+                    failure = self._blame(
+                        head,
+                        "timeout",
+                        "Timeout",
+                        f"the execution exceeded timeout_seconds={timeout:g}; the sandbox was "
+                        "killed and a fresh one continued with the remaining samples",
+                    )
+                # The worker is no longer trustworthy: kill it, decide whom to blame, go on.
+                certain = failure is not None and (announced == expected or len(head.items) == 1)
+                leftovers = [item for batch in in_flight for item in batch.items[batch.answered :]]
+                in_flight.clear()
+                if certain and failure is not None:
+                    yield failure
+                    leftovers = leftovers[1:]
+                elif leftovers:
+                    probe_left = PROBE_ITEMS
+                requeue.extendleft(reversed(leftovers))
+                announced = -1
+                self._restart()
+                fill()
+                mark = time.monotonic()
+        finally:
+            if in_flight:  # abandoned (or failed) mid-batch: the worker is busy with stale work
+                self.close()
+
+    @staticmethod
+    def _blame(head: _Batch, status: Status, kind: str, message: str) -> Execution | None:
+        """The failure of the head batch's first unanswered execution (``None``: all answered)."""
+        if head.answered >= len(head.items):
+            return None
+        return Execution(head.items[head.answered].index, status, error=host_error(kind, message))
 
     @staticmethod
     def _accept(head: _Batch, frame: Any) -> list[tuple[int, Any]] | str:
@@ -357,6 +426,11 @@ class GraderSandbox:
         if not isinstance(frame, dict):
             return "frame is not an object"
         kind = frame.get("t")
+        if frame.get("b") != head.token:
+            return (
+                f"a {str(kind)[:20]!r} frame that the worker did not write for this batch "
+                "(user code wrote to the protocol channel?)"
+            )
         if kind == "results":
             answers = frame.get("answers")
             start = frame.get("start")
@@ -376,4 +450,3 @@ class GraderSandbox:
                 return "batch ended before every execution was answered"
             return "done"
         return f"unexpected frame type {kind!r}"
-

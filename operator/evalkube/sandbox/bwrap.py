@@ -1,0 +1,132 @@
+"""The ``bwrap`` backend: bubblewrap namespaces, a read-only root and cgroups.
+
+bubblewrap runs unprivileged: as root, the child drops to uid/gid 65534 before ``exec``
+(after joining the sandbox's cgroup), so bwrap maps 65534 to 65534 and the worker holds no
+host privilege even outside its namespaces. Fresh user, mount, pid, network (only ``lo``),
+ipc, uts and cgroup namespaces; no nested user namespaces; the read-only root of
+:mod:`evalkube.sandbox.hostfs` with a size-capped tmpfs ``/tmp``; the worker dies with bwrap.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from functools import cache
+from pathlib import Path
+
+from evalkube.sandbox import cgroups, hostfs
+from evalkube.sandbox.backends import (
+    WORKER_BOOTSTRAP,
+    SandboxBackend,
+    SpawnRequest,
+    WorkerProcess,
+    worker_env,
+)
+from evalkube.sandbox.jailed import run_probe, spawn_jailed
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap") or (
+        "/usr/bin/bwrap" if os.access("/usr/bin/bwrap", os.X_OK) else None
+    )
+
+
+def bwrap_argv(
+    bwrap: str,
+    request: SpawnRequest,
+    *,
+    worker_package: str,
+    bridge_dir: Path | None,
+    system: list[hostfs.SystemEntry],
+) -> list[str]:
+    """The bwrap command line for one worker (pure: unit-tested)."""
+    argv = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--uid", str(hostfs.SANDBOX_UID),
+        "--gid", str(hostfs.SANDBOX_GID),
+        "--hostname", "evalkube-sandbox",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+    ]  # fmt: skip
+    for key, value in sorted(worker_env().items()):
+        argv += ["--setenv", key, value]
+    for entry in system:
+        if entry.target is not None:
+            argv += ["--symlink", entry.target, entry.path]
+        else:
+            argv += ["--ro-bind", entry.path, entry.path]
+    argv += [
+        "--ro-bind", worker_package, f"{hostfs.INSIDE_WORKER_ROOT}/evalkube_sandbox",
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--size", str(request.limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
+    ]  # fmt: skip
+    if bridge_dir is not None:
+        argv += ["--ro-bind", str(bridge_dir), hostfs.INSIDE_BRIDGE_DIR]
+    argv += [
+        "--remount-ro", "/",
+        "--chdir", "/tmp",
+        "--", hostfs.INSIDE_PYTHON, "-I", "-S", "-c", WORKER_BOOTSTRAP, hostfs.INSIDE_WORKER_ROOT,
+    ]  # fmt: skip
+    return argv
+
+
+class BwrapBackend(SandboxBackend):
+    """bubblewrap: namespaces + read-only binds + cgroups, unprivileged."""
+
+    name = "bwrap"
+    isolating = True
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return _probe()
+
+    def describe(self) -> str:
+        problem = cgroups.available()
+        return self.name if problem is None else f"{self.name} (no memory/pids cgroups: {problem})"
+
+    def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
+        request = request or SpawnRequest()
+        bwrap = bwrap_path()
+        if bwrap is None:
+            raise RuntimeError("bwrap is not installed")
+        return spawn_jailed(
+            request,
+            lambda bridge_dir: bwrap_argv(
+                bwrap,
+                request,
+                worker_package=str(hostfs.worker_package_dir()),
+                bridge_dir=bridge_dir,
+                system=hostfs.system_entries(),
+            ),
+            drop_to_sandbox_user=True,
+        )
+
+
+@cache
+def _probe() -> str | None:
+    bwrap = bwrap_path()
+    if bwrap is None:
+        return "bubblewrap is not installed (apt-get install bubblewrap, or .ci/sandboxes.sh)"
+    problem = hostfs.python_problem()
+    if problem:
+        return problem
+    argv = bwrap_argv(
+        bwrap,
+        SpawnRequest(),
+        worker_package=str(hostfs.worker_package_dir()),
+        bridge_dir=None,
+        system=hostfs.system_entries(),
+    )
+    argv = [*argv[:argv.index("--") + 1], hostfs.INSIDE_PYTHON, "-I", "-S", "-c", "pass"]
+    drop = os.geteuid() == 0
+    return run_probe(
+        argv,
+        "bwrap",
+        uid=hostfs.SANDBOX_UID if drop else None,
+        gid=hostfs.SANDBOX_GID if drop else None,
+    )

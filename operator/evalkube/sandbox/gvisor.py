@@ -1,0 +1,236 @@
+"""The ``gvisor`` backend: the worker in a runsc container built on the fly.
+
+Each worker gets a private temp dir ``evalkube-gvisor-<pid>-<random>`` holding the OCI bundle
+(``config.json`` from :func:`evalkube.sandbox.oci.build_spec` and an empty rootfs of mount
+points) and runsc's state (``--root``). The container runs with the ptrace platform (the
+only one that works on every host we run on: kvm needs /dev/kvm and hangs in nested VMs),
+``--network=none`` (only ``lo`` inside; the host's loopback is unreachable), and
+``--host-uds=open`` only when the model bridge socket is bound in. Its stdio are pipes
+(runsc writes files from offset 0).
+
+Cleanup, on close, on a missed deadline and at exit: ``runsc kill ID KILL``, ``runsc delete
+--force ID``, then the temp dir goes. :func:`sweep_stale` removes what a killed evalkube
+process left (containers, state, runsc's cgroups).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from evalkube.sandbox import cgroups, hostfs, oci
+from evalkube.sandbox.backends import (
+    WORKER_BOOTSTRAP,
+    ChildSetup,
+    SandboxBackend,
+    SpawnRequest,
+    WorkerProcess,
+    cleanup_on_error,
+    resource_name,
+    spawn_pipes,
+    worker_env,
+)
+
+KIND = "gvisor"
+#: How long a runsc management command (kill, delete, list) may take.
+RUNSC_COMMAND_TIMEOUT = 30.0
+#: Host-side pids limit of the whole sandbox. Under the ptrace platform the sentry's own
+#: threads and one stub process per sandboxed process count here, and runsc fails to boot
+#: below about a thousand; the guest-side limit is the worker's RLIMIT_NPROC.
+GVISOR_HOST_PIDS = 4096
+#: Seconds the availability probe waits for a container's first answer.
+PROBE_TIMEOUT = 30.0
+
+
+def runsc_path() -> str | None:
+    return shutil.which("runsc") or next(
+        (p for p in ("/usr/bin/runsc", "/usr/local/bin/runsc") if os.access(p, os.X_OK)), None
+    )
+
+
+def runsc_flags(state: Path, *, bridge: bool) -> list[str]:
+    flags = [f"--root={state}", "--network=none", "--platform=ptrace"]
+    if bridge:
+        flags.append("--host-uds=open")
+    return flags
+
+
+class GVisorBackend(SandboxBackend):
+    """gVisor (runsc): a user-space kernel between the grader and the host."""
+
+    name = "gvisor"
+    isolating = True
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return _probe()
+
+    def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
+        request = request or SpawnRequest()
+        runsc = runsc_path()
+        if runsc is None:
+            raise RuntimeError("runsc is not installed")
+        sweep_stale()
+        limits = request.limits
+        bridge_dir, inside_endpoint = hostfs.bridge_mount(request.model_endpoint)
+        name = resource_name(KIND)
+        workdir = Path(tempfile.mkdtemp(prefix=name + "-"))
+        state = workdir / "state"
+        bundle = workdir / "bundle"
+        steps = [lambda: shutil.rmtree(workdir, ignore_errors=True)]
+        with cleanup_on_error(steps):
+            state.mkdir()
+            system = hostfs.system_entries()
+            _make_rootfs(bundle / "rootfs", system, bridge=bridge_dir is not None)
+            spec = oci.build_spec(
+                args=[
+                    hostfs.INSIDE_PYTHON,
+                    "-I",
+                    "-S",
+                    "-c",
+                    WORKER_BOOTSTRAP,
+                    hostfs.INSIDE_WORKER_ROOT,
+                ],
+                env=worker_env(),
+                system=system,
+                worker_package=str(hostfs.worker_package_dir()),
+                bridge_dir=str(bridge_dir) if bridge_dir is not None else None,
+                memory_bytes=limits.cgroup_memory_bytes,
+                pids=GVISOR_HOST_PIDS,
+                tmp_bytes=limits.tmp_bytes,
+                open_files=limits.open_files,
+                cgroups_path=f"/{name}",
+            )
+            (bundle / "config.json").write_text(json.dumps(spec, indent=1))
+            argv = [
+                runsc,
+                *runsc_flags(state, bridge=bridge_dir is not None),
+                "run",
+                "--bundle",
+                str(bundle),
+                name,
+            ]
+            popen = spawn_pipes(
+                argv, ChildSetup(), cwd=workdir, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+            )
+        memory_dir = cgroups.ROOT / "memory" / name
+
+        def terminate() -> None:
+            _destroy(runsc, state, name, popen)
+
+        def describe_exit(code: int | None) -> str | None:
+            if code == 128 + 9 and cgroups.oom_killed(memory_dir):
+                return (
+                    "the grader sandbox ran out of memory (limit "
+                    f"{limits.cgroup_memory_bytes // (1024 * 1024)} MiB) and was killed"
+                )
+            return None
+
+        return WorkerProcess(
+            popen,
+            None,
+            model_endpoint=inside_endpoint,
+            rlimits={**limits.worker_rlimits(), "processes": limits.pids},
+            terminate=terminate,
+            cleanup=[lambda: shutil.rmtree(workdir, ignore_errors=True)],
+            describe_exit=describe_exit,
+        )
+
+
+def _make_rootfs(rootfs: Path, system: list[hostfs.SystemEntry], *, bridge: bool) -> None:
+    rootfs.mkdir(parents=True)
+    for entry in system:
+        if entry.target is not None:
+            os.symlink(entry.target, rootfs / entry.path.lstrip("/"))
+    for relative in oci.rootfs_dirs(system, bridge=bridge):
+        (rootfs / relative).mkdir(parents=True, exist_ok=True)
+    for path in [rootfs, *rootfs.rglob("*")]:
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(0o755)
+
+
+def _runsc(runsc: str, state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [runsc, f"--root={state}", *args],
+        capture_output=True,
+        text=True,
+        timeout=RUNSC_COMMAND_TIMEOUT,
+        check=False,
+    )
+
+
+def _destroy(
+    runsc: str, state: Path, container: str, popen: subprocess.Popen[bytes] | None
+) -> None:
+    """Kill and delete ``container``; wait for ``runsc run`` to return."""
+    if not state.exists():
+        return
+    _runsc(runsc, state, "kill", container, "KILL")
+    if popen is not None:
+        try:
+            popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+    _runsc(runsc, state, "delete", "--force", container)
+    cgroups.destroy_paths([cgroups.ROOT / c / container for c in cgroups.CONTROLLERS])
+
+
+def containers(state: Path) -> list[str]:
+    """Container ids runsc knows in ``state`` (``runsc --root=STATE list``)."""
+    runsc = runsc_path()
+    if runsc is None or not state.exists():
+        return []
+    result = _runsc(runsc, state, "list", "--quiet")
+    return [line.strip() for line in result.stdout.splitlines() if line.strip()]
+
+
+def sweep_stale() -> list[str]:
+    """Remove containers, state and cgroups of dead evalkube processes; return their names."""
+    removed: list[str] = []
+    runsc = runsc_path()
+    for workdir in hostfs.stale_temp_dirs(KIND):
+        state = workdir / "state"
+        if runsc is not None:
+            for container in containers(state):
+                _destroy(runsc, state, container, None)
+        shutil.rmtree(workdir, ignore_errors=True)
+        removed.append(workdir.name)
+    removed += cgroups.sweep_stale((KIND,))
+    return removed
+
+
+@cache
+def _probe() -> str | None:
+    """Why gVisor cannot run here (checked once per process, with a real container)."""
+    runsc = runsc_path()
+    if runsc is None:
+        return "runsc is not installed (apt-get install runsc, or .ci/sandboxes.sh)"
+    if os.geteuid() != 0:
+        return "runsc needs root to create its sandboxes (run as root or use nsjail/bwrap)"
+    problem = hostfs.python_problem()
+    if problem:
+        return problem
+    try:
+        worker = GVisorBackend().spawn(SpawnRequest())
+    except (OSError, RuntimeError) as exc:
+        return f"runsc failed to start a container: {exc}"
+    try:
+        ready, _, _ = select.select([worker.stdout], [], [], PROBE_TIMEOUT)
+        if ready and len(worker.stdout.read(4)) == 4:
+            return None
+        if not ready:
+            return f"runsc did not start the worker within {PROBE_TIMEOUT:g} s"
+        worker.popen.wait(timeout=RUNSC_COMMAND_TIMEOUT)
+        detail = worker.stderr.read().decode("utf-8", "replace").strip().splitlines()[-3:]
+        return "runsc could not run the worker: " + (" | ".join(detail) or "no output")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"runsc could not run the worker: {exc}"
+    finally:
+        worker.kill()

@@ -1,0 +1,98 @@
+"""The spawn path shared by the namespace backends (nsjail, bwrap).
+
+A per-sandbox cgroup when cgroups are writable (:mod:`evalkube.sandbox.cgroups`), joined by
+the child before ``exec``; the model bridge's socket directory to bind; the child's setup
+(own session, parent-death signal, optionally dropping to the sandbox user first); and a
+:class:`~evalkube.sandbox.backends.WorkerProcess` whose kill empties and removes the cgroup.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from evalkube.sandbox import cgroups, hostfs
+from evalkube.sandbox.backends import (
+    ChildSetup,
+    SpawnRequest,
+    WorkerProcess,
+    cleanup_on_error,
+    spawn_pipes,
+    worker_env,
+)
+
+#: Seconds an availability probe may take.
+PROBE_TIMEOUT = 30.0
+
+
+def spawn_jailed(
+    request: SpawnRequest,
+    build_argv: Callable[[Path | None], list[str]],
+    *,
+    drop_to_sandbox_user: bool,
+) -> WorkerProcess:
+    """Start ``build_argv(bridge_dir)`` in a fresh cgroup; see the module docstring."""
+    cgroups.sweep_stale()
+    limits = request.limits
+    bridge_dir, inside_endpoint = hostfs.bridge_mount(request.model_endpoint)
+    argv = build_argv(bridge_dir)
+    group: cgroups.Cgroup | None = None
+    if cgroups.available() is None:
+        group = cgroups.Cgroup.create(limits.cgroup_memory_bytes, limits.pids)
+    drop = drop_to_sandbox_user and os.geteuid() == 0
+    setup = ChildSetup(
+        cgroup_procs=group.procs_files if group is not None else (),
+        uid=hostfs.SANDBOX_UID if drop else None,
+        gid=hostfs.SANDBOX_GID if drop else None,
+    )
+    with cleanup_on_error([group.destroy] if group is not None else []):
+        popen = spawn_pipes(argv, setup)
+
+    def describe_exit(code: int | None) -> str | None:
+        if group is not None and group.oom_killed():
+            return (
+                "the grader sandbox ran out of memory (limit "
+                f"{limits.cgroup_memory_bytes // (1024 * 1024)} MiB) and was killed"
+            )
+        return None
+
+    return WorkerProcess(
+        popen,
+        None,
+        model_endpoint=inside_endpoint,
+        rlimits=limits.worker_rlimits(),
+        terminate=group.destroy if group is not None else None,
+        cleanup=[group.destroy] if group is not None else [],
+        describe_exit=describe_exit,
+    )
+
+
+def run_probe(
+    argv: list[str], what: str, *, uid: int | None = None, gid: int | None = None
+) -> str | None:
+    """Run a test command the way workers run; ``None`` when it worked, else why not."""
+    try:
+        result = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT,
+            check=False,
+            env=worker_env(),
+            cwd="/",
+            user=uid,
+            group=gid,
+            extra_groups=[] if gid is not None else None,
+        )
+    except subprocess.TimeoutExpired:
+        return f"{what} did not run a test command within {PROBE_TIMEOUT:g} s"
+    except OSError as exc:
+        return f"{what} cannot be executed: {exc}"
+    if result.returncode != 0:
+        tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+        return f"{what} failed to run a test command (exit {result.returncode}): " + " | ".join(
+            tail
+        )
+    return None
