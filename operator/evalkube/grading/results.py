@@ -27,9 +27,17 @@ class GradeOutcome:
     error: dict[str, Any] | None = field(default=None)
 
 
+def _finite(value: int | float) -> bool:
+    """``math.isfinite`` that treats ints too large for a float (JSON allows them) as not."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def is_score(value: Any) -> bool:
     """A finite int or float that is not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, int | float) and not isinstance(value, bool) and _finite(value)
 
 
 def capped_repr(value: Any, limit: int = limits.INVALID_PAYLOAD_REPR_CHARS) -> str:
@@ -75,7 +83,7 @@ def validate_return(value: Any, metric_id: str) -> GradeOutcome:
             raw=value,
         )
     if isinstance(value, int | float):
-        if math.isfinite(value):
+        if _finite(value):
             return GradeOutcome("valid", {metric_id: float(value)})
         return invalid(
             metric_id,

@@ -1,0 +1,73 @@
+"""Aggregates per task x model: means over all samples (missing = 0), counts, model calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalkube.grading import TaskAggregate
+
+
+def test_mean_is_over_all_samples_with_missing_as_zero() -> None:
+    agg = TaskAggregate()
+    agg.add("valid", {"exact": 1.0, "f1": 0.5})
+    agg.add("valid", {"exact": 1.0})  # no f1: counts 0
+    agg.add("invalid", {"exact": 0.0})
+    agg.add("errored", None)  # no scores at all: counts 0 for everything
+    assert agg.metrics() == {"exact": pytest.approx(0.5), "f1": pytest.approx(0.125)}
+
+
+def test_counts_by_status() -> None:
+    agg = TaskAggregate()
+    for status in ["valid", "valid", "invalid", "errored", "errored", "errored", "pending"]:
+        agg.add(status, {})
+    assert agg.counts() == {"samples": 7, "valid": 2, "invalid": 1, "errored": 3}
+    assert agg.pending == 1
+
+
+def test_invalid_samples_pull_the_mean_down() -> None:
+    agg = TaskAggregate()
+    agg.add("valid", {"score": 1.0})
+    agg.add("invalid", {"score": 0.0})
+    assert agg.metrics() == {"score": 0.5}
+
+
+def test_no_samples_means_no_metrics() -> None:
+    agg = TaskAggregate()
+    assert agg.metrics() == {}
+    assert agg.counts() == {"samples": 0, "valid": 0, "invalid": 0, "errored": 0}
+    assert agg.metrics({"macro_f1": 0.3}) == {"macro_f1": 0.3}
+
+
+def test_batch_metrics_are_added_as_they_are() -> None:
+    agg = TaskAggregate()
+    agg.add("valid", {"correct": 1.0})
+    agg.add("valid", {"correct": 0.0})
+    assert agg.metrics({"macro_f1": 0.42}) == {"correct": 0.5, "macro_f1": 0.42}
+
+
+def test_batch_metric_wins_over_a_per_sample_metric_of_the_same_name() -> None:
+    agg = TaskAggregate()
+    agg.add("valid", {"f1": 1.0})
+    assert agg.metrics({"f1": 0.25}) == {"f1": 0.25}
+
+
+def test_metrics_are_sorted_by_name() -> None:
+    agg = TaskAggregate()
+    agg.add("valid", {"zeta": 1.0, "alpha": 1.0, "mid": 1.0})
+    assert list(agg.metrics({"beta": 0.0})) == ["alpha", "beta", "mid", "zeta"]
+
+
+def test_model_calls_are_summed_by_purpose_ignoring_non_counts() -> None:
+    agg = TaskAggregate()
+    agg.add("valid", {}, {"candidate": 1, "judge": 2, "response_ids": ["r1", "r2"]})
+    agg.add("valid", {}, {"judge": 3, "embedding": 1, "flag": True, "odd": 1.5})
+    agg.add("errored", None, None)
+    assert agg.model_calls == {"candidate": 1, "judge": 5, "embedding": 1}
+
+
+def test_streaming_many_samples_is_exact() -> None:
+    agg = TaskAggregate()
+    for i in range(10_000):
+        agg.add("valid" if i % 4 else "invalid", {"m": 1.0 if i % 2 else 0.0})
+    assert agg.metrics() == {"m": 0.5}
+    assert agg.counts() == {"samples": 10_000, "valid": 7_500, "invalid": 2_500, "errored": 0}

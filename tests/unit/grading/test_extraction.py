@@ -1,0 +1,201 @@
+"""From ``output_text`` to ``extracted_output``: stop sequences, none, regex, json, choice."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalkube.grading import ExtractionMiss, Extractor, apply_stop
+
+# -- stop sequences -----------------------------------------------------------------------------
+
+
+def test_stop_cuts_at_the_earliest_sequence_not_the_first_listed() -> None:
+    assert apply_stop("answer: 4\nQ: next\n###", ["###", "\nQ:"]) == "answer: 4"
+
+
+def test_stop_without_match_keeps_everything() -> None:
+    assert apply_stop("abc", ["x", "y"]) == "abc"
+
+
+def test_stop_at_position_zero_gives_empty() -> None:
+    assert apply_stop("###abc", ["###"]) == ""
+
+
+def test_empty_stop_sequences_are_ignored() -> None:
+    assert apply_stop("abc", ["", "c"]) == "ab"
+    assert apply_stop("abc", []) == "abc"
+
+
+# -- none ---------------------------------------------------------------------------------------
+
+
+def test_none_strips_whitespace() -> None:
+    assert Extractor("none").extract("  Paris \n") == "Paris"
+
+
+def test_none_keeps_inner_text() -> None:
+    assert Extractor().extract("The answer is 4.") == "The answer is 4."
+
+
+# -- regex --------------------------------------------------------------------------------------
+
+
+def test_regex_takes_the_first_group() -> None:
+    extractor = Extractor("regex", pattern=r"answer is (-?\d+)")
+    assert extractor.extract("I think the answer is -12. Or 13.") == "-12"
+
+
+def test_regex_takes_the_first_group_of_several() -> None:
+    extractor = Extractor("regex", pattern=r"(\d+)\s*/\s*(\d+)")
+    assert extractor.extract("ratio 3 / 4") == "3"
+
+
+def test_regex_without_groups_takes_the_whole_match() -> None:
+    extractor = Extractor("regex", pattern=r"-?\d+(?:\.\d+)?")
+    assert extractor.extract("About 3.14 or so") == "3.14"
+
+
+def test_regex_first_match_wins() -> None:
+    assert Extractor("regex", pattern=r"(\d+)").extract("1 then 2") == "1"
+
+
+def test_regex_result_is_stripped() -> None:
+    assert Extractor("regex", pattern=r"A:(.*)").extract("A:  yes  ") == "yes"
+
+
+def test_regex_miss_raises_with_the_pattern() -> None:
+    pattern = r"answer is (\d+)"
+    with pytest.raises(ExtractionMiss) as info:
+        Extractor("regex", pattern=pattern).extract("I am not sure.")
+    assert str(info.value) == f"pattern {pattern!r} did not match the output"
+
+
+def test_regex_ignore_case() -> None:
+    assert (
+        Extractor("regex", pattern=r"answer: (\w+)", ignore_case=True).extract("ANSWER: Yes")
+        == "Yes"
+    )
+    with pytest.raises(ExtractionMiss):
+        Extractor("regex", pattern=r"answer: (\w+)").extract("ANSWER: Yes")
+
+
+# -- json ---------------------------------------------------------------------------------------
+
+
+def test_json_field() -> None:
+    assert Extractor("json", field="answer").extract('{"answer": "B", "why": "x"}') == "B"
+
+
+def test_json_nested_field() -> None:
+    text = '{"result": {"label": "positive", "score": 0.9}}'
+    assert Extractor("json", field="result.label").extract(text) == "positive"
+
+
+def test_json_list_index_in_path() -> None:
+    assert (
+        Extractor("json", field="items.1.name").extract('{"items": [{"name": "a"}, {"name": "b"}]}')
+        == "b"
+    )
+
+
+def test_json_non_string_value_is_serialized() -> None:
+    assert Extractor("json", field="n").extract('{"n": 42}') == "42"
+    assert Extractor("json", field="v").extract('{"v": {"a": [1, true]}}') == '{"a": [1, true]}'
+
+
+def test_json_fenced_block_with_language_tag() -> None:
+    text = '```json\n{"answer": "C"}\n```'
+    assert Extractor("json", field="answer").extract(text) == "C"
+
+
+def test_json_fenced_block_without_language_tag() -> None:
+    assert Extractor("json", field="answer").extract('```\n{"answer": "D"}\n```') == "D"
+
+
+def test_json_fenced_block_after_prose() -> None:
+    text = 'Here is my answer:\n```json\n{"answer": "E"}\n```\nHope it helps.'
+    assert Extractor("json", field="answer").extract(text) == "E"
+
+
+def test_json_object_embedded_in_text() -> None:
+    text = 'Sure! {"answer": "A"} is my final answer {"answer": "B"}'
+    assert Extractor("json", field="answer").extract(text) == "A"
+
+
+def test_json_skips_braces_that_are_not_json() -> None:
+    text = 'Use {curly} braces: {"answer": "F"}'
+    assert Extractor("json", field="answer").extract(text) == "F"
+
+
+def test_json_missing_field_is_a_miss_naming_it() -> None:
+    with pytest.raises(ExtractionMiss, match=r"no field 'result\.label'"):
+        Extractor("json", field="result.label").extract('{"result": {"score": 1}}')
+
+
+def test_json_null_field_is_a_miss() -> None:
+    with pytest.raises(ExtractionMiss, match="is null"):
+        Extractor("json", field="answer").extract('{"answer": null}')
+
+
+def test_json_no_object_is_a_miss() -> None:
+    with pytest.raises(ExtractionMiss, match="no JSON object"):
+        Extractor("json", field="answer").extract("no json here")
+
+
+def test_json_path_through_a_scalar_is_a_miss() -> None:
+    with pytest.raises(ExtractionMiss):
+        Extractor("json", field="a.b").extract('{"a": "text"}')
+
+
+def test_json_index_out_of_range_is_a_miss() -> None:
+    with pytest.raises(ExtractionMiss):
+        Extractor("json", field="a.5").extract('{"a": [1]}')
+
+
+# -- choice -------------------------------------------------------------------------------------
+
+CHOICES = ["positive", "negative", "neutral"]
+
+
+def test_choice_earliest_match_wins() -> None:
+    assert Extractor("choice").extract("neutral, maybe negative", CHOICES) == "neutral"
+    assert Extractor("choice").extract("negative, maybe neutral", CHOICES) == "negative"
+
+
+def test_choice_respects_word_boundaries() -> None:
+    # "positively" and "nonnegative" contain choices but are not them
+    assert Extractor("choice").extract("positively nonnegative: neutral", CHOICES) == "neutral"
+
+
+def test_choice_boundaries_for_letters() -> None:
+    assert Extractor("choice").extract("I pick B, not A", ["A", "B", "C"]) == "B"
+    with pytest.raises(ExtractionMiss):
+        Extractor("choice").extract("BAD", ["A", "B"])
+
+
+def test_choice_is_case_sensitive_by_default() -> None:
+    with pytest.raises(ExtractionMiss, match="none of the choices"):
+        Extractor("choice").extract("Positive!", CHOICES)
+
+
+def test_choice_ignore_case_returns_the_declared_spelling() -> None:
+    assert Extractor("choice", ignore_case=True).extract("POSITIVE!", CHOICES) == "positive"
+
+
+def test_choice_at_the_same_position_prefers_the_longest() -> None:
+    assert Extractor("choice").extract("New York City", ["New", "New York"]) == "New York"
+
+
+def test_choice_with_regex_metacharacters() -> None:
+    assert Extractor("choice").extract("the answer is (c)", ["(a)", "(b)", "(c)"]) == "(c)"
+    assert Extractor("choice").extract("pick c++ today", ["c", "c++"]) == "c++"
+
+
+def test_choice_miss_lists_the_choices() -> None:
+    with pytest.raises(ExtractionMiss, match=r"\['positive', 'negative', 'neutral'\]"):
+        Extractor("choice").extract("I can't tell", CHOICES)
+
+
+def test_no_choices_is_a_miss() -> None:
+    with pytest.raises(ExtractionMiss, match="needs `choices`"):
+        Extractor("choice").extract("positive", [])
