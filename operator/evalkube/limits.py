@@ -76,4 +76,4 @@ GENERATION_CONCURRENCY_DEFAULT: Final = 8
 #: Retries of a candidate-generation request on 429/5xx/timeouts.
 GENERATION_RETRIES_DEFAULT: Final = 4
 #: Samples written to the store in one transaction.
-STORE_CHUNK_SIZE: Final = 2_000
+STORE_CHUNK_SIZE: Final = 5_000

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from evalkube import jsonfast
 from evalkube.models import (
     EvalRun,
     EvalRunSpec,
@@ -214,7 +215,7 @@ def iter_json_rows(path: Path, where: str) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = jsonfast.loads(line)
             except ValueError as exc:
                 raise ConfigError(f"{where}: {path} line {number}: invalid JSON ({exc})") from None
             if not isinstance(row, dict):

@@ -7,6 +7,7 @@ resumed run (or a restarted operator) finds exactly what was already done.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -62,7 +63,17 @@ def plan_units(
     return units
 
 
+@functools.lru_cache(maxsize=256)
+def sample_id_prefix(run_id: str, task_id: str, model: str) -> str:
+    """The part of sample ids shared by one task x model of a run."""
+    digest = hashlib.blake2b(f"{run_id}\0{task_id}\0{model}".encode(), digest_size=5)
+    return f"s_{digest.hexdigest()}_"
+
+
 def sample_id(run_id: str, task_id: str, model: str, seq: int) -> str:
-    """Deterministic sample id (stable across resumes and operator restarts)."""
-    digest = hashlib.blake2b(f"{run_id}\0{task_id}\0{model}\0{seq}".encode(), digest_size=10)
-    return "s_" + digest.hexdigest()
+    """Deterministic sample id (stable across resumes and operator restarts).
+
+    Ids of one task x model sort by position, so a unit's inserts append to the store's
+    index instead of landing at random places in it.
+    """
+    return f"{sample_id_prefix(run_id, task_id, model)}{seq:013x}"

@@ -68,7 +68,6 @@ samples = Table(
     Column("stdout", Text),
     Column("stderr", Text),
     Index("ix_evalkube_samples_order", "run_id", "task_id", "model", "seq"),
-    Index("ix_evalkube_samples_status", "run_id", "status"),
 )
 
 task_results = Table(
