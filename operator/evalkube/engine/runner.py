@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from evalkube import limits
 from evalkube.engine.candidates import Candidate, CandidateSource
-from evalkube.engine.plan import SEQ_STRIDE, Unit
+from evalkube.engine.plan import SEQ_STRIDE, Unit, sample_id
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.grading import (
     ExtractionMiss,
