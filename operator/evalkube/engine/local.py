@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkube.engine.candidates import candidate_source
+from evalkube.engine.gctune import relaxed_gc
 from evalkube.engine.loading import ConfigError, LoadedSuite, iter_dataset, suite_version
 from evalkube.engine.plan import Unit, plan_units
 from evalkube.engine.runner import (
@@ -155,6 +156,12 @@ class LocalEngine:
         return self._execute(run_id, loaded, spec, resuming=True)
 
     def _execute(
+        self, run_id: str, loaded: LoadedSuite, spec: EvalRunSpec, *, resuming: bool
+    ) -> RunSummary:
+        with relaxed_gc():
+            return self._execute_units(run_id, loaded, spec, resuming=resuming)
+
+    def _execute_units(
         self, run_id: str, loaded: LoadedSuite, spec: EvalRunSpec, *, resuming: bool
     ) -> RunSummary:
         started = time.perf_counter()

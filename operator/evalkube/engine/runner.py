@@ -83,6 +83,7 @@ class _Prepared:
     row: dict[str, Any]
     row_id: str
     record: SampleRecord
+    choices: list[str] = field(default_factory=list)
 
 
 class UnitFailed(RuntimeError):
@@ -307,6 +308,7 @@ def _candidates(
             buffer.add(p.record)
             continue
         p.record.prompt, p.record.target = prompt, target
+        p.choices = runtime.choices(p.row)
         rendered.append(p)
     assert ctx.source is not None
     candidates = ctx.source.candidates(
@@ -341,9 +343,7 @@ def _apply_candidate(
         record.extracted_output = candidate.extracted_output
         return True
     try:
-        record.extracted_output = runtime.extractor.extract(
-            record.output_text, runtime.choices(p.row)
-        )
+        record.extracted_output = runtime.extractor.extract(record.output_text, p.choices)
     except ExtractionMiss as exc:
         record.status, record.error = "errored", _error("extraction", "ExtractionMiss", str(exc))
         return False
@@ -375,7 +375,7 @@ def _grade_samples(
                 prompt=record.prompt,
                 target=record.target,
                 reference_answer=record.target,
-                choices=runtime.choices(p.row),
+                choices=p.choices,
                 task_id=record.task_id,
             )
             in_flight.append(p)
