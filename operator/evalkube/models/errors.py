@@ -27,17 +27,46 @@ class SpecError(ValueError):
         super().__init__(where + "; ".join(self.problems))
 
 
-def format_path(loc: Iterable[str | int], prefix: str = "") -> str:
-    """``("spec", "tasks", 2, "timeout_seconds")`` -> ``spec.tasks[2].timeoutSeconds``."""
+#: Location parts pydantic adds for the member of a union it tried (``str``, ``list[Message]``).
+_UNION_MEMBER_TYPES = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _is_union_member(part: str) -> bool:
+    return "[" in part or part in _UNION_MEMBER_TYPES
+
+
+def format_path(
+    loc: Iterable[str | int], prefix: str = "", names: dict[str, str] | None = None
+) -> str:
+    """``("spec", "tasks", 2, "timeout_seconds")`` -> ``spec.tasks[2].timeoutSeconds``.
+
+    With ``names`` (snake_case field name -> its spelling on the wire), only those names are
+    respelled: unknown keys and dict keys (provider names) stay as the user wrote them.
+    """
     out = prefix
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part.startswith(("function-", "tagged-union", "union[")):
+        elif part.startswith(("function-", "tagged-union", "union[")) or (
+            (names is None or part not in names) and _is_union_member(part)
+        ):
             continue
         else:
-            out += ("." if out else "") + to_camel(part)
+            spelled = to_camel(part) if names is None else names.get(part, part)
+            out += ("." if out else "") + spelled
     return out or "(root)"
+
+
+def _wire_names(model: Any, seen: dict[str, str] | None = None) -> dict[str, str]:
+    """Every field name of ``model`` and its nested models -> how the wire spells it."""
+    names = {} if seen is None else seen
+    for name, info in getattr(model, "model_fields", {}).items():
+        alias = info.validation_alias if isinstance(info.validation_alias, str) else None
+        names.setdefault(name, alias or info.alias or to_camel(name))
+        nested = _inner_model(info.annotation)
+        if nested is not None and nested is not model:
+            _wire_names(nested, names)
+    return names
 
 
 def _field_info(model: type[BaseModel], loc: Sequence[str | int]) -> FieldInfo | None:
@@ -100,10 +129,32 @@ def _message(model: type[BaseModel], err: Any) -> str:
 def format_validation_error(
     model: type[BaseModel], error: ValidationError, prefix: str = ""
 ) -> list[str]:
-    """One ``path: message`` line per pydantic error, deduplicated, in input order."""
-    lines: list[str] = []
+    """One ``path: message`` line per pydantic error, deduplicated, in input order.
+
+    For a union field (``prompt: str | list[Message]``) pydantic reports every member it
+    tried; when one member got further into the value, the others' "wrong type" lines are
+    noise and are dropped.
+    """
+    names = _wire_names(model)
+    entries: list[tuple[str, str, str | None]] = []
     for err in error.errors():
-        line = f"{format_path(err['loc'], prefix)}: {_message(model, err)}"
+        loc = err["loc"]
+        union = next(
+            (
+                i
+                for i, part in enumerate(loc)
+                if isinstance(part, str) and part not in names and _is_union_member(part)
+            ),
+            None,
+        )
+        path = format_path(loc, prefix, names)
+        at = format_path(loc[:union], prefix, names) if union is not None else None
+        entries.append((path, _message(model, err), at))
+    lines: list[str] = []
+    for path, message, at in entries:
+        if at is not None and path == at and any(o == at and p != at for p, _, o in entries):
+            continue
+        line = f"{path}: {message}"
         if line not in lines:
             lines.append(line)
     return lines
