@@ -29,7 +29,7 @@ from evalkube.grading import (
     validate_return,
 )
 from evalkube.sandbox import Execution, GraderSandbox, ProgramLoadError, SandboxBackend
-from evalkube.store import ResultStore, SampleRecord, TaskResultRecord
+from evalkube.store import ResultStore, SampleRecord, SampleWriter, TaskResultRecord
 
 UsageTaker = Callable[[list[str]], dict[str, dict[str, Any]]]
 
@@ -108,27 +108,35 @@ def _outcome(execution: Execution, metric_id: str) -> GradeOutcome:
 
 
 class _Buffer:
-    """Collects records and writes them to the store in chunks (and on exit)."""
+    """Collects records and hands them to the store in chunks (on a writer thread)."""
 
     def __init__(self, ctx: UnitContext, unit: Unit) -> None:
         self.ctx, self.unit = ctx, unit
         self.records: list[SampleRecord] = []
         self.written = 0
+        self.writer = SampleWriter(ctx.store)
 
     def add(self, record: SampleRecord) -> None:
         self.records.append(record)
         if len(self.records) >= limits.STORE_CHUNK_SIZE:
-            self.flush()
+            self.submit()
 
-    def flush(self) -> None:
+    def submit(self) -> None:
         if not self.records:
             return
         if self.ctx.take_usage is not None:
             self._attach_usage()
-        self.ctx.store.record_samples(self.records)
+        self.writer.submit(self.records)
         self.ctx.progress.advance(self.unit, len(self.records))
         self.written += len(self.records)
         self.records = []
+
+    def close(self) -> None:
+        """Submit what is left and wait until every sample is committed."""
+        try:
+            self.submit()
+        finally:
+            self.writer.close()
 
     def _attach_usage(self) -> None:
         assert self.ctx.take_usage is not None
@@ -177,11 +185,12 @@ def run_shard(ctx: UnitContext, unit: Unit, rows: list[dict[str, Any]]) -> UnitR
                 buffer.add(p.record)
         else:
             _grade_samples(ctx, sandbox, ready, buffer)
-        buffer.flush()
     finally:
-        buffer.flush()
-        report.restarts = sandbox.restarts
-        sandbox.close()
+        try:
+            buffer.close()
+        finally:
+            report.restarts = sandbox.restarts
+            sandbox.close()
     report.samples = buffer.written
     report.seconds = time.perf_counter() - started
     return report

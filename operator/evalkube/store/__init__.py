@@ -2,11 +2,13 @@
 
 from evalkube.store.records import RunRecord, SampleRecord, TaskResultRecord
 from evalkube.store.store import ResultStore, StoreError, decode_cursor, default_url, encode_cursor
+from evalkube.store.writer import SampleWriter
 
 __all__ = [
     "ResultStore",
     "RunRecord",
     "SampleRecord",
+    "SampleWriter",
     "StoreError",
     "TaskResultRecord",
     "decode_cursor",
