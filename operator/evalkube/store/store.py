@@ -32,6 +32,20 @@ def _load(text: str | None) -> Any:
     return None if text is None else jsonfast.loads(text)
 
 
+def _text(value: Any) -> Any:
+    """A plain text column value: PostgreSQL refuses NUL characters, so they become U+FFFD.
+
+    Model outputs and user prints (untrusted) may hold NUL; one must not fail a whole unit.
+    JSON columns need nothing: the encoder escapes NUL as ``\\u0000``.
+    """
+    if isinstance(value, str) and "\x00" in value:
+        return value.replace("\x00", "\ufffd")
+    return value
+
+
+_JSON_COLUMNS = ("scores", "judge", "error")
+
+
 _SAMPLE_COLUMNS = [column.name for column in schema.samples.columns]
 _SAMPLE_KEYS = ("run_id", "sample_id")
 
@@ -246,7 +260,7 @@ class ResultStore:
             for values in updates:
                 sample_id = values.pop("sample_id")
                 encoded = {
-                    key: (_json(value) if key in ("scores", "judge", "error") else value)
+                    key: (_json(value) if key in _JSON_COLUMNS else _text(value))
                     for key, value in values.items()
                 }
                 if "error" in values:
@@ -269,8 +283,7 @@ class ResultStore:
         """Move the task x model's ``pending`` samples to ``status`` (after ``grade_batch``)."""
         c = schema.samples.c
         encoded = {
-            k: (_json(v) if k in ("scores", "judge", "error") else v)
-            for k, v in (values or {}).items()
+            k: (_json(v) if k in _JSON_COLUMNS else _text(v)) for k, v in (values or {}).items()
         }
         if "error" in (values or {}):
             error = (values or {})["error"]
@@ -314,7 +327,7 @@ class ResultStore:
                     "task_id": result.task_id,
                     "model": result.model,
                     "metrics": _json(result.metrics),
-                    "error": result.error,
+                    "error": _text(result.error),
                     "problems": _json(result.problems),
                 }
             ],
@@ -385,11 +398,11 @@ def _sample_row(r: SampleRecord) -> tuple[Any, ...]:
         r.model,
         r.seq,
         r.status,
-        r.row_id,
+        _text(r.row_id),
         _json(r.prompt),
-        r.target,
-        r.output_text,
-        r.extracted_output,
+        _text(r.target),
+        _text(r.output_text),
+        _text(r.extracted_output),
         _dumps(r.scores),
         _json(r.judge),
         _json(error),
@@ -398,8 +411,8 @@ def _sample_row(r: SampleRecord) -> tuple[Any, ...]:
         r.response_id,
         _json(r.dataset_row),
         _json(r.timings) if r.timings else None,
-        r.stdout,
-        r.stderr,
+        _text(r.stdout),
+        _text(r.stderr),
     )
 
 
