@@ -29,7 +29,8 @@ from evalkube.grading import (
     validate_return,
 )
 from evalkube.sandbox import Execution, GraderSandbox, ProgramLoadError, SandboxBackend
-from evalkube.store import ResultStore, SampleRecord, SampleWriter, TaskResultRecord
+from evalkube.store import SampleRecord, SampleWriter, TaskResultRecord
+from evalkube.store.protocol import SampleStore
 
 UsageTaker = Callable[[list[str]], dict[str, dict[str, Any]]]
 
@@ -56,7 +57,7 @@ class UnitContext:
 
     run_id: str
     runtime: TaskRuntime
-    store: ResultStore
+    store: SampleStore
     backend: SandboxBackend
     source: CandidateSource | None = None
     model_endpoint: str | None = None

@@ -184,6 +184,14 @@ class ResultStore:
                 [_sample_row(r) for r in records[start : start + limits.STORE_CHUNK_SIZE]]
             )
 
+    def encode_samples(self, records: Sequence[SampleRecord]) -> list[tuple[Any, ...]]:
+        """Encode records for :meth:`write_encoded` (done on the runner's thread)."""
+        return [_sample_row(r) for r in records]
+
+    def write_encoded(self, rows: list[tuple[Any, ...]]) -> None:
+        """Write what :meth:`encode_samples` produced (done on the writer thread)."""
+        self.write_sample_rows(rows)
+
     def write_sample_rows(self, rows: list[tuple[Any, ...]]) -> None:
         """Upsert encoded sample rows (see ``_sample_row``) in one transaction."""
         with self.engine.begin() as conn:

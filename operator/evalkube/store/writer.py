@@ -14,16 +14,16 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from evalkube.store.protocol import SampleStore
 from evalkube.store.records import SampleRecord
-from evalkube.store.store import ResultStore, _sample_row
 
 
 class SampleWriter:
     """A bounded, ordered, background sample writer for one unit."""
 
-    def __init__(self, store: ResultStore, depth: int = 2) -> None:
+    def __init__(self, store: SampleStore, depth: int = 2) -> None:
         self._store = store
-        self._queue: queue.Queue[list[tuple[Any, ...]] | None] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run, name="evalkube-sample-writer", daemon=True
@@ -37,7 +37,7 @@ class SampleWriter:
                 if rows is None:
                     return
                 if self._error is None:
-                    self._store.write_sample_rows(rows)
+                    self._store.write_encoded(rows)
             except BaseException as exc:  # surfaced to the runner by flush()/submit()
                 self._error = exc
             finally:
@@ -51,7 +51,7 @@ class SampleWriter:
     def submit(self, records: Sequence[SampleRecord]) -> None:
         """Queue ``records`` for writing (blocks while ``depth`` chunks are pending)."""
         self._raise()
-        self._queue.put([_sample_row(r) for r in records])
+        self._queue.put(self._store.encode_samples(records))
 
     def flush(self) -> None:
         """Wait until everything submitted is committed; raise the first write error."""

@@ -1,0 +1,164 @@
+"""The store as a work-unit pod sees it: the operator's ingest API over HTTP.
+
+A pod holds no database credentials, only its run's bearer token; the operator checks the
+token, pins every sample to that run, and writes to the real store. Every call is
+idempotent (samples upsert by id), so a retried request or a re-run unit never duplicates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from evalkube import jsonfast
+from evalkube.store.records import SampleRecord, TaskResultRecord
+
+SAMPLE_FIELDS = {f.name for f in dataclasses.fields(SampleRecord)}
+
+
+def sample_to_wire(record: SampleRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in SAMPLE_FIELDS}
+
+
+def sample_from_wire(data: Any, run_id: str) -> SampleRecord:
+    """Rebuild a record from JSON; the run id always comes from the server, never the body."""
+    if not isinstance(data, dict):
+        raise ValueError("a sample must be an object")
+    unknown = set(data) - SAMPLE_FIELDS
+    if unknown:
+        raise ValueError(f"unknown sample fields: {sorted(unknown)}")
+    for key in ("sample_id", "task_id", "model", "status"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise ValueError(f"sample.{key} must be a non-empty string")
+    if data["status"] not in ("valid", "invalid", "errored", "pending"):
+        raise ValueError("sample.status must be valid, invalid, errored or pending")
+    if not isinstance(data.get("seq"), int):
+        raise ValueError("sample.seq must be an integer")
+    scores = data.get("scores") or {}
+    if not isinstance(scores, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in scores.values()
+    ):
+        raise ValueError("sample.scores must map names to numbers")
+    values = {k: v for k, v in data.items() if k != "run_id"}
+    return SampleRecord(run_id=run_id, **values)
+
+
+class RemoteStore:
+    """A :class:`~evalkube.store.protocol.SampleStore` backed by the operator's ingest API."""
+
+    def __init__(
+        self,
+        base_url: str,
+        namespace: str,
+        name: str,
+        token: str,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        retries: int = 5,
+    ) -> None:
+        self.prefix = f"/api/v1/namespaces/{quote(namespace)}/evalruns/{quote(name)}"
+        self.retries = retries
+        self.client = httpx.Client(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(60.0, connect=10.0),
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                response = self.client.request(method, self.prefix + path, **kwargs)
+            except httpx.TransportError:
+                if attempt >= self.retries:
+                    raise
+            else:
+                if response.status_code < 500 or attempt >= self.retries:
+                    if response.status_code >= 400:
+                        raise RemoteStoreError(response)
+                    return response
+            time.sleep(min(10.0, 0.5 * 2**attempt))
+            attempt += 1
+
+    def _post(self, path: str, body: Any) -> httpx.Response:
+        return self._request(
+            "POST", path, content=jsonfast.dumps(body), headers={"Content-Type": "application/json"}
+        )
+
+    # -- SampleStore ---------------------------------------------------------------------------
+    def encode_samples(self, records: Sequence[SampleRecord]) -> bytes:
+        return jsonfast.dumps({"samples": [sample_to_wire(r) for r in records]})
+
+    def write_encoded(self, payload: bytes) -> None:
+        self._request(
+            "POST", "/samples", content=payload, headers={"Content-Type": "application/json"}
+        )
+
+    def record_samples(self, records: Sequence[SampleRecord]) -> None:
+        self.write_encoded(self.encode_samples(records))
+
+    def recorded_sample_ids(self, run_id: str, task_id: str, model: str) -> set[str]:
+        response = self._request("GET", "/sample-ids", params={"task": task_id, "model": model})
+        return set(response.json()["sample_ids"])
+
+    def iter_samples(
+        self, run_id: str, *, task_id: str | None = None, model: str | None = None
+    ) -> Iterator[SampleRecord]:
+        params = {k: v for k, v in (("task", task_id), ("model", model)) if v is not None}
+        with self.client.stream("GET", self.prefix + "/samples:export", params=params) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise RemoteStoreError(response)
+            for line in response.iter_lines():
+                if line:
+                    yield sample_from_wire(jsonfast.loads(line), run_id)
+
+    def apply_sample_updates(self, run_id: str, updates: Iterable[dict[str, Any]]) -> None:
+        self._post("/samples:update", {"updates": list(updates)})
+
+    def settle_pending(
+        self,
+        run_id: str,
+        task_id: str,
+        model: str,
+        status: str,
+        values: dict[str, Any] | None = None,
+    ) -> int:
+        body = {"task": task_id, "model": model, "status": status, "values": values or {}}
+        return int(self._post("/samples:settle", body).json()["settled"])
+
+    def save_task_result(self, result: TaskResultRecord) -> None:
+        self._post(
+            "/task-results",
+            {
+                "task": result.task_id,
+                "model": result.model,
+                "metrics": result.metrics,
+                "error": result.error,
+                "problems": result.problems,
+            },
+        )
+
+    def mark_unit_done(self, unit_id: str, info: dict[str, Any]) -> None:
+        self._post(f"/units/{quote(unit_id, safe='')}:done", info)
+
+
+class RemoteStoreError(RuntimeError):
+    """The ingest API refused a request; the message carries its explanation."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        try:
+            detail = response.json().get("error", {}).get("message", "")
+        except ValueError:
+            detail = response.text[:300]
+        super().__init__(f"ingest API answered HTTP {response.status_code}: {detail}")
+        self.status = response.status_code
