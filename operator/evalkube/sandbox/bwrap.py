@@ -122,7 +122,7 @@ def _probe() -> str | None:
         bridge_dir=None,
         system=hostfs.system_entries(),
     )
-    argv = [*argv[:argv.index("--") + 1], hostfs.INSIDE_PYTHON, "-I", "-S", "-c", "pass"]
+    argv = [*argv[: argv.index("--") + 1], hostfs.INSIDE_PYTHON, "-I", "-S", "-c", "pass"]
     drop = os.geteuid() == 0
     return run_probe(
         argv,

@@ -34,6 +34,7 @@ from evalkube.sandbox.backends import (
     cleanup_on_error,
     resource_name,
     spawn_pipes,
+    stale_temp_dirs,
     worker_env,
 )
 
@@ -119,18 +120,9 @@ class GVisorBackend(SandboxBackend):
             popen = spawn_pipes(
                 argv, ChildSetup(), cwd=workdir, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
             )
-        memory_dir = cgroups.ROOT / "memory" / name
 
         def terminate() -> None:
             _destroy(runsc, state, name, popen)
-
-        def describe_exit(code: int | None) -> str | None:
-            if code == 128 + 9 and cgroups.oom_killed(memory_dir):
-                return (
-                    "the grader sandbox ran out of memory (limit "
-                    f"{limits.cgroup_memory_bytes // (1024 * 1024)} MiB) and was killed"
-                )
-            return None
 
         return WorkerProcess(
             popen,
@@ -139,7 +131,6 @@ class GVisorBackend(SandboxBackend):
             rlimits={**limits.worker_rlimits(), "processes": limits.pids},
             terminate=terminate,
             cleanup=[lambda: shutil.rmtree(workdir, ignore_errors=True)],
-            describe_exit=describe_exit,
         )
 
 
@@ -195,7 +186,7 @@ def sweep_stale() -> list[str]:
     """Remove containers, state and cgroups of dead evalkube processes; return their names."""
     removed: list[str] = []
     runsc = runsc_path()
-    for workdir in hostfs.stale_temp_dirs(KIND):
+    for workdir in stale_temp_dirs(KIND):
         state = workdir / "state"
         if runsc is not None:
             for container in containers(state):

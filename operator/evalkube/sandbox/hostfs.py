@@ -22,13 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from evalkube.sandbox.backends import (
-    RESOURCE_PREFIX,
-    WORKER_ROOT,
-    SandboxUnavailable,
-    owner_is_dead,
-    resource_name,
-)
+from evalkube.sandbox.backends import WORKER_ROOT, SandboxUnavailable, resource_name
 
 #: The interpreter inside isolating sandboxes (the host's system Python, bound from /usr).
 INSIDE_PYTHON = "/usr/bin/python3"
@@ -137,17 +131,3 @@ def bridge_mount(endpoint: str | None) -> tuple[Path | None, str | None]:
                 f"{socket_path} ({exc}): make the socket mode 0o666 and its directory 0o711"
             ) from None
     return socket_path.parent, f"unix:{INSIDE_BRIDGE_DIR}/{socket_path.name}"
-
-
-def stale_temp_dirs(kind: str) -> list[Path]:
-    """Temp dirs of kind ``kind`` (see :func:`resource_name`) left by dead evalkube processes."""
-    base = Path(tempfile.gettempdir())
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return []
-    return [
-        base / name
-        for name in names
-        if name.startswith(f"{RESOURCE_PREFIX}{kind}-") and owner_is_dead(name, kind)
-    ]

@@ -142,5 +142,5 @@ def _probe() -> str | None:
         system=hostfs.system_entries(),
     )
     argv[argv.index("--really_quiet")] = "--quiet"
-    argv = [*argv[:argv.index("--") + 1], hostfs.INSIDE_PYTHON, "-I", "-S", "-c", "pass"]
+    argv = [*argv[: argv.index("--") + 1], hostfs.INSIDE_PYTHON, "-I", "-S", "-c", "pass"]
     return run_probe(argv, "nsjail")
