@@ -16,7 +16,17 @@ EXECUTION_HEADER = "X-Evalkube-Execution"
 
 
 class ModelCallError(RuntimeError):
-    """A model call through ``ctx`` failed (budget exhausted, provider error, no access)."""
+    """A model call through ``ctx`` failed (budget exhausted, provider error, no access).
+
+    ``kind`` is the proxy's error type (``budget_exhausted``, ``credentials_rejected``,
+    ``upstream_timeout``, ``upstream_unreachable``, ``upstream_error``, ``rate_limited``,
+    ``invalid_request``, ...) or ``bridge_unreachable``; ``status`` the proxy's HTTP status.
+    """
+
+    def __init__(self, message: str, *, kind: str = "error", status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -65,7 +75,12 @@ class Context:
                 "model access is disabled for this grader: set `contract: model_backed` "
                 "(or `model_access: gateway`) on the task's grader"
             )
-        payload = json.dumps(body).encode("utf-8")
+        try:
+            payload = json.dumps(body).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise ModelCallError(
+                f"the request is not JSON-serializable: {exc}", kind="invalid_request"
+            ) from None
         conn = self._connection()
         try:
             conn.request(
@@ -76,8 +91,16 @@ class Context:
             )
             reply = conn.getresponse()
             data = reply.read()
-        except OSError as exc:
-            raise ModelCallError(f"model bridge unreachable: {exc}") from None
+        except TimeoutError:
+            raise ModelCallError(
+                f"the model bridge did not answer within {self._timeout:g} s",
+                kind="bridge_unreachable",
+            ) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise ModelCallError(
+                f"model bridge unreachable at {self._endpoint}: {exc or type(exc).__name__}",
+                kind="bridge_unreachable",
+            ) from None
         finally:
             conn.close()
         try:
@@ -87,9 +110,14 @@ class Context:
         if reply.status >= 400:
             error = decoded.get("error") if isinstance(decoded, dict) else None
             message = error.get("message") if isinstance(error, dict) else None
-            raise ModelCallError(message or f"model bridge answered HTTP {reply.status}")
+            kind = error.get("type") if isinstance(error, dict) else None
+            raise ModelCallError(
+                str(message) if message else f"model bridge answered HTTP {reply.status}",
+                kind=str(kind) if kind else "error",
+                status=reply.status,
+            )
         if not isinstance(decoded, dict):
-            raise ModelCallError("model bridge answered with a non-object")
+            raise ModelCallError("model bridge answered with a non-object", status=reply.status)
         return decoded
 
     def _connection(self) -> http.client.HTTPConnection:

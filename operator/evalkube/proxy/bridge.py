@@ -1,0 +1,246 @@
+"""The in-process model bridge for the synchronous local engine.
+
+:class:`ModelBridge` runs the proxy's asyncio server in a background thread and gives the
+engine plain blocking methods: :meth:`~ModelBridge.start` (the grader endpoint to hand the
+sandbox), :meth:`~ModelBridge.configure_unit`, :meth:`~ModelBridge.take_usage`,
+:meth:`~ModelBridge.stop`. Control operations are direct method calls (they hop onto the
+server's loop), so the local bridge needs no control listener at all; graders only ever get
+the grader endpoint.
+
+Used by ``evalkube run`` through :func:`local_model_access` (the engine's bridge factory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import threading
+from collections.abc import Coroutine, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry
+
+from evalkube import limits
+from evalkube.models.run import EvalRunSpec
+from evalkube.proxy.providers import providers_from_spec
+from evalkube.proxy.server import ProxyServer, ProxyService, build_service
+from evalkube.proxy.upstream import Provider, Upstream
+
+T = TypeVar("T")
+#: Seconds to wait for the bridge's loop to start, answer a control call, or stop.
+CONTROL_TIMEOUT = 30.0
+SOCKET_NAME = "model.sock"
+
+
+class ModelBridge:
+    """The proxy in a background thread of this process (one per local run)."""
+
+    def __init__(
+        self,
+        providers: Mapping[str, Provider],
+        *,
+        judge_model: str | None = None,
+        embedding_model: str | None = None,
+        registry: CollectorRegistry | None = None,
+        retries: int = limits.GENERATION_RETRIES_DEFAULT,
+        backoff_base: float = 0.5,
+        max_calls_per_execution: int = limits.MAX_MODEL_CALLS_DEFAULT,
+        planned_executions: int | None = None,
+        control_listen: str | None = None,
+        control_token: str | None = None,
+    ) -> None:
+        self.providers = dict(providers)
+        self.judge_model = judge_model
+        self.embedding_model = embedding_model
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.retries = retries
+        self.backoff_base = backoff_base
+        self._initial_budget = (max_calls_per_execution, planned_executions)
+        self._control = (control_listen, control_token)
+        self.endpoint: str | None = None
+        self.control_endpoint: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: ProxyServer | None = None
+        self._service: ProxyService | None = None
+        self._stop: asyncio.Event | None = None
+        self._tmpdir: str | None = None
+
+    @classmethod
+    def from_run_spec(
+        cls,
+        spec: EvalRunSpec,
+        registry: CollectorRegistry | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+    ) -> ModelBridge:
+        """A bridge for ``spec``'s providers, judge and embedding models (not started).
+
+        Keys: see :mod:`evalkube.proxy.providers` (``apiKeyEnv`` locally; key files for
+        mounted Secrets).
+        """
+        return cls(
+            providers_from_spec(spec, environ),
+            judge_model=spec.judge_model,
+            embedding_model=spec.embedding_model,
+            registry=registry,
+            retries=spec.generation.retries,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, socket_path: str | None = None) -> str:
+        """Start serving; the grader endpoint (``unix:/path`` or ``http://127.0.0.1:PORT``).
+
+        ``socket_path=None`` listens on a unix socket in a fresh private temporary directory
+        (removed by :meth:`stop`); ``"127.0.0.1:0"``-style values listen on TCP loopback.
+        """
+        if self._thread is not None:
+            raise RuntimeError("the model bridge is already started")
+        if socket_path is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="evalkube-bridge-")
+            listen = f"unix:{Path(self._tmpdir) / SOCKET_NAME}"
+        elif socket_path.startswith(("unix:", "http://")) or ":" in socket_path:
+            listen = socket_path
+        else:
+            listen = f"unix:{socket_path}"
+        loop = asyncio.new_event_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        self._loop = loop
+        self._thread = threading.Thread(
+            target=self._run, args=(loop, listen, ready), name="evalkube-model-bridge", daemon=True
+        )
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(_wait(ready), loop).result(CONTROL_TIMEOUT)
+        except BaseException:
+            self.stop()
+            raise
+        assert self.endpoint is not None
+        return self.endpoint
+
+    def _run(
+        self, loop: asyncio.AbstractEventLoop, listen: str, ready: asyncio.Future[None]
+    ) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve(listen, ready))
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _serve(self, listen: str, ready: asyncio.Future[None]) -> None:
+        try:
+            per_execution, planned = self._initial_budget
+            self._service = build_service(
+                Upstream(self.providers, retries=self.retries, backoff_base=self.backoff_base),
+                judge_model=self.judge_model,
+                embedding_model=self.embedding_model,
+                registry=self.registry,
+                max_calls_per_execution=per_execution,
+                planned_executions=planned,
+            )
+            control_listen, control_token = self._control
+            self._server = ProxyServer(
+                self._service,
+                listen=listen,
+                control_listen=control_listen,
+                control_token=control_token,
+            )
+            self._stop = asyncio.Event()
+            await self._server.start()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            if self._service is not None:
+                await self._service.aclose()
+            return
+        self.endpoint = self._server.endpoint
+        self.control_endpoint = self._server.control_endpoint
+        ready.set_result(None)
+        try:
+            await self._stop.wait()
+        finally:
+            await self._server.stop()
+
+    def stop(self) -> None:
+        """Stop serving, close upstream connections, remove the socket; idempotent."""
+        loop, thread, stop = self._loop, self._thread, self._stop
+        if loop is not None and thread is not None and thread.is_alive():
+            if stop is not None:
+                loop.call_soon_threadsafe(stop.set)
+            else:
+                loop.call_soon_threadsafe(loop.stop)
+            thread.join(CONTROL_TIMEOUT)
+        self._loop = self._thread = None
+        self._stop = None
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    close = stop
+
+    def __enter__(self) -> ModelBridge:
+        if self._thread is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- control -----------------------------------------------------------------------------
+    def configure_unit(
+        self, unit_id: str, max_calls_per_execution: int, planned_executions: int
+    ) -> None:
+        """Serve ``unit_id`` from now on: ``max_calls_per_execution`` per execution and
+        ``max_calls_per_execution x planned_executions`` in total, fresh counters."""
+        service = self._running()
+
+        async def configure() -> None:
+            service.budgets.configure_unit(unit_id, max_calls_per_execution, planned_executions)
+
+        self._call(configure())
+
+    def take_usage(self, execution_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Remove and return the usage of ``execution_ids`` (ids without calls are absent):
+        ``{id: {"calls", "errors", "response_ids", "usage", "latency_ms", "by_purpose"}}``."""
+        service = self._running()
+        ids = list(execution_ids)
+
+        async def take() -> dict[str, dict[str, Any]]:
+            return service.usage.take(ids)
+
+        return self._call(take())
+
+    def budget(self) -> dict[str, object]:
+        """The served unit's budget and use."""
+        service = self._running()
+
+        async def snapshot() -> dict[str, object]:
+            return service.budgets.snapshot()
+
+        return self._call(snapshot())
+
+    def _running(self) -> ProxyService:
+        if self._service is None or self._loop is None:
+            raise RuntimeError("the model bridge is not started; call start() first")
+        return self._service
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(CONTROL_TIMEOUT)
+
+
+async def _wait(future: asyncio.Future[None]) -> None:
+    await future
+
+
+def local_model_access(spec: EvalRunSpec) -> ModelBridge:
+    """The engine's bridge factory: a started :class:`ModelBridge` on a private unix socket.
+
+    The result has ``endpoint``, ``take_usage``, ``configure_unit`` and ``close``.
+    """
+    bridge = ModelBridge.from_run_spec(spec)
+    bridge.start()
+    return bridge

@@ -1,0 +1,568 @@
+"""The model bridge proxy: an aiohttp server between graders and model providers.
+
+Two listeners, each TCP (``host:port``) or a unix socket (``unix:/path``):
+
+- the **grader listener** serves the untrusted side: ``POST /v1/responses``,
+  ``POST /v1/embeddings`` (OpenAI API shapes), ``GET /healthz``, ``GET /metrics``. Every model
+  call must carry ``X-Evalkube-Execution`` and is charged to that execution's budget and to the
+  unit's total.
+- the **control listener** serves the trusted runner: the same model routes without budgets
+  (purpose ``candidate`` for responses unless ``X-Evalkube-Purpose`` says otherwise) plus
+  ``POST /evalkube/v1/usage:take``, ``GET|PUT /evalkube/v1/budget``. Control routes exist on this
+  listener only; with a control token configured, every control request must also send it in
+  ``X-Evalkube-Control-Token``.
+
+The proxy builds each upstream request itself: the body's ``model`` is resolved (``auto`` or
+missing -> the run's judge / embedding model; ``provider:model`` as given; the upstream sees the
+bare model name), responses are forced to ``stream=false, store=true, background=false``, and
+no client header is forwarded (a grader's ``Authorization`` never reaches a provider). Keys are
+added by :class:`~evalkube.proxy.upstream.ProviderAuth` and never appear in answers, logs or
+metrics.
+
+Who uses it: ``evalkube proxy`` (:func:`serve_forever`, the pod sidecar) and
+:class:`evalkube.proxy.bridge.ModelBridge` (the local engine, in a background thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from evalkube import limits
+from evalkube.proxy.budgets import BudgetExhausted, Budgets
+from evalkube.proxy.local_embeddings import LocalEmbeddings, LocalModelError
+from evalkube.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
+from evalkube.proxy.settings import ProxySettings
+from evalkube.proxy.upstream import Provider, Upstream, UpstreamError
+from evalkube.proxy.usage import UsageLedger, token_usage
+
+log = logging.getLogger("evalkube.proxy")
+
+EXECUTION_HEADER = "X-Evalkube-Execution"
+PURPOSE_HEADER = "X-Evalkube-Purpose"
+CONTROL_TOKEN_HEADER = "X-Evalkube-Control-Token"
+#: Longest execution id accepted (the runner uses sample ids).
+EXECUTION_ID_CHARS = 256
+#: Largest request body accepted from a client (bytes).
+REQUEST_BODY_BYTES = 8 * 1024 * 1024
+LOCAL_PROVIDER = "local"
+
+Kind = Literal["responses", "embeddings"]
+_DEFAULT_PURPOSE: dict[Kind, str] = {"responses": "judge", "embeddings": "embedding"}
+_PATHS: dict[Kind, str] = {"responses": "/responses", "embeddings": "/embeddings"}
+_FORCED_RESPONSE_FLAGS = {"stream": False, "store": True, "background": False}
+_JSON = "application/json"
+
+
+def error_body(kind: str, message: str, **extra: Any) -> bytes:
+    """The OpenAI-shaped error document ``{"error": {"type", "message", ...}}``."""
+    return json.dumps({"error": {"type": kind, "message": message, **extra}}).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    body: bytes
+
+
+class ProxyService:
+    """What the proxy does for one model call, independent of HTTP plumbing."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        judge_model: str | None,
+        embedding_model: str | None,
+        budgets: Budgets,
+        metrics: ProxyMetrics,
+        usage: UsageLedger | None = None,
+        local_embeddings: LocalEmbeddings | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.default_models: dict[Kind, str | None] = {
+            "responses": judge_model,
+            "embeddings": embedding_model,
+        }
+        self.budgets = budgets
+        self.metrics = metrics
+        self.usage = usage if usage is not None else UsageLedger()
+        self.local_embeddings = local_embeddings
+        if upstream.on_retry is None:
+            upstream.on_retry = metrics.retry
+
+    def resolve_model(self, kind: Kind, model: Any) -> tuple[str, str]:
+        """``(provider, bare model)`` for the request's ``model`` field; ValueError if unusable."""
+        default = self.default_models[kind]
+        field = "judgeModel" if kind == "responses" else "embeddingModel"
+        if model is None or model == "auto":
+            if not default:
+                raise ValueError(
+                    f"model='auto' needs the run's {field}; set spec.{field} on the EvalRun "
+                    "or pass model='provider:model'"
+                )
+            model = default
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError("`model` must be a string such as 'openai:gpt-4.1-mini' or 'auto'")
+        provider, sep, name = model.partition(":")
+        if sep and provider and name:
+            if provider != LOCAL_PROVIDER and provider not in self.upstream.providers:
+                known = ", ".join(sorted(self.upstream.providers)) or "none"
+                raise ValueError(
+                    f"model {model!r}: provider {provider!r} is not configured for this run "
+                    f"(configured: {known}); declare it under spec.providers"
+                )
+            return provider, name
+        # A bare model name (as OpenAI-hosted graders pass) goes to the provider of the run's
+        # default model for this kind, or to the only configured provider.
+        if default and ":" in default:
+            return default.split(":", 1)[0], model
+        if len(self.upstream.providers) == 1:
+            return next(iter(self.upstream.providers)), model
+        raise ValueError(
+            f"model {model!r} names no provider; pass 'provider:{model}' "
+            f"(configured: {', '.join(sorted(self.upstream.providers)) or 'none'})"
+        )
+
+    async def model_call(
+        self,
+        kind: Kind,
+        raw: bytes,
+        execution_id: str | None,
+        purpose: str | None,
+        *,
+        budgeted: bool,
+    ) -> Answer:
+        purpose = purpose or _DEFAULT_PURPOSE[kind]
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            return Answer(400, error_body("invalid_request", "the request body is not valid JSON"))
+        if not isinstance(body, dict):
+            return Answer(
+                400, error_body("invalid_request", "the request body must be a JSON object")
+            )
+        try:
+            provider, model = self.resolve_model(kind, body.get("model"))
+        except ValueError as exc:
+            return Answer(400, error_body("invalid_request", str(exc)))
+        if provider == LOCAL_PROVIDER and kind != "embeddings":
+            return Answer(
+                400, error_body("invalid_request", "the local provider serves embeddings only")
+            )
+        if budgeted:
+            assert execution_id is not None
+            try:
+                self.budgets.acquire(execution_id)
+            except BudgetExhausted as exc:
+                self.metrics.rejected(exc.scope)
+                self.metrics.call(purpose, provider, "budget_exhausted", None)
+                return Answer(429, error_body("budget_exhausted", str(exc), scope=exc.scope))
+        body["model"] = model
+        if kind == "responses":
+            body.update(_FORCED_RESPONSE_FLAGS)
+        started = time.perf_counter()
+        try:
+            if provider == LOCAL_PROVIDER:
+                data = await self._local(model, body)
+                out = json.dumps(data).encode()
+            else:
+                reply = await self.upstream.post(provider, _PATHS[kind], json.dumps(body).encode())
+                data, out = reply.data, reply.raw
+        except (UpstreamError, LocalModelError) as exc:
+            seconds = time.perf_counter() - started
+            status, error_kind = _error_status(exc)
+            log.warning(
+                "model call failed: %s (execution %s, purpose %s)", exc, execution_id, purpose
+            )
+            self.metrics.call(purpose, provider, "error", seconds)
+            if execution_id is not None:
+                self.usage.record(execution_id, purpose, latency_ms=seconds * 1000, ok=False)
+            return Answer(status, error_body(error_kind, str(exc), provider=provider))
+        seconds = time.perf_counter() - started
+        tokens = token_usage(data)
+        response_id = data.get("id") if kind == "responses" else None
+        self.metrics.call(purpose, provider, "ok", seconds)
+        if tokens:
+            self.metrics.add_tokens(purpose, tokens)
+        if execution_id is not None:
+            self.usage.record(
+                execution_id,
+                purpose,
+                latency_ms=seconds * 1000,
+                response_id=response_id if isinstance(response_id, str) else None,
+                tokens=tokens,
+            )
+        return Answer(200, out)
+
+    async def _local(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.local_embeddings is None:
+            self.local_embeddings = LocalEmbeddings()
+        data = await self.local_embeddings.create(model, body)
+        data["model"] = f"{LOCAL_PROVIDER}:{data['model']}"
+        return data
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+        if self.local_embeddings is not None:
+            self.local_embeddings.close()
+
+
+def _error_status(exc: UpstreamError | LocalModelError) -> tuple[int, str]:
+    if isinstance(exc, LocalModelError):
+        return exc.status, "invalid_request" if exc.status == 400 else "local_model_unavailable"
+    if exc.kind == "credentials":
+        return 502, "credentials_rejected"
+    if exc.kind == "no_credentials":
+        return 502, "credentials_missing"
+    if exc.kind == "timeout":
+        return 504, "upstream_timeout"
+    if exc.kind == "unreachable":
+        return 502, "upstream_unreachable"
+    if exc.kind == "configuration":
+        return 400, "invalid_request"
+    if exc.status == 429:
+        return 429, "rate_limited"
+    if exc.status is not None and 400 <= exc.status < 500:
+        return exc.status, "invalid_request"
+    return 502, "upstream_error"
+
+
+def _json(status: int, payload: bytes) -> web.Response:
+    return web.Response(status=status, body=payload, content_type=_JSON)
+
+
+def _valid_execution_id(value: str | None) -> bool:
+    return bool(value) and len(value or "") <= EXECUTION_ID_CHARS and (value or "").isprintable()
+
+
+class ProxyApps:
+    """The aiohttp applications of the two listeners, over one :class:`ProxyService`."""
+
+    def __init__(self, service: ProxyService, control_token: str | None = None) -> None:
+        self.service = service
+        self.control_token = control_token
+
+    # -- grader listener ---------------------------------------------------------------------
+    def grader_app(self) -> web.Application:
+        app = web.Application(client_max_size=REQUEST_BODY_BYTES)
+        app.router.add_post("/v1/responses", self._grader_call("responses"))
+        app.router.add_post("/v1/embeddings", self._grader_call("embeddings"))
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    def _grader_call(self, kind: Kind) -> Callable[[web.Request], Awaitable[web.Response]]:
+        service = self.service
+
+        async def handle(request: web.Request) -> web.Response:
+            execution_id = request.headers.get(EXECUTION_HEADER)
+            if not _valid_execution_id(execution_id):
+                return _json(
+                    400,
+                    error_body(
+                        "missing_execution_id",
+                        f"model calls need the {EXECUTION_HEADER} header (set by the grader "
+                        "worker's ctx); call models through ctx.responses_create / "
+                        "ctx.embeddings_create",
+                    ),
+                )
+            answer = await service.model_call(
+                kind, await request.read(), execution_id, None, budgeted=True
+            )
+            return _json(answer.status, answer.body)
+
+        return handle
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return _json(200, b'{"status":"ok"}')
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.service.metrics.exposition(),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    # -- control listener --------------------------------------------------------------------
+    def control_app(self) -> web.Application:
+        app = web.Application(client_max_size=REQUEST_BODY_BYTES, middlewares=[self._token_check])
+        app.router.add_post("/v1/responses", self._control_call("responses"))
+        app.router.add_post("/v1/embeddings", self._control_call("embeddings"))
+        app.router.add_post("/evalkube/v1/usage:take", self._usage_take)
+        app.router.add_get("/evalkube/v1/budget", self._budget_get)
+        app.router.add_put("/evalkube/v1/budget", self._budget_put)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    @web.middleware
+    async def _token_check(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if self.control_token is not None and request.path != "/healthz":
+            sent = request.headers.get(CONTROL_TOKEN_HEADER, "")
+            if not hmac.compare_digest(sent.encode(), self.control_token.encode()):
+                return _json(
+                    401,
+                    error_body(
+                        "unauthorized", f"control requests need the {CONTROL_TOKEN_HEADER} header"
+                    ),
+                )
+        return await handler(request)
+
+    def _control_call(self, kind: Kind) -> Callable[[web.Request], Awaitable[web.Response]]:
+        service = self.service
+
+        async def handle(request: web.Request) -> web.Response:
+            execution_id = request.headers.get(EXECUTION_HEADER)
+            if execution_id is not None and not _valid_execution_id(execution_id):
+                return _json(400, error_body("invalid_request", f"bad {EXECUTION_HEADER} header"))
+            purpose = request.headers.get(PURPOSE_HEADER) or (
+                "candidate" if kind == "responses" else "embedding"
+            )
+            if purpose not in ("candidate", "judge", "embedding"):
+                return _json(
+                    400,
+                    error_body(
+                        "invalid_request",
+                        f"{PURPOSE_HEADER} must be candidate, judge or embedding",
+                    ),
+                )
+            answer = await service.model_call(
+                kind, await request.read(), execution_id, purpose, budgeted=False
+            )
+            return _json(answer.status, answer.body)
+
+        return handle
+
+    async def _usage_take(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except ValueError:
+            body = None
+        ids = body.get("execution_ids") if isinstance(body, dict) else None
+        if ids == "*":
+            return _json(200, json.dumps(self.service.usage.take_all()).encode())
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            return _json(
+                400,
+                error_body(
+                    "invalid_request",
+                    'send {"execution_ids": ["id", ...]} (or "*" for every recorded execution)',
+                ),
+            )
+        return _json(200, json.dumps(self.service.usage.take(ids)).encode())
+
+    async def _budget_get(self, request: web.Request) -> web.Response:
+        return _json(200, json.dumps(self.service.budgets.snapshot()).encode())
+
+    async def _budget_put(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+            unit_id = body["unit_id"]
+            per_execution = body["max_calls_per_execution"]
+            planned = body["planned_executions"]
+            if not isinstance(unit_id, str) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for v in (per_execution, planned)
+            ):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            return _json(
+                400,
+                error_body(
+                    "invalid_request",
+                    'send {"unit_id": str, "max_calls_per_execution": int >= 0, '
+                    '"planned_executions": int >= 0}',
+                ),
+            )
+        self.service.budgets.configure_unit(unit_id, per_execution, planned)
+        return _json(200, json.dumps(self.service.budgets.snapshot()).encode())
+
+
+# -- listening ---------------------------------------------------------------------------------
+def parse_listen(value: str) -> tuple[str, int] | str:
+    """``unix:/path`` -> the path; ``host:port`` or ``http://host:port`` -> ``(host, port)``."""
+    if value.startswith("unix:"):
+        path = value[len("unix:") :]
+        if not path:
+            raise ValueError(
+                "unix: listen address needs a path, e.g. unix:/run/evalkube/model.sock"
+            )
+        return path
+    rest = value.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"listen address {value!r} is neither unix:/path nor host:port")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def bind_socket(address: str, *, mode: int = 0o600) -> tuple[socket.socket, str]:
+    """A listening socket for ``address`` and the endpoint clients use to reach it."""
+    target = parse_listen(address)
+    if isinstance(target, str):
+        path = Path(target)
+        if path.exists() and stat.S_ISSOCK(path.stat().st_mode):
+            path.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        os.chmod(path, mode)
+        sock.listen(1024)
+        return sock, f"unix:{path}"
+    host, port = target
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    bound = sock.getsockname()
+    shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
+    return sock, f"http://{shown}:{bound[1]}"
+
+
+class ProxyServer:
+    """Runs the grader and control listeners of one :class:`ProxyService` on the current loop."""
+
+    def __init__(
+        self,
+        service: ProxyService,
+        *,
+        listen: str | None,
+        control_listen: str | None = None,
+        control_token: str | None = None,
+    ) -> None:
+        self.service = service
+        self.apps = ProxyApps(service, control_token)
+        self.listen = listen
+        self.control_listen = control_listen
+        self.endpoint: str | None = None
+        self.control_endpoint: str | None = None
+        self._runners: list[web.AppRunner] = []
+        self._paths: list[Path] = []
+
+    async def start(self) -> None:
+        if self.listen:
+            self.endpoint = await self._serve(self.apps.grader_app(), self.listen, 0o666)
+        if self.control_listen:
+            self.control_endpoint = await self._serve(
+                self.apps.control_app(), self.control_listen, 0o600
+            )
+
+    async def _serve(self, app: web.Application, address: str, mode: int) -> str:
+        sock, endpoint = bind_socket(address, mode=mode)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.SockSite(runner, sock, shutdown_timeout=2.0)
+        await site.start()
+        self._runners.append(runner)
+        if endpoint.startswith("unix:"):
+            self._paths.append(Path(endpoint[len("unix:") :]))
+        return endpoint
+
+    async def stop(self) -> None:
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+        for path in self._paths:
+            path.unlink(missing_ok=True)
+        await self.service.aclose()
+
+
+def build_service(
+    upstream: Upstream,
+    *,
+    judge_model: str | None,
+    embedding_model: str | None,
+    registry: CollectorRegistry | None = None,
+    max_calls_per_execution: int,
+    planned_executions: int | None,
+    unit_id: str = "default",
+) -> ProxyService:
+    """A :class:`ProxyService` with fresh budgets, usage and metrics (on ``registry``)."""
+    budgets = Budgets(max_calls_per_execution, planned_executions, unit_id)
+    return ProxyService(
+        upstream,
+        judge_model=judge_model,
+        embedding_model=embedding_model,
+        budgets=budgets,
+        metrics=ProxyMetrics(registry if registry is not None else CollectorRegistry()),
+    )
+
+
+async def run_until_stopped(server: ProxyServer, stop: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (or ``stop`` is set), then shut down cleanly."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+    await server.start()
+    log.info(
+        "model bridge proxy listening: graders %s, control %s",
+        server.endpoint or "-",
+        server.control_endpoint or "-",
+    )
+    try:
+        await stop.wait()
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        await server.stop()
+
+
+def serve_forever(settings: ProxySettings, registry: CollectorRegistry | None = None) -> None:
+    """Run ``evalkube proxy`` until SIGTERM/SIGINT (the pod sidecar entry point)."""
+    from evalkube.proxy.providers import load_run_spec, providers_from_spec
+
+    providers: dict[str, Provider] = {}
+    judge_model = settings.judge_model
+    embedding_model = settings.embedding_model
+    retries = settings.retries
+    if settings.run_spec is not None:
+        spec = load_run_spec(settings.run_spec)
+        providers = providers_from_spec(spec)
+        judge_model = judge_model or spec.judge_model
+        embedding_model = embedding_model or spec.embedding_model
+        retries = spec.generation.retries if retries is None else retries
+    token = settings.control_token()
+
+    async def main() -> None:
+        service = build_service(
+            Upstream(
+                providers, retries=limits.GENERATION_RETRIES_DEFAULT if retries is None else retries
+            ),
+            judge_model=judge_model,
+            embedding_model=embedding_model,
+            registry=registry,
+            max_calls_per_execution=settings.max_calls,
+            planned_executions=settings.planned_executions,
+            unit_id=settings.unit_id,
+        )
+        server = ProxyServer(
+            service,
+            listen=settings.listen,
+            control_listen=settings.control_listen,
+            control_token=token,
+        )
+        await run_until_stopped(server)
+
+    asyncio.run(main())

@@ -1,0 +1,55 @@
+"""Settings of ``evalkube proxy`` (the pod sidecar): flags, or ``EVALKUBE_PROXY_*`` variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from evalkube import limits
+
+
+class ProxySettings(BaseSettings):
+    """Every setting of the model bridge proxy; each can come from ``EVALKUBE_PROXY_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="EVALKUBE_PROXY_", extra="ignore")
+
+    listen: str = "unix:/var/run/evalkube/bridge/model.sock"
+    """Grader listener: ``unix:/path`` or ``host:port`` (loopback only in practice). The
+    socket's directory is what the grader container mounts."""
+    control_listen: str | None = None
+    """Control listener (usage take, budget, candidate calls): ``unix:/path`` in a volume the
+    grader never mounts, or ``host:port``. Without it there is no control API."""
+    control_token_file: Path | None = None
+    """File holding a token every control request must send in ``X-Evalkube-Control-Token``
+    (needed when the control listener is TCP: a pod's containers share loopback)."""
+    run_spec: Path | None = None
+    """EvalRun (YAML/JSON) or its spec: providers, judge and embedding models."""
+    judge_model: str | None = None
+    """Overrides the run's ``judgeModel``."""
+    embedding_model: str | None = None
+    """Overrides the run's ``embeddingModel``."""
+    max_calls: int = Field(
+        default=limits.MAX_MODEL_CALLS_DEFAULT,
+        ge=limits.MAX_MODEL_CALLS_MIN,
+        le=limits.MAX_MODEL_CALLS_MAX,
+    )
+    """``max_model_calls`` of each grader execution."""
+    planned_executions: int | None = Field(default=None, ge=0)
+    """Executions the unit plans: the unit total is ``max_calls x planned_executions``. Unset:
+    no unit total until the runner sets one through the control API."""
+    unit_id: str = "default"
+    """Name of the unit being served (in budget messages and the control API)."""
+    retries: int | None = Field(default=None, ge=0, le=20)
+    """Upstream retries on 429/5xx/timeouts (default: the run's ``generation.retries``)."""
+    log_level: str = "INFO"
+    """Python logging level."""
+
+    def control_token(self) -> str | None:
+        if self.control_token_file is None:
+            return None
+        token = self.control_token_file.read_text().strip()
+        if not token:
+            raise ValueError(f"control token file {self.control_token_file} is empty")
+        return token

@@ -1,0 +1,97 @@
+"""Per-execution audit of model calls: counts, response ids, token usage, latencies.
+
+The proxy records every call it forwards under the caller's execution id; the runner takes
+(and so removes) the records of the executions it is about to store, so each sample carries
+its own model calls and response ids. Not thread-safe by itself: the proxy touches it from
+its event loop only (the in-process bridge hops onto that loop to take usage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Token usage fields summed per execution (Responses and Embeddings APIs).
+TOKEN_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "prompt_tokens")
+
+
+@dataclass
+class ExecutionUsage:
+    """What one grader execution did through the proxy."""
+
+    calls: int = 0
+    errors: int = 0
+    response_ids: list[str] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+    latency_ms: list[float] = field(default_factory=list)
+    by_purpose: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "errors": self.errors,
+            "response_ids": list(self.response_ids),
+            "usage": dict(self.usage),
+            "latency_ms": list(self.latency_ms),
+            "by_purpose": dict(self.by_purpose),
+        }
+
+
+def token_usage(answer: Mapping[str, Any]) -> dict[str, int]:
+    """The integer token counts of an API answer's ``usage`` object."""
+    usage = answer.get("usage")
+    if not isinstance(usage, dict):
+        return {}
+    return {
+        name: value
+        for name in TOKEN_FIELDS
+        if isinstance(value := usage.get(name), int) and not isinstance(value, bool)
+    }
+
+
+class UsageLedger:
+    """Usage by execution id, until the runner takes it."""
+
+    def __init__(self) -> None:
+        self._executions: dict[str, ExecutionUsage] = {}
+
+    def record(
+        self,
+        execution_id: str,
+        purpose: str,
+        *,
+        latency_ms: float,
+        response_id: str | None = None,
+        tokens: Mapping[str, int] | None = None,
+        ok: bool = True,
+    ) -> None:
+        entry = self._executions.get(execution_id)
+        if entry is None:
+            entry = self._executions[execution_id] = ExecutionUsage()
+        entry.calls += 1
+        if not ok:
+            entry.errors += 1
+        entry.by_purpose[purpose] = entry.by_purpose.get(purpose, 0) + 1
+        entry.latency_ms.append(round(latency_ms, 3))
+        if response_id:
+            entry.response_ids.append(response_id)
+        if tokens:
+            for name, value in tokens.items():
+                entry.usage[name] = entry.usage.get(name, 0) + value
+
+    def take(self, execution_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Remove and return the usage of ``execution_ids`` (ids without calls are absent)."""
+        taken: dict[str, dict[str, Any]] = {}
+        for execution_id in execution_ids:
+            entry = self._executions.pop(execution_id, None)
+            if entry is not None:
+                taken[execution_id] = entry.to_json()
+        return taken
+
+    def take_all(self) -> dict[str, dict[str, Any]]:
+        """Remove and return everything recorded."""
+        return self.take(list(self._executions))
+
+    def __len__(self) -> int:
+        return len(self._executions)
