@@ -30,7 +30,8 @@ from evalkube.engine import (
     resolve_run_spec,
 )
 from evalkube.sandbox import SandboxError, SandboxUnavailable, resolve_backend
-from evalkube.store import ResultStore, SampleRecord, StoreError
+from evalkube.store import ResultStore, StoreError
+from evalkube.store.views import STATUS_FILTERS, sample_view
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -227,36 +228,6 @@ def runs(db: DbOption = None, limit: Annotated[int, typer.Option(min=1)] = 20) -
             str(record.created_at)[:19],
         )
     console.print(table)
-
-
-STATUS_FILTERS = {
-    "failed": ["invalid", "errored"],
-    "valid": ["valid"],
-    "invalid": ["invalid"],
-    "errored": ["errored"],
-}
-
-
-def sample_view(record: SampleRecord) -> dict[str, Any]:
-    """The debugging view of one sample (what `samples --json` prints)."""
-    return {
-        "sample_id": record.sample_id,
-        "task_id": record.task_id,
-        "model": record.model,
-        "status": record.status,
-        "row_id": record.row_id,
-        "prompt": record.prompt,
-        "target": record.target,
-        "output_text": record.output_text,
-        "extracted_output": record.extracted_output,
-        "scores": record.scores,
-        "judge": record.judge,
-        "error": record.error,
-        "model_calls": record.model_calls,
-        "response_id": record.response_id,
-        "stdout": record.stdout,
-        "stderr": record.stderr,
-    }
 
 
 @app.command()

@@ -1,0 +1,239 @@
+"""The operator's HTTP server: sample ingest from work-unit pods, the samples API, metrics.
+
+``POST`` routes need the run's bearer token (the ``runner`` container's Secret) and pin
+everything to that run, whatever the body claims. ``GET .../samples`` is the debugging view
+(``?status=failed&task=&model=&limit=&cursor=``), as ``evalkube samples`` shows it.
+Store calls run in threads so the event loop (shared with kopf) never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from evalkube import jsonfast
+from evalkube.controller.metrics import OperatorMetrics
+from evalkube.controller.registry import RunEntry, RunRegistry
+from evalkube.store import ResultStore, TaskResultRecord
+from evalkube.store.remote import sample_from_wire
+from evalkube.store.store import decode_cursor
+from evalkube.store.views import STATUS_FILTERS, sample_view
+
+PREFIX = "/api/v1/namespaces/{namespace}/evalruns/{name}"
+MAX_BODY = 256 * 1024 * 1024
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=jsonfast.dumps(data), status=status, content_type="application/json")
+
+
+class ApiServer:
+    """aiohttp application over the store, the run registry and the metrics."""
+
+    def __init__(
+        self,
+        store: ResultStore,
+        registry: RunRegistry,
+        metrics: OperatorMetrics,
+        on_unit_done: Callable[[RunEntry, str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.metrics = metrics
+        self.on_unit_done = on_unit_done
+        self.app = web.Application(client_max_size=MAX_BODY)
+        self.app.add_routes(
+            [
+                web.get("/healthz", self.healthz),
+                web.get("/metrics", self.prometheus),
+                web.get(PREFIX + "/samples", self.list_samples),
+                web.post(PREFIX + "/samples", self.ingest),
+                web.get(PREFIX + "/sample-ids", self.sample_ids),
+                web.get(PREFIX + "/samples:export", self.export),
+                web.post(PREFIX + "/samples:update", self.update),
+                web.post(PREFIX + "/samples:settle", self.settle),
+                web.post(PREFIX + "/task-results", self.task_result),
+                web.post(PREFIX + "/units/{unit}:done", self.unit_done),
+            ]
+        )
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _authorized(self, request: web.Request) -> RunEntry | web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        header = request.headers.get("Authorization", "")
+        token = header[7:] if header.startswith("Bearer ") else None
+        if self.registry.get(namespace, name) is None:
+            return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
+        entry = self.registry.authorize(namespace, name, token)
+        if entry is None:
+            return _error(401, "missing or wrong ingest token for this EvalRun")
+        return entry
+
+    @staticmethod
+    async def _body(request: web.Request) -> Any:
+        try:
+            return jsonfast.loads(await request.read())
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"body is not JSON: {exc}") from None
+
+    # -- routes ----------------------------------------------------------------------------
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def prometheus(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def ingest(self, request: web.Request) -> web.Response:
+        entry = self._authorized(request)
+        if isinstance(entry, web.Response):
+            return entry
+        body = await self._body(request)
+        raw = body.get("samples") if isinstance(body, dict) else None
+        if not isinstance(raw, list):
+            return _error(400, 'body must be {"samples": [...]}')
+        try:
+            records = [sample_from_wire(item, entry.run_id) for item in raw]
+        except (TypeError, ValueError) as exc:
+            return _error(400, f"invalid sample: {exc}")
+        await asyncio.to_thread(self.store.record_samples, records)
+        return _json({"recorded": len(records)})
+
+    async def list_samples(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        entry = self.registry.get(namespace, name)
+        if entry is None:
+            return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
+        query = request.query
+        status = query.get("status")
+        if status is not None and status not in STATUS_FILTERS:
+            return _error(400, f"status must be one of {', '.join(STATUS_FILTERS)}")
+        try:
+            limit = int(query.get("limit", "10"))
+            if not 1 <= limit <= 1000:
+                raise ValueError
+        except ValueError:
+            return _error(400, "limit must be an integer between 1 and 1000")
+        cursor = query.get("cursor")
+        if cursor:
+            try:
+                decode_cursor(cursor)
+            except ValueError as exc:
+                return _error(400, str(exc))
+        page, next_cursor = await asyncio.to_thread(
+            self.store.page_samples,
+            entry.run_id,
+            task_id=query.get("task"),
+            model=query.get("model"),
+            status=STATUS_FILTERS.get(status or ""),
+            cursor=cursor,
+            limit=limit,
+        )
+        return _json({"samples": [sample_view(r) for r in page], "next_cursor": next_cursor})
+
+    async def sample_ids(self, request: web.Request) -> web.Response:
+        entry = self._authorized(request)
+        if isinstance(entry, web.Response):
+            return entry
+        task, model = request.query.get("task", ""), request.query.get("model", "")
+        ids = await asyncio.to_thread(self.store.recorded_sample_ids, entry.run_id, task, model)
+        return _json({"sample_ids": sorted(ids)})
+
+    async def export(self, request: web.Request) -> web.StreamResponse:
+        entry = self._authorized(request)
+        if isinstance(entry, web.Response):
+            return entry
+        records = await asyncio.to_thread(
+            lambda: list(
+                self.store.iter_samples(
+                    entry.run_id,
+                    task_id=request.query.get("task"),
+                    model=request.query.get("model"),
+                )
+            )
+        )
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        for record in records:
+            wire = {name: getattr(record, name) for name in record.__slots__}
+            await response.write(jsonfast.dumps(wire) + b"\n")
+        await response.write_eof()
+        return response
+
+    async def update(self, request: web.Request) -> web.Response:
+        entry = self._authorized(request)
+        if isinstance(entry, web.Response):
+            return entry
+        body = await self._body(request)
+        updates = body.get("updates") if isinstance(body, dict) else None
+        allowed = {"sample_id", "scores", "judge", "extracted_output"}
+        if not isinstance(updates, list) or not all(
+            isinstance(u, dict) and isinstance(u.get("sample_id"), str) and set(u) <= allowed
+            for u in updates
+        ):
+            return _error(
+                400, "updates must be objects with sample_id, scores, judge, extracted_output"
+            )
+        await asyncio.to_thread(self.store.apply_sample_updates, entry.run_id, updates)
+        return _json({"updated": len(updates)})
+
+    async def settle(self, request: web.Request) -> web.Response:
+        entry = self._authorized(request)
+        if isinstance(entry, web.Response):
+            return entry
+        body = await self._body(request)
+        if not isinstance(body, dict) or body.get("status") not in ("valid", "invalid"):
+            return _error(400, "body must name task, model and status (valid|invalid)")
+        values = body.get("values") or {}
+        if not isinstance(values, dict) or not set(values) <= {"scores", "judge", "error"}:
+            return _error(400, "values may set scores, judge and error only")
+        settled = await asyncio.to_thread(
+            self.store.settle_pending,
+            entry.run_id,
+            str(body.get("task")),
+            str(body.get("model")),
+            body["status"],
+            values,
+        )
+        return _json({"settled": settled})
+
+    async def task_result(self, request: web.Request) -> web.Response:
+        entry = self._authorized(request)
+        if isinstance(entry, web.Response):
+            return entry
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            return _error(400, "body must be an object")
+        record = TaskResultRecord(
+            entry.run_id,
+            str(body.get("task")),
+            str(body.get("model")),
+            {str(k): float(v) for k, v in (body.get("metrics") or {}).items()},
+            body.get("error"),
+            [str(p) for p in body.get("problems") or []],
+        )
+        await asyncio.to_thread(self.store.save_task_result, record)
+        return _json({"saved": True})
+
+    async def unit_done(self, request: web.Request) -> web.Response:
+        entry = self._authorized(request)
+        if isinstance(entry, web.Response):
+            return entry
+        unit = request.match_info["unit"]
+        body = await self._body(request)
+        info = body if isinstance(body, dict) else {}
+        await asyncio.to_thread(self.store.mark_unit_done, entry.run_id, unit, info)
+        seconds = info.get("seconds")
+        if isinstance(seconds, int | float):
+            self.metrics.unit_duration.labels(info.get("kind", "shard")).observe(seconds)
+        if self.on_unit_done is not None:
+            self.on_unit_done(entry, unit)
+        return _json({"done": unit})

@@ -1,0 +1,352 @@
+"""Pure builders of the Kubernetes objects the operator creates (unit-tested without a cluster).
+
+A work-unit Pod has three containers with three levels of trust (DESIGN.md §2, §5):
+the ``proxy`` native sidecar holds the provider credentials (only it mounts the Secret);
+the ``runner`` holds the run's ingest token; the ``grader`` runs untrusted code under gVisor
+with no token, no secrets, no service-account token, a read-only root, no capabilities and
+a size-capped /tmp. The Pod satisfies Pod Security "restricted".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from evalkube.controller import names
+from evalkube.controller.settings import OperatorSettings
+from evalkube.engine.plan import Unit
+from evalkube.models import EvalRunSpec
+
+SNAPSHOT_DIR = "/etc/evalkube/snapshot"
+DATASETS_DIR = "/etc/evalkube/datasets"
+BRIDGE_DIR = "/run/evalkube/bridge"
+CONTROL_DIR = "/run/evalkube/control"
+WORKER_DIR = "/run/evalkube/worker"
+PROVIDER_KEYS_DIR = "/var/run/secrets/evalkube/providers"
+BRIDGE_SOCKET = f"{BRIDGE_DIR}/bridge.sock"
+CONTROL_SOCKET = f"{CONTROL_DIR}/control.sock"
+WORKER_SOCKET = f"{WORKER_DIR}/worker.sock"
+TOKEN_KEY = "token"
+NOBODY = 65534
+
+
+def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference to the EvalRun, so deleting it deletes what it owns."""
+    return {
+        "apiVersion": "evalkube.io/v1alpha1",
+        "kind": "EvalRun",
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(owner: Mapping[str, Any], name: str, component: str) -> dict[str, Any]:
+    run_name = owner["metadata"]["name"]
+    return {
+        "name": name,
+        "namespace": owner["metadata"]["namespace"],
+        "labels": {
+            names.LABEL_RUN: run_name,
+            names.LABEL_COMPONENT: component,
+            names.LABEL_MANAGED_BY: names.MANAGED_BY,
+        },
+        "ownerReferences": [owner_reference(owner)],
+    }
+
+
+def _restricted(read_only_root: bool = True) -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": read_only_root,
+        "runAsNonRoot": True,
+        "runAsUser": NOBODY,
+        "runAsGroup": NOBODY,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def snapshot_config_map(owner: Mapping[str, Any], snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """The immutable snapshot a run executes: suite spec, sources, datasets, run spec."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(owner, names.snapshot_name(owner["metadata"]["name"]), "snapshot"),
+        "immutable": True,
+        "data": {"snapshot.json": json.dumps(snapshot, sort_keys=True, separators=(",", ":"))},
+    }
+
+
+def token_secret(owner: Mapping[str, Any], token: str) -> dict[str, Any]:
+    """The run's ingest bearer token (only the runner container reads it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(
+            owner, names.token_secret_name(owner["metadata"]["name"]), "ingest-token"
+        ),
+        "type": "Opaque",
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def network_policy(
+    owner: Mapping[str, Any], spec: EvalRunSpec, settings: OperatorSettings
+) -> dict[str, Any]:
+    """No ingress; egress only to DNS, the operator's ingest port and provider endpoints.
+
+    Provider endpoints are hostnames, which NetworkPolicy cannot name; egress to TCP 443/80
+    outside the cluster's private ranges is allowed for runs that use providers, and only
+    the proxy container holds credentials to use it.
+    """
+    run_name = owner["metadata"]["name"]
+    egress: list[dict[str, Any]] = [
+        {
+            "to": [
+                {"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+            ],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        },
+        {
+            "to": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
+                    },
+                    "podSelector": {"matchLabels": dict(settings.operator_pod_labels)},
+                }
+            ],
+            "ports": [{"protocol": "TCP", "port": settings.ingest_port}],
+        },
+    ]
+    ports = sorted({_port(p.base_url) for p in spec.providers.values()})
+    if ports:
+        egress.append(
+            {
+                "to": [
+                    {
+                        "ipBlock": {
+                            "cidr": "0.0.0.0/0",
+                            "except": [
+                                "10.0.0.0/8",
+                                "172.16.0.0/12",
+                                "192.168.0.0/16",
+                                "169.254.0.0/16",
+                            ],
+                        }
+                    }
+                ],
+                "ports": [{"protocol": "TCP", "port": port} for port in ports],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(owner, names.network_policy_name(run_name), "network-policy"),
+        "spec": {
+            "podSelector": {
+                "matchLabels": {names.LABEL_RUN: run_name, names.LABEL_COMPONENT: "work-unit"}
+            },
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": egress,
+        },
+    }
+
+
+def _port(url: str) -> int:
+    scheme, _, rest = url.partition("://")
+    host = rest.split("/", 1)[0]
+    if ":" in host.rsplit("]", 1)[-1]:
+        return int(host.rsplit(":", 1)[1])
+    return 80 if scheme == "http" else 443
+
+
+def active_deadline(
+    unit: Unit, timeout_seconds: int, preprocess_timeout: int, settings: OperatorSettings
+) -> int:
+    """Worst case of the unit's executions plus slack, capped at a day."""
+    rows = max(1, unit.stop - unit.start) if unit.kind == "shard" else 1
+    worst = rows * timeout_seconds + preprocess_timeout * (rows if preprocess_timeout else 0)
+    return int(min(86_400, worst + settings.active_deadline_slack_seconds))
+
+
+def unit_job(
+    owner: Mapping[str, Any],
+    unit: Unit,
+    *,
+    spec: EvalRunSpec,
+    settings: OperatorSettings,
+    dataset_config_maps: list[tuple[str, str]],
+    timeout_seconds: int,
+    preprocess_timeout: int = 0,
+) -> dict[str, Any]:
+    """The Job of one work unit (see the module docstring for the Pod's trust layout)."""
+    run_name = owner["metadata"]["name"]
+    meta = _meta(owner, names.job_name(run_name, unit.unit_id), "work-unit")
+    meta["labels"][names.LABEL_UNIT] = names.job_name(run_name, unit.unit_id)[-11:]
+    meta["annotations"] = {names.ANNOTATION_UNIT_ID: unit.unit_id}
+    pod_labels = dict(meta["labels"])
+    provider_mounts, provider_volumes, provider_env = _provider_credentials(spec)
+    volumes: list[dict[str, Any]] = [
+        {"name": "snapshot", "configMap": {"name": names.snapshot_name(run_name)}},
+        {"name": "bridge", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "control", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "worker", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": settings.tmp_size}},
+        {"name": "runner-tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        *provider_volumes,
+    ]
+    runner_mounts = [
+        {"name": "snapshot", "mountPath": SNAPSHOT_DIR, "readOnly": True},
+        {"name": "control", "mountPath": CONTROL_DIR},
+        {"name": "worker", "mountPath": WORKER_DIR},
+        {"name": "runner-tmp", "mountPath": "/tmp"},
+    ]
+    for index, (cm_name, _key) in enumerate(dataset_config_maps):
+        volume = f"dataset-{index}"
+        volumes.append({"name": volume, "configMap": {"name": cm_name}})
+        runner_mounts.append(
+            {"name": volume, "mountPath": f"{DATASETS_DIR}/{cm_name}", "readOnly": True}
+        )
+    proxy = {
+        "name": "proxy",
+        "image": settings.runner_image,
+        "restartPolicy": "Always",  # a native sidecar: starts first, stops after the runner
+        "command": [
+            "evalkube",
+            "proxy",
+            "--listen",
+            f"unix:{BRIDGE_SOCKET}",
+            "--control-listen",
+            f"unix:{CONTROL_SOCKET}",
+            "--run-spec",
+            f"{SNAPSHOT_DIR}/snapshot.json",
+        ],
+        "env": provider_env,
+        "volumeMounts": [
+            {"name": "snapshot", "mountPath": SNAPSHOT_DIR, "readOnly": True},
+            {"name": "bridge", "mountPath": BRIDGE_DIR},
+            {"name": "control", "mountPath": CONTROL_DIR},
+            *provider_mounts,
+        ],
+        "resources": {
+            "limits": {"memory": settings.proxy_memory},
+            "requests": {"cpu": "50m", "memory": "64Mi"},
+        },
+        "securityContext": _restricted(),
+    }
+    runner = {
+        "name": "runner",
+        "image": settings.runner_image,
+        "command": [
+            "evalkube",
+            "unit",
+            "--snapshot",
+            f"{SNAPSHOT_DIR}/snapshot.json",
+            "--unit",
+            unit.unit_id,
+            "--ingest-url",
+            settings.ingest_url,
+            "--worker",
+            f"unix:{WORKER_SOCKET}",
+            "--bridge",
+            f"unix:{BRIDGE_SOCKET}",
+            "--bridge-control",
+            f"unix:{CONTROL_SOCKET}",
+            "--datasets",
+            DATASETS_DIR,
+        ],
+        "env": [
+            {
+                "name": "EVALKUBE_INGEST_TOKEN",
+                "valueFrom": {
+                    "secretKeyRef": {"name": names.token_secret_name(run_name), "key": TOKEN_KEY}
+                },
+            },
+            {"name": "EVALKUBE_RUN", "value": f"{owner['metadata']['namespace']}/{run_name}"},
+        ],
+        "volumeMounts": runner_mounts,
+        "resources": {
+            "limits": {"memory": settings.runner_memory},
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+        },
+        "securityContext": _restricted(),
+    }
+    grader = {
+        "name": "grader",
+        "image": settings.sandbox_image,
+        "command": ["python3", "-I", "-S", "-m", "evalkube_sandbox", "--listen", WORKER_SOCKET],
+        "env": [],
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "worker", "mountPath": WORKER_DIR},
+            {"name": "bridge", "mountPath": BRIDGE_DIR, "readOnly": True},
+        ],
+        "resources": {
+            "limits": {"memory": settings.grader_memory, "cpu": settings.grader_cpu},
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+        },
+        "securityContext": _restricted(),
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": NOBODY,
+            "runAsGroup": NOBODY,
+            "fsGroup": NOBODY,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "initContainers": [proxy],
+        "containers": [runner, grader],
+        "volumes": volumes,
+    }
+    if settings.runtime_class:
+        pod_spec["runtimeClassName"] = settings.runtime_class
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": settings.job_backoff_limit,
+            "ttlSecondsAfterFinished": settings.job_ttl_seconds,
+            "activeDeadlineSeconds": active_deadline(
+                unit, timeout_seconds, preprocess_timeout, settings
+            ),
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        },
+    }
+
+
+def _provider_credentials(
+    spec: EvalRunSpec,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Secret volumes and key-file variables for the proxy container only."""
+    mounts, volumes, env = [], [], []
+    for name, provider in sorted(spec.providers.items()):
+        ref = provider.credentials_secret_ref
+        if ref is None:
+            continue
+        volume = f"provider-{name}"
+        volumes.append(
+            {
+                "name": volume,
+                "secret": {"secretName": ref.name, "items": [{"key": ref.key, "path": "key"}]},
+            }
+        )
+        mounts.append(
+            {"name": volume, "mountPath": f"{PROVIDER_KEYS_DIR}/{name}", "readOnly": True}
+        )
+        env.append(
+            {
+                "name": f"EVALKUBE_PROVIDER_{name.upper().replace('-', '_')}_KEY_FILE",
+                "value": f"{PROVIDER_KEYS_DIR}/{name}/key",
+            }
+        )
+    return mounts, volumes, env

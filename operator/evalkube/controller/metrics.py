@@ -1,0 +1,52 @@
+"""The operator's Prometheus metrics (``evalkube_`` prefix; see docs/metrics.md).
+
+Created on an explicit registry so tests use a fresh one each.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class OperatorMetrics:
+    """All metrics the operator exports."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.score = Gauge(
+            "evalkube_score",
+            "Latest aggregate score of a completed EvalRun, per suite, task, model and metric.",
+            ["namespace", "suite", "task", "model", "metric"],
+            registry=r,
+        )
+        self.runs = Gauge(
+            "evalkube_runs", "EvalRuns known to the operator, by phase.", ["phase"], registry=r
+        )
+        self.samples = Counter(
+            "evalkube_samples_total",
+            "Samples recorded, by status (valid, invalid, errored, pending).",
+            ["namespace", "suite", "status"],
+            registry=r,
+        )
+        self.model_calls = Counter(
+            "evalkube_model_calls_total",
+            "Model calls recorded on samples, by purpose (candidate, judge, embedding).",
+            ["namespace", "suite", "purpose"],
+            registry=r,
+        )
+        self.unit_duration = Histogram(
+            "evalkube_unit_duration_seconds",
+            "Wall-clock duration of work units, from the runner's report.",
+            ["kind"],
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200),
+            registry=r,
+        )
+        self.status_patches = Counter(
+            "evalkube_status_patches_total",
+            "EvalRun status patches written by the operator.",
+            registry=r,
+        )
+        self.jobs_created = Counter(
+            "evalkube_jobs_created_total", "Work-unit Jobs created.", registry=r
+        )

@@ -1,0 +1,50 @@
+"""Deterministic names of everything the operator creates for an EvalRun.
+
+Names derive from the run and unit ids only, so an operator restarted at any moment finds
+(and never duplicates) what it created before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+DOMAIN = "evalkube.io"
+LABEL_RUN = f"{DOMAIN}/run"
+LABEL_UNIT = f"{DOMAIN}/unit"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+ANNOTATION_UNIT_ID = f"{DOMAIN}/unit-id"
+MANAGED_BY = "evalkube"
+
+
+def _short(value: str, size: int = 8) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:size]
+
+
+def _fit(base: str, suffix: str, limit: int = 63) -> str:
+    room = limit - len(suffix) - 1
+    if len(base) > room:
+        base = base[: room - 9].rstrip("-") + "-" + _short(base)
+    return f"{base}-{suffix}"
+
+
+def run_id(namespace: str, name: str, uid: str) -> str:
+    """The store's run id for an EvalRun (its uid keeps re-created runs apart)."""
+    return f"{namespace}.{name}.{uid[:8]}"
+
+
+def job_name(run_name: str, unit_id: str) -> str:
+    """The unit's Job (a DNS label: at most 63 characters)."""
+    return _fit(run_name, "u" + _short(unit_id, 10))
+
+
+def snapshot_name(run_name: str) -> str:
+    return _fit(run_name, "snapshot", 253)
+
+
+def token_secret_name(run_name: str) -> str:
+    return _fit(run_name, "ingest", 253)
+
+
+def network_policy_name(run_name: str) -> str:
+    return _fit(run_name, "egress", 253)

@@ -1,0 +1,66 @@
+"""Operator settings: one pydantic-settings class, every field from an ``EVALKUBE_`` variable.
+
+The Helm chart sets these; each field's docstring is its documentation.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from evalkube import limits
+
+
+class OperatorSettings(BaseSettings):
+    """How the operator runs and what it creates."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EVALKUBE_", use_attribute_docstrings=True, extra="ignore"
+    )
+
+    runner_image: str = "ghcr.io/evalkube/evalkube:0.1.0"
+    """Image of the work-unit ``runner`` and ``proxy`` containers (this package)."""
+    sandbox_image: str = "ghcr.io/evalkube/evalkube-sandbox:0.1.0"
+    """Image of the ``grader`` container (stdlib Python + ``evalkube_sandbox``)."""
+    runtime_class: str | None = "gvisor"
+    """RuntimeClass of work-unit pods (gVisor); empty to use the node default."""
+    shard_size: int = Field(default=limits.SHARD_SIZE_DEFAULT, ge=1)
+    """Rows per work unit when the EvalRun does not set ``shardSize``."""
+    parallelism: int = Field(default=10, ge=1, le=1000)
+    """Work-unit Jobs running at once per EvalRun."""
+    store_url: str = "sqlite:////var/lib/evalkube/results.db"
+    """Results store: SQLite on a PersistentVolume, or a PostgreSQL URL."""
+    ingest_url: str = "http://evalkube.evalkube-system.svc:8080"
+    """URL work-unit pods post samples to (the operator's HTTP server, via its Service)."""
+    listen: str = "0.0.0.0:8080"
+    """Address of the operator's HTTP server: ingest, samples API, /metrics, /healthz."""
+    namespace: str | None = None
+    """Watch only this namespace (default: all namespaces)."""
+    operator_namespace: str = "evalkube-system"
+    """Namespace of the operator (egress from work-unit pods is allowed to it)."""
+    operator_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "evalkube"}
+    )
+    """Labels of the operator pods (the NetworkPolicy's ingest egress target)."""
+    ingest_port: int = 8080
+    """Port the NetworkPolicy allows towards the operator pods."""
+    job_backoff_limit: int = Field(default=2, ge=0, le=10)
+    """Retries of a failed work unit before it counts as failed."""
+    job_ttl_seconds: int = Field(default=3600, ge=0)
+    """Seconds finished Jobs are kept (``ttlSecondsAfterFinished``)."""
+    tmp_size: str = "256Mi"
+    """Size of the grader's ``/tmp`` (a memory-backed emptyDir)."""
+    grader_memory: str = "1Gi"
+    """Memory limit of the grader container."""
+    grader_cpu: str = "1"
+    """CPU limit of the grader container."""
+    runner_memory: str = "512Mi"
+    """Memory limit of the runner container."""
+    proxy_memory: str = "256Mi"
+    """Memory limit of the proxy sidecar."""
+    active_deadline_slack_seconds: int = 300
+    """Added to a unit's worst-case grading time for ``activeDeadlineSeconds``."""
+    reconcile_interval: float = Field(default=2.0, gt=0)
+    """Seconds between reconciles of a running EvalRun (Job events also trigger one)."""
+    peering: bool = False
+    """Run with kopf peering (several replicas sharing a PostgreSQL store)."""
