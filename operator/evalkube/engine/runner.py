@@ -473,7 +473,10 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
                 record = by_id[update.sample_id]
                 values: dict[str, Any] = {"sample_id": update.sample_id}
                 if update.scores:
-                    values["scores"] = {**record.scores, **update.scores}
+                    # keep the merge on the record: a later update of the same sample in
+                    # this return merges into it instead of replacing it
+                    record.scores = {**record.scores, **update.scores}
+                    values["scores"] = record.scores
                 if update.sets_judge:
                     values["judge"] = update.judge
                 if update.sets_extracted_output:
