@@ -1,0 +1,130 @@
+"""Reconcile decisions for an EvalRun, as pure functions of what was observed.
+
+Inputs: the planned units, the Jobs that exist (by unit id) and the units whose runner
+reported completion to the store. Output: which Jobs to create now, the phase, unit
+counts and failures. Deterministic and idempotent: calling it again with the same
+observations asks for nothing new, so an operator restarted at any moment resumes exactly.
+
+Failure policy: a unit's Job retries through ``backoffLimit``; a Job that still fails, or
+that completes without its runner reporting the unit done, makes the unit *failed*. The
+other units go on; aggregate units of a task x model whose shards failed are not run. The
+run ends ``Failed`` with a condition naming every failed unit and why, and with the results
+of everything that did complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from evalkube.engine.plan import Unit
+
+JobPhase = Literal["active", "succeeded", "failed"]
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What the operator observed of one unit's Job."""
+
+    phase: JobPhase
+    reason: str = ""
+
+
+@dataclass
+class Decision:
+    """What to do now and how the run stands."""
+
+    create: list[Unit] = field(default_factory=list)
+    phase: Literal["Running", "Succeeded", "Failed"] = "Running"
+    total: int = 0
+    done: int = 0
+    active: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return self.phase != "Running"
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "total": self.total,
+            "succeeded": self.done,
+            "running": self.active,
+            "failed": len(self.failed),
+            "pending": self.total - self.done - self.active - len(self.failed),
+        }
+
+
+def decide(
+    units: list[Unit],
+    jobs: Mapping[str, JobState],
+    done_units: set[str],
+    parallelism: int,
+) -> Decision:
+    """Decide which Jobs to create and whether the run is over (see module docstring)."""
+    decision = Decision(total=len(units))
+    failed_groups: set[tuple[str, str]] = set()
+    pending_groups: set[tuple[str, str]] = set()
+    waiting: list[Unit] = []
+    for unit in units:
+        group = (unit.task_id, unit.model)
+        job = jobs.get(unit.unit_id)
+        if unit.unit_id in done_units:
+            decision.done += 1
+        elif job is not None and job.phase == "failed":
+            decision.failed[unit.unit_id] = job.reason or "the unit's Job failed"
+            failed_groups.add(group)
+        elif job is not None and job.phase == "succeeded":
+            decision.failed[unit.unit_id] = (
+                "the unit's Job completed but its runner never reported the unit done"
+            )
+            failed_groups.add(group)
+        elif job is not None:
+            decision.active += 1
+            if unit.kind == "shard":
+                pending_groups.add(group)
+        else:
+            if unit.kind == "shard":
+                pending_groups.add(group)
+            waiting.append(unit)
+    room = max(0, parallelism - decision.active)
+    for unit in waiting:
+        group = (unit.task_id, unit.model)
+        if unit.kind == "aggregate":
+            if group in failed_groups:
+                decision.failed[unit.unit_id] = "not run: shard units of this task and model failed"
+                continue
+            if group in pending_groups:
+                continue
+        if room > 0:
+            decision.create.append(unit)
+            room -= 1
+    unfinished = decision.total - decision.done - len(decision.failed)
+    if unfinished == 0:
+        decision.phase = "Failed" if decision.failed else "Succeeded"
+    return decision
+
+
+def job_state(job: Mapping[str, object]) -> JobState:
+    """Read a Job's state from its status conditions."""
+    status = job.get("status") or {}
+    assert isinstance(status, dict)
+    for condition in status.get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") == "Complete":
+            return JobState("succeeded")
+        if condition.get("type") == "Failed":
+            reason = condition.get("reason", "")
+            message = condition.get("message", "")
+            return JobState("failed", f"{reason}: {message}".strip(": "))
+    return JobState("active")
+
+
+def summary_line(metrics: Mapping[str, Mapping[str, float]]) -> str:
+    """A short printer-column summary: the mean of each task's first metric."""
+    firsts = [next(iter(m.values())) for m in metrics.values() if m]
+    if not firsts:
+        return "-"
+    return f"{sum(firsts) / len(firsts):.3f} mean of {len(firsts)}"
