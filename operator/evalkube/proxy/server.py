@@ -465,9 +465,9 @@ class ProxyServer:
 
     async def _serve(self, app: web.Application, address: str, mode: int) -> str:
         sock, endpoint = bind_socket(address, mode=mode)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await runner.setup()
-        site = web.SockSite(runner, sock, shutdown_timeout=2.0)
+        site = web.SockSite(runner, sock)
         await site.start()
         self._runners.append(runner)
         if endpoint.startswith("unix:"):

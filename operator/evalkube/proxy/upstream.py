@@ -335,7 +335,9 @@ def _origin(base_url: str) -> str:
 
 def _transport_reason(exc: aiohttp.ClientError) -> str:
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"connection failed ({exc.os_error.strerror or type(exc.os_error).__name__})"
+        error = exc.os_error
+        reason = os.strerror(error.errno) if error.errno else type(error).__name__
+        return f"connection failed ({reason})"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "the server closed the connection"
     return type(exc).__name__
