@@ -9,7 +9,7 @@ OpenAPI v3 as the Kubernetes API server requires it:
   OpenAPI's ``minimum: n, exclusiveMinimum: true``; ``title`` and ``default: null`` go;
 - free-form objects (dataset rows, few-shot rows) get ``x-kubernetes-preserve-unknown-fields``;
 - a union of a string and a list (``prompt``, ``choices``) cannot be structural, so the field
-  preserves unknown fields and a CEL rule checks its shape;
+  keeps what it is given; CEL cannot see untyped fields, so the operator checks its shape;
 - the cross-field rules the models check in Python (exactly one of ``source``/``file``, unique
   task ids, ...) are repeated as CEL rules (``x-kubernetes-validations``), so the API server
   rejects a bad object at ``kubectl apply`` with a message naming the field;
@@ -201,8 +201,12 @@ class Rule:
 
 
 def _present(name: str) -> str:
-    """CEL: the optional field ``name`` of ``self`` is set (and not an explicit null)."""
-    return f"(has(self.{name}) && self.{name} != null)"
+    """CEL: the optional field ``name`` of ``self`` is set.
+
+    ``has()`` is false for an explicit ``null`` of a nullable field (and a non-nullable
+    ``null`` is pruned before validation), so ``source: null`` counts as absent, as in the CLI.
+    """
+    return f"has(self.{name})"
 
 
 _EXACTLY_ONE_CODE = Rule(
@@ -221,20 +225,13 @@ _FILE_REF = Rule(
     field_path=".file",
 )
 
-_MESSAGE_ROLES = "['system', 'developer', 'user', 'assistant']"
-
 #: CEL rules by kind and path (same path syntax as :data:`CRD_LIMITS`).
 CRD_RULES: Final[dict[str, dict[str, tuple[Rule, ...]]]] = {
     "EvalSuite": {
         "spec.tasks": (
             Rule(
                 rule="self.all(t, self.exists_one(u, u.id == t.id))",
-                message_expression=(
-                    "'task id ' + self.filter(t, !self.exists_one(u, u.id == t.id))[0].id"
-                    " + ' is used more than once; task ids must be unique within a suite'"
-                ),
                 message="task ids must be unique within a suite",
-                reason="FieldValueDuplicate",
             ),
         ),
         "spec.tasks[].dataset": (
@@ -258,30 +255,6 @@ CRD_RULES: Final[dict[str, dict[str, tuple[Rule, ...]]]] = {
         ),
         "spec.tasks[].grader": (_EXACTLY_ONE_CODE, _FILE_REF),
         "spec.tasks[].preprocess": (_EXACTLY_ONE_CODE, _FILE_REF),
-        "spec.tasks[].prompt": (
-            Rule(
-                rule=(
-                    "type(self) == string || (type(self) == list && self.all(m, "
-                    f"type(m) == map && has(m.role) && m.role in {_MESSAGE_ROLES} && "
-                    "has(m.content) && type(m.content) == string && "
-                    "m.all(k, k in ['role', 'content'])))"
-                ),
-                message=(
-                    "`prompt` must be a template string or a list of messages "
-                    "{role: system|developer|user|assistant, content: string}"
-                ),
-            ),
-        ),
-        "spec.tasks[].choices": (
-            Rule(
-                rule=(
-                    "type(self) == string || (type(self) == list && self.all(c, type(c) == string))"
-                ),
-                message=(
-                    "`choices` must be a list of strings or the name of a row field holding one"
-                ),
-            ),
-        ),
         "spec.tasks[].extraction": (
             Rule(
                 rule=f"!has(self.type) || self.type != 'regex' || {_present('pattern')}",
@@ -308,7 +281,6 @@ CRD_RULES: Final[dict[str, dict[str, tuple[Rule, ...]]]] = {
             Rule(
                 rule="self.all(m, self.exists_one(n, n == m))",
                 message="models must be unique",
-                reason="FieldValueDuplicate",
             ),
         ),
         "spec": (
@@ -345,13 +317,13 @@ CRD_RULES: Final[dict[str, dict[str, tuple[Rule, ...]]]] = {
 # JSON schema -> structural OpenAPI v3
 # --------------------------------------------------------------------------------------------
 
-_JSON_TO_CEL = {
-    "string": "string",
-    "array": "list",
-    "object": "map",
-    "integer": "int",
-    "number": "double",
-    "boolean": "bool",
+_FORMS = {
+    "string": "a string",
+    "array": "a list",
+    "object": "an object",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "a boolean",
 }
 _DROPPED = frozenset({"title", "$defs", "additionalProperties", "anyOf", "allOf", "const"})
 
@@ -421,20 +393,17 @@ class _Converter:
             if nullable:
                 out["nullable"] = True
             return out
-        # A union of different shapes (string | list) cannot be structural: keep the value as
-        # given and check its shape with a CEL rule (see CRD_RULES).
+        # A union of different shapes (string | list) cannot be structural: the value is kept
+        # as given. CEL cannot check it either (the API server gives untyped fields no CEL
+        # type: "undefined field"), so its shape is checked by the operator (pydantic) and
+        # reported on the EvalSuite's Ready condition.
         out = {}
         for key in ("description", "default"):
             if key in rest and rest[key] is not None:
                 out[key] = _clean_text(rest[key]) if key == "description" else rest[key]
+        forms = " or ".join(sorted({_FORMS[self._branch(b)["type"]] for b in branches}))
+        out["description"] = f"{out.get('description', '')} One of: {forms}.".strip()
         out["x-kubernetes-preserve-unknown-fields"] = True
-        types = sorted({_JSON_TO_CEL[self._branch(b)["type"]] for b in branches})
-        out["x-kubernetes-validations"] = [
-            Rule(
-                rule=" || ".join(f"type(self) == {t}" for t in types),
-                message=f"must be one of: {', '.join(types)}",
-            ).to_schema()
-        ]
         if nullable:
             out["nullable"] = True
         return out
@@ -494,10 +463,7 @@ def _apply_overlays(kind: str, root: Schema) -> None:
             node.setdefault(key, value)
     for path, rules in CRD_RULES[kind].items():
         node = _walk(root, path)
-        existing = node.setdefault("x-kubernetes-validations", [])
-        if node.get("x-kubernetes-preserve-unknown-fields") and "type" not in node:
-            existing.clear()  # a specific shape rule replaces the generic type check
-        existing.extend(r.to_schema() for r in rules)
+        node.setdefault("x-kubernetes-validations", []).extend(r.to_schema() for r in rules)
     for path, sub in _iter_props(root):
         if "description" not in sub and path in FALLBACK_DESCRIPTIONS:
             sub["description"] = FALLBACK_DESCRIPTIONS[path]

@@ -1,0 +1,404 @@
+"""The CRD generator (evalkube.controller.crds): structural schemas, ranges, CEL rules, drift.
+
+Pure tests, no cluster: tests/integration/cluster/test_crds.py applies the same CRDs to a real
+API server and checks what it accepts and rejects.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from evalkube import limits
+from evalkube.controller import crds
+from evalkube.controller.crds_cli import crds as crds_command
+
+ROOT = Path(__file__).resolve().parents[3]
+Schema = dict[str, Any]
+
+
+def root_schema(crd: Schema) -> Schema:
+    version = crd["spec"]["versions"][0]
+    schema: Schema = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def at(schema: Schema, path: str) -> Schema:
+    node = schema
+    for part in path.split("."):
+        if part == "[]":
+            node = node["items"]
+        elif part == "{}":
+            node = node["additionalProperties"]
+        else:
+            node = node["properties"][part]
+    return node
+
+
+def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    yield path, node
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from walk(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from walk(value, f"{path}/{i}")
+
+
+def properties(schema: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
+    for name, sub in schema.get("properties", {}).items():
+        here = f"{path}.{name}" if path else name
+        yield here, sub
+        yield from properties(sub, here)
+        for key, suffix in (("items", "[]"), ("additionalProperties", "{}")):
+            if isinstance(sub.get(key), dict):
+                yield from properties(sub[key], here + suffix)
+
+
+def rules(node: Schema) -> list[Schema]:
+    found: list[Schema] = node.get("x-kubernetes-validations", [])
+    return found
+
+
+@pytest.fixture(scope="module")
+def suite() -> Schema:
+    return root_schema(crds.evalsuite_crd())
+
+
+@pytest.fixture(scope="module")
+def run() -> Schema:
+    return root_schema(crds.evalrun_crd())
+
+
+@pytest.fixture(scope="module", params=["EvalSuite", "EvalRun"])
+def crd(request: pytest.FixtureRequest) -> Schema:
+    return crds.evalsuite_crd() if request.param == "EvalSuite" else crds.evalrun_crd()
+
+
+# -- names, scope, columns ------------------------------------------------------------------
+
+
+def test_names_scope_and_versions(crd: Schema) -> None:
+    spec = crd["spec"]
+    kind = spec["names"]["kind"]
+    assert crd["metadata"]["name"] == f"{spec['names']['plural']}.evalkube.io"
+    assert spec["group"] == "evalkube.io"
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"]["categories"] == ["evalkube"]
+    assert spec["names"]["shortNames"] == [{"EvalSuite": "evs", "EvalRun": "evr"}[kind]]
+    [version] = spec["versions"]
+    assert version["name"] == "v1alpha1"
+    assert version["served"]
+    assert version["storage"]
+    assert version["subresources"] == {"status": {}}
+
+
+def test_printer_columns() -> None:
+    def columns(crd: Schema) -> dict[str, str]:
+        cols = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+        return {c["name"]: c["jsonPath"] for c in cols}
+
+    assert columns(crds.evalrun_crd()) == {
+        "Phase": ".status.phase",
+        "Suite": ".spec.suiteRef.name",
+        "Score": ".status.summary",
+        "Age": ".metadata.creationTimestamp",
+    }
+    assert columns(crds.evalsuite_crd()) == {
+        "Version": ".status.suiteVersion",
+        "Ready": '.status.conditions[?(@.type=="Ready")].status',
+        "Age": ".metadata.creationTimestamp",
+    }
+
+
+def test_every_column_path_exists_in_the_schema(crd: Schema) -> None:
+    schema = root_schema(crd)
+    for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
+        path = column["jsonPath"].lstrip(".").split("[")[0]
+        if path.startswith("metadata."):
+            continue
+        at(schema, path)  # KeyError when a column points at nothing
+
+
+# -- structural schema ----------------------------------------------------------------------
+
+
+def test_no_json_schema_leftovers(crd: Schema) -> None:
+    text = json.dumps(crd)
+    for word in ('"$ref"', '"$defs"', '"anyOf"', '"allOf"', '"oneOf"', '"title"', '"const"'):
+        assert word not in text
+    for path, node in walk(root_schema(crd)):
+        if isinstance(node, dict) and isinstance(node.get("type"), str):
+            assert node["type"] in {"object", "array", "string", "integer", "number", "boolean"}
+            assert not (node.get("properties") and "additionalProperties" in node), path
+        if isinstance(node, dict) and "default" in node and not path.endswith("/properties"):
+            assert node["default"] is not None, f"{path}: default null"
+
+
+def test_every_property_has_a_description(crd: Schema) -> None:
+    missing = [
+        path
+        for path, sub in properties(root_schema(crd))
+        if path != "metadata" and not sub.get("description")
+    ]
+    assert missing == []
+
+
+def test_every_property_is_typed_or_explicitly_free_form(crd: Schema) -> None:
+    for path, sub in properties(root_schema(crd)):
+        assert "type" in sub or sub.get("x-kubernetes-preserve-unknown-fields"), path
+
+
+def test_descriptions_are_one_paragraph_without_rst(suite: Schema) -> None:
+    description = at(suite, "spec.tasks.[].grader.execution")["description"]
+    assert "``" not in description
+    assert "\n" not in description
+    assert "`per_sample`" in description
+
+
+def test_optional_fields_are_nullable_and_required_ones_required(suite: Schema) -> None:
+    grader = at(suite, "spec.tasks.[].grader")
+    assert grader["required"] == ["type"]
+    assert grader["properties"]["source"]["nullable"] is True
+    assert grader["properties"]["type"]["enum"] == ["python"]
+    task = at(suite, "spec.tasks.[]")
+    assert set(task["required"]) == {"id", "dataset", "grader"}
+    assert task["properties"]["preprocess"]["nullable"] is True
+
+
+def test_camel_case_only(suite: Schema, run: Schema) -> None:
+    grader = at(suite, "spec.tasks.[].grader")["properties"]
+    assert {"timeoutSeconds", "maxModelCalls", "metricId", "modelAccess"} <= set(grader)
+    assert not [name for name in grader if "_" in name]
+    assert "fileId" not in grader
+    assert "baseURL" in at(run, "spec.providers.{}")["properties"]
+    for _, sub in properties(suite):
+        assert not [n for n in sub.get("properties", {}) if "_" in n]
+
+
+def test_free_form_objects_preserve_unknown_fields(suite: Schema) -> None:
+    for path in ("spec.tasks.[].dataset.rows.[]", "spec.tasks.[].fewShot.[]"):
+        node = at(suite, path)
+        assert node == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}, path
+
+
+@pytest.mark.parametrize("field", ["prompt", "choices"])
+def test_string_or_list_fields_keep_their_value(suite: Schema, field: str) -> None:
+    node = at(suite, f"spec.tasks.[].{field}")
+    assert node["x-kubernetes-preserve-unknown-fields"] is True
+    assert "type" not in node
+    assert "a list or a string" in node["description"]
+    # the API server gives untyped fields no CEL type, so a rule here would not compile
+    assert "x-kubernetes-validations" not in node
+
+
+def test_ranges_and_defaults(suite: Schema, run: Schema) -> None:
+    grader = at(suite, "spec.tasks.[].grader")["properties"]
+    assert grader["timeoutSeconds"] | {} == {
+        **grader["timeoutSeconds"],
+        "type": "integer",
+        "minimum": limits.TIMEOUT_SECONDS_MIN,
+        "maximum": limits.TIMEOUT_SECONDS_MAX,
+        "default": limits.TIMEOUT_SECONDS_DEFAULT,
+    }
+    assert (grader["maxModelCalls"]["minimum"], grader["maxModelCalls"]["maximum"]) == (0, 500)
+    assert grader["maxModelCalls"]["default"] == limits.MAX_MODEL_CALLS_DEFAULT
+    assert grader["contract"]["enum"] == ["sample", "batch", "model_backed"]
+    assert grader["contract"]["default"] == "sample"
+    preprocess = at(suite, "spec.tasks.[].preprocess.timeoutSeconds")
+    assert (preprocess["minimum"], preprocess["maximum"]) == (1, 600)
+    task_id = at(suite, "spec.tasks.[].id")
+    assert task_id["maxLength"] == 63
+    assert task_id["pattern"].startswith("^[a-z0-9]")
+    timeout = at(run, "spec.providers.{}.timeoutSeconds")
+    assert timeout["minimum"] == 0
+    assert timeout["exclusiveMinimum"] is True
+    assert timeout["maximum"] == 600
+    assert at(run, "spec.generation.temperature")["maximum"] == 2
+
+
+def test_cluster_bounds_keep_cel_affordable(suite: Schema, run: Schema) -> None:
+    assert at(suite, "spec.tasks")["maxItems"] == 200
+    assert at(suite, "spec.tasks")["minItems"] == 1
+    assert at(suite, "spec.tasks.[].dataset.rows")["maxItems"] == 10_000
+    assert at(suite, "spec.tasks.[].grader.source")["maxLength"] == 262_144
+    assert at(run, "spec.models")["maxItems"] == 50
+    assert at(run, "spec.models")["minItems"] == 1
+    assert at(run, "spec.models.[]")["maxLength"] == 256
+    # every list and map a CEL rule iterates over is bounded
+    for schema in (suite, run):
+        for path, node in walk(schema):
+            if isinstance(node, dict) and rules(node):
+                for rule in rules(node):
+                    if ".all(" in rule["rule"] or ".exists" in rule["rule"]:
+                        assert (
+                            "maxItems" in node
+                            or "maxProperties" in node
+                            or (node.get("type") == "object")
+                        ), path
+
+
+def test_run_requires_a_suite_in_a_cluster(run: Schema) -> None:
+    assert at(run, "spec")["required"] == ["models", "suiteRef"]
+
+
+# -- CEL rules ------------------------------------------------------------------------------
+
+
+def messages(node: Schema) -> list[str]:
+    return [r.get("message", "") for r in rules(node)]
+
+
+def test_exactly_one_source_or_file(suite: Schema) -> None:
+    for path in ("spec.tasks.[].grader", "spec.tasks.[].preprocess"):
+        node = at(suite, path)
+        [one] = [r for r in rules(node) if "exactly one of `source`" in r.get("message", "")]
+        assert one["rule"] == "has(self.source) != has(self.file)"
+        assert any("configmap-name/key" in m for m in messages(node))
+
+
+def test_dataset_rules(suite: Schema) -> None:
+    node = at(suite, "spec.tasks.[].dataset")
+    exactly, no_path = rules(node)
+    assert "exactly one of `rows`, `path` or `configMapRef`" in exactly["message"]
+    assert "configMapRef" in no_path["message"]
+    assert no_path["fieldPath"] == ".path"
+    assert no_path["reason"] == "FieldValueForbidden"
+
+
+def test_unique_task_ids_and_models(suite: Schema, run: Schema) -> None:
+    [unique] = rules(at(suite, "spec.tasks"))
+    assert unique["rule"] == "self.all(t, self.exists_one(u, u.id == t.id))"
+    assert "unique" in unique["message"]
+    [unique_models] = rules(at(run, "spec.models"))
+    assert "unique" in unique_models["message"]
+
+
+def test_run_rules(run: Schema) -> None:
+    [providers] = rules(at(run, "spec"))
+    assert providers["fieldPath"] == ".models"
+    assert "providers" in providers["message"]
+    [headers] = rules(at(run, "spec.providers.{}.headers"))
+    assert "authorization" in headers["rule"]
+
+
+def test_extraction_and_outputs_rules(suite: Schema) -> None:
+    assert len(rules(at(suite, "spec.tasks.[].extraction"))) == 2
+    assert messages(at(suite, "spec.tasks.[].outputs")) == ["set exactly one of `column` or `path`"]
+
+
+# -- status ---------------------------------------------------------------------------------
+
+
+def test_run_status_schema(run: Schema) -> None:
+    status = at(run, "status")
+    assert status["x-kubernetes-preserve-unknown-fields"] is True  # kopf's own bookkeeping
+    props = status["properties"]
+    assert {
+        "phase",
+        "observedGeneration",
+        "suiteVersion",
+        "conditions",
+        "results",
+        "summary",
+    } <= set(props)
+    assert props["phase"]["enum"] == ["Pending", "Running", "Succeeded", "Failed"]
+    assert at(run, "status.results.[].counts.invalid")["type"] == "integer"
+    assert at(run, "status.results.[].metrics")["additionalProperties"] == {"type": "number"}
+
+
+def test_suite_status_schema(suite: Schema) -> None:
+    status = at(suite, "status")
+    assert status["x-kubernetes-preserve-unknown-fields"] is True
+    assert {"observedGeneration", "suiteVersion", "conditions"} <= set(status["properties"])
+    assert at(suite, "status.conditions.[].status")["enum"] == ["True", "False", "Unknown"]
+
+
+# -- overlays stay honest -------------------------------------------------------------------
+
+
+def test_every_overlay_path_exists() -> None:
+    # _apply_overlays raises KeyError for a path that no longer exists (a renamed field)
+    for kind in ("EvalSuite", "EvalRun"):
+        schema = root_schema(crds.evalsuite_crd() if kind == "EvalSuite" else crds.evalrun_crd())
+        for path in [*crds.CRD_LIMITS[kind], *crds.CRD_RULES[kind]]:
+            dotted = path.replace("[]", ".[]").replace("{}", ".{}")
+            at(schema, dotted)
+
+
+def test_model_bounds_win_over_overlays(suite: Schema) -> None:
+    # the model says minLength 1 for metricId; the overlay adds only what is missing
+    metric = at(suite, "spec.tasks.[].grader.metricId")
+    assert metric["minLength"] == 1
+    assert metric["maxLength"] == 253
+
+
+def test_generation_is_deterministic() -> None:
+    first = [crds.render_crd(c) for c in crds.all_crds()]
+    second = [crds.render_crd(c) for c in crds.all_crds()]
+    assert first == second
+    assert first[0].startswith(crds.HEADER)
+    assert "do not edit" in crds.HEADER
+
+
+# -- files and drift ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("directory", ["crds", "charts/evalkube/crds"])
+def test_committed_files_match_the_models(directory: str) -> None:
+    assert crds.check_crds(ROOT / directory) == [], "run `evalkube crds` and commit the result"
+
+
+def test_committed_files_parse_as_the_generated_objects() -> None:
+    for crd in crds.all_crds():
+        text = (ROOT / "crds" / crds.crd_filename(crd)).read_text()
+        assert yaml.safe_load(text) == crd
+
+
+def test_write_then_check(tmp_path: Path) -> None:
+    written = crds.write_crds(tmp_path / "out")
+    assert [p.name for p in written] == ["evalsuites.evalkube.io.yaml", "evalruns.evalkube.io.yaml"]
+    assert crds.check_crds(tmp_path / "out") == []
+
+
+def test_check_reports_stale_missing_and_stray_files(tmp_path: Path) -> None:
+    crds.write_crds(tmp_path)
+    stale = tmp_path / "evalruns.evalkube.io.yaml"
+    stale.write_text(stale.read_text().replace("maxItems: 50", "maxItems: 51"))
+    (tmp_path / "evalsuites.evalkube.io.yaml").unlink()
+    (tmp_path / "old.evalkube.io.yaml").write_text("{}")
+    problems = crds.check_crds(tmp_path)
+    assert len(problems) == 3
+    assert "evalsuites.evalkube.io.yaml: missing" in problems[0]
+    assert "evalruns.evalkube.io.yaml: out of date" in problems[1]
+    assert "maxItems: 51" in problems[1]
+    assert "evalkube crds" in problems[1]
+    assert "old.evalkube.io.yaml: not generated" in problems[2]
+
+
+def test_cli_command_writes_and_checks(tmp_path: Path) -> None:
+    import typer
+
+    app = typer.Typer()
+    app.command("crds")(crds_command)
+    app.command("noop")(lambda: None)  # keeps `crds` a subcommand, as in the real CLI
+    runner = CliRunner()
+    out = tmp_path / "crds"
+    result = runner.invoke(app, ["crds", "--check", "--output-dir", str(out)])
+    assert result.exit_code == 1
+    assert "missing" in result.output
+    result = runner.invoke(app, ["crds", "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "evalruns.evalkube.io.yaml",
+        "evalsuites.evalkube.io.yaml",
+    ]
+    result = runner.invoke(app, ["crds", "--check", "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "up to date" in result.output
