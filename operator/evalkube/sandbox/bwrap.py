@@ -36,7 +36,7 @@ def bwrap_argv(
     request: SpawnRequest,
     *,
     worker_package: str,
-    bridge_dir: Path | None,
+    bridge_socket: Path | None,
     system: list[hostfs.SystemEntry],
 ) -> list[str]:
     """The bwrap command line for one worker (pure: unit-tested)."""
@@ -65,8 +65,8 @@ def bwrap_argv(
         "--dev", "/dev",
         "--size", str(request.limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
     ]  # fmt: skip
-    if bridge_dir is not None:
-        argv += ["--ro-bind", str(bridge_dir), hostfs.INSIDE_BRIDGE_DIR]
+    if bridge_socket is not None:
+        argv += ["--ro-bind", str(bridge_socket), hostfs.INSIDE_BRIDGE_SOCKET]
     argv += [
         "--remount-ro", "/",
         "--chdir", "/tmp",
@@ -96,11 +96,11 @@ class BwrapBackend(SandboxBackend):
             raise RuntimeError("bwrap is not installed")
         return spawn_jailed(
             request,
-            lambda bridge_dir: bwrap_argv(
+            lambda bridge_socket: bwrap_argv(
                 bwrap,
                 request,
                 worker_package=str(hostfs.worker_package_dir()),
-                bridge_dir=bridge_dir,
+                bridge_socket=bridge_socket,
                 system=hostfs.system_entries(),
             ),
             drop_to_sandbox_user=True,
@@ -119,7 +119,7 @@ def _probe() -> str | None:
         bwrap,
         SpawnRequest(),
         worker_package=str(hostfs.worker_package_dir()),
-        bridge_dir=None,
+        bridge_socket=None,
         system=hostfs.system_entries(),
     )
     argv = [*argv[: argv.index("--") + 1], hostfs.INSIDE_PYTHON, "-I", "-S", "-c", "pass"]

@@ -79,7 +79,7 @@ class GVisorBackend(SandboxBackend):
             raise RuntimeError("runsc is not installed")
         sweep_stale()
         limits = request.limits
-        bridge_dir, inside_endpoint = hostfs.bridge_mount(request.model_endpoint)
+        bridge_socket, inside_endpoint = hostfs.bridge_mount(request.model_endpoint)
         name = resource_name(KIND)
         workdir = Path(tempfile.mkdtemp(prefix=name + "-"))
         state = workdir / "state"
@@ -88,7 +88,7 @@ class GVisorBackend(SandboxBackend):
         with cleanup_on_error(steps):
             state.mkdir()
             system = hostfs.system_entries()
-            _make_rootfs(bundle / "rootfs", system, bridge=bridge_dir is not None)
+            _make_rootfs(bundle / "rootfs", system, bridge=bridge_socket is not None)
             spec = oci.build_spec(
                 args=[
                     hostfs.INSIDE_PYTHON,
@@ -101,7 +101,7 @@ class GVisorBackend(SandboxBackend):
                 env=worker_env(),
                 system=system,
                 worker_package=str(hostfs.worker_package_dir()),
-                bridge_dir=str(bridge_dir) if bridge_dir is not None else None,
+                bridge_socket=str(bridge_socket) if bridge_socket is not None else None,
                 memory_bytes=limits.cgroup_memory_bytes,
                 pids=GVISOR_HOST_PIDS,
                 tmp_bytes=limits.tmp_bytes,
@@ -111,7 +111,7 @@ class GVisorBackend(SandboxBackend):
             (bundle / "config.json").write_text(json.dumps(spec, indent=1))
             argv = [
                 runsc,
-                *runsc_flags(state, bridge=bridge_dir is not None),
+                *runsc_flags(state, bridge=bridge_socket is not None),
                 "run",
                 "--bundle",
                 str(bundle),
@@ -141,6 +141,8 @@ def _make_rootfs(rootfs: Path, system: list[hostfs.SystemEntry], *, bridge: bool
             os.symlink(entry.target, rootfs / entry.path.lstrip("/"))
     for relative in oci.rootfs_dirs(system, bridge=bridge):
         (rootfs / relative).mkdir(parents=True, exist_ok=True)
+    if bridge:
+        (rootfs / hostfs.INSIDE_BRIDGE_SOCKET.lstrip("/")).touch(0o644)
     for path in [rootfs, *rootfs.rglob("*")]:
         if path.is_dir() and not path.is_symlink():
             path.chmod(0o755)

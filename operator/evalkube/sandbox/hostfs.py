@@ -8,7 +8,7 @@ a minimal ``/dev`` and a size-capped tmpfs ``/tmp``. No ``/etc`` (no passwd, no 
 resolv.conf), no ``/home``, ``/root``, ``/var`` or ``/work``, no host ``/tmp``.
 
 The model bridge, when a program has model access, is the only host object added: the
-directory of the proxy's unix socket, bound read-only at :data:`INSIDE_BRIDGE_DIR`.
+proxy's unix socket itself (not its directory), bound at :data:`INSIDE_BRIDGE_SOCKET`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from evalkube.sandbox.backends import WORKER_ROOT, SandboxUnavailable, resource_
 INSIDE_PYTHON = "/usr/bin/python3"
 #: Where the worker package appears inside (``sys.path`` entry).
 INSIDE_WORKER_ROOT = "/opt/evalkube"
-#: Where the model bridge socket's directory appears inside.
-INSIDE_BRIDGE_DIR = "/run/evalkube"
+#: Where the model bridge's unix socket appears inside.
+INSIDE_BRIDGE_SOCKET = "/run/evalkube/model.sock"
 #: The sandbox user (``nobody``): no host file is theirs.
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
@@ -96,7 +96,7 @@ def worker_package_dir() -> Path:
 
 
 def bridge_mount(endpoint: str | None) -> tuple[Path | None, str | None]:
-    """``(host dir to bind, endpoint inside)`` for the model bridge at ``endpoint``.
+    """``(host socket to bind, endpoint inside)`` for the model bridge at ``endpoint``.
 
     Isolating sandboxes have no network, so only a unix-socket bridge can be reached. The
     socket must be connectable by the sandbox user (mode 0o666 and a directory the user may
@@ -130,4 +130,4 @@ def bridge_mount(endpoint: str | None) -> tuple[Path | None, str | None]:
                 f"the sandbox user (uid {SANDBOX_UID}) cannot connect to the model bridge "
                 f"{socket_path} ({exc}): make the socket mode 0o666 and its directory 0o711"
             ) from None
-    return socket_path.parent, f"unix:{INSIDE_BRIDGE_DIR}/{socket_path.name}"
+    return socket_path, f"unix:{INSIDE_BRIDGE_SOCKET}"

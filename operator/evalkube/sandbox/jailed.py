@@ -1,7 +1,7 @@
 """The spawn path shared by the namespace backends (nsjail, bwrap).
 
 A per-sandbox cgroup when cgroups are writable (:mod:`evalkube.sandbox.cgroups`), joined by
-the child before ``exec``; the model bridge's socket directory to bind; the child's setup
+the child before ``exec``; the model bridge's socket to bind; the child's setup
 (own session, parent-death signal, optionally dropping to the sandbox user first); and a
 :class:`~evalkube.sandbox.backends.WorkerProcess` whose kill empties and removes the cgroup.
 """
@@ -33,11 +33,11 @@ def spawn_jailed(
     *,
     drop_to_sandbox_user: bool,
 ) -> WorkerProcess:
-    """Start ``build_argv(bridge_dir)`` in a fresh cgroup; see the module docstring."""
+    """Start ``build_argv(bridge_socket)`` in a fresh cgroup; see the module docstring."""
     cgroups.sweep_stale()
     limits = request.limits
-    bridge_dir, inside_endpoint = hostfs.bridge_mount(request.model_endpoint)
-    argv = build_argv(bridge_dir)
+    bridge_socket, inside_endpoint = hostfs.bridge_mount(request.model_endpoint)
+    argv = build_argv(bridge_socket)
     group: cgroups.Cgroup | None = None
     if cgroups.available() is None:
         group = cgroups.Cgroup.create(limits.cgroup_memory_bytes, limits.pids)

@@ -44,7 +44,7 @@ def nsjail_argv(
     request: SpawnRequest,
     *,
     worker_package: str,
-    bridge_dir: Path | None,
+    bridge_socket: Path | None,
     system: list[hostfs.SystemEntry],
 ) -> list[str]:
     """The nsjail command line for one worker (pure: unit-tested)."""
@@ -78,8 +78,8 @@ def nsjail_argv(
         "--mount", f"none:/tmp:tmpfs:size={request.limits.tmp_bytes},mode=1777",
         "--bindmount", "/dev/null",
     ]  # fmt: skip
-    if bridge_dir is not None:
-        argv += ["--bindmount_ro", f"{bridge_dir}:{hostfs.INSIDE_BRIDGE_DIR}"]
+    if bridge_socket is not None:
+        argv += ["--bindmount_ro", f"{bridge_socket}:{hostfs.INSIDE_BRIDGE_SOCKET}"]
     for key, value in sorted(worker_env().items()):
         argv += ["--env", f"{key}={value}"]
     argv += [
@@ -115,11 +115,11 @@ class NsjailBackend(SandboxBackend):
             raise RuntimeError("nsjail is not installed")
         return spawn_jailed(
             request,
-            lambda bridge_dir: nsjail_argv(
+            lambda bridge_socket: nsjail_argv(
                 nsjail,
                 request,
                 worker_package=str(hostfs.worker_package_dir()),
-                bridge_dir=bridge_dir,
+                bridge_socket=bridge_socket,
                 system=hostfs.system_entries(),
             ),
             drop_to_sandbox_user=False,  # nsjail maps the user itself (and needs root for it)
@@ -138,7 +138,7 @@ def _probe() -> str | None:
         nsjail,
         SpawnRequest(),
         worker_package=str(hostfs.worker_package_dir()),
-        bridge_dir=None,
+        bridge_socket=None,
         system=hostfs.system_entries(),
     )
     argv[argv.index("--really_quiet")] = "--quiet"

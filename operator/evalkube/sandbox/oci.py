@@ -4,7 +4,7 @@ The container: an empty read-only root (the bundle's ``rootfs`` directory, holdi
 points and the host's ``/bin``-style symlinks), read-only binds of the system and the worker
 package (:mod:`evalkube.sandbox.hostfs`), a size-capped tmpfs ``/tmp``, uid/gid 65534, no
 capabilities, ``noNewPrivileges``, fresh namespaces, memory and pids limits, and the model
-bridge's socket directory when model access is on. No network is set up (runsc runs with
+bridge's socket when model access is on. No network is set up (runsc runs with
 ``--network=none``).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from evalkube.sandbox.hostfs import (
-    INSIDE_BRIDGE_DIR,
+    INSIDE_BRIDGE_SOCKET,
     INSIDE_WORKER_ROOT,
     SANDBOX_GID,
     SANDBOX_UID,
@@ -29,7 +29,7 @@ def build_spec(
     env: dict[str, str],
     system: list[SystemEntry],
     worker_package: str,
-    bridge_dir: str | None,
+    bridge_socket: str | None,
     memory_bytes: int,
     pids: int,
     tmp_bytes: int,
@@ -71,12 +71,12 @@ def build_spec(
             "options": _RO_BIND,
         }
     )
-    if bridge_dir is not None:
+    if bridge_socket is not None:
         mounts.append(
             {
-                "destination": INSIDE_BRIDGE_DIR,
+                "destination": INSIDE_BRIDGE_SOCKET,
                 "type": "bind",
-                "source": bridge_dir,
+                "source": bridge_socket,
                 "options": _RO_BIND,
             }
         )
@@ -125,9 +125,12 @@ def build_spec(
 
 
 def rootfs_dirs(system: list[SystemEntry], *, bridge: bool) -> list[str]:
-    """Mount points to create in the empty rootfs (relative paths)."""
+    """Directory mount points to create in the empty rootfs (relative paths).
+
+    With ``bridge``, the socket's mount point (a file) goes in the last one listed.
+    """
     dirs = ["proc", "dev", "tmp", "sys", f"{INSIDE_WORKER_ROOT.lstrip('/')}/evalkube_sandbox"]
     dirs += [entry.path.lstrip("/") for entry in system if entry.target is None]
     if bridge:
-        dirs.append(INSIDE_BRIDGE_DIR.lstrip("/"))
+        dirs.append(INSIDE_BRIDGE_SOCKET.lstrip("/").rsplit("/", 1)[0])
     return dirs

@@ -1,0 +1,101 @@
+"""A sandbox that is already running elsewhere: the ``grader`` container of a work-unit pod.
+
+The runner connects to the grader container's unix socket; each connection is a fresh
+worker (``evalkube_sandbox.serve``). Killing the worker is hanging up: the supervisor in
+the grader container then kills the worker's process group. Isolation (gVisor, no token,
+no secrets, read-only root) comes from the Pod spec, not from this process.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import subprocess
+from contextlib import suppress
+from typing import IO, ClassVar
+
+from evalkube.sandbox.backends import (
+    SandboxBackend,
+    SandboxUnavailable,
+    SpawnRequest,
+    WorkerProcess,
+)
+
+
+class _Connection:
+    """The subset of ``subprocess.Popen`` the session uses, over a socket."""
+
+    pid = -1
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.stdin: IO[bytes] = sock.makefile("wb")
+        self.stdout: IO[bytes] = sock.makefile("rb")
+        self.stderr: IO[bytes] = io.BufferedReader(io.BytesIO(b""))  # logs go to the container
+
+    def poll(self) -> int | None:
+        return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        raise subprocess.TimeoutExpired("grader-container", timeout or 0)
+
+
+class SocketWorker(WorkerProcess):
+    """A worker behind a unix socket; :meth:`kill` hangs up."""
+
+    def __init__(self, sock: socket.socket, model_endpoint: str | None) -> None:
+        self.connection = _Connection(sock)
+        super().__init__(self.connection, None, model_endpoint=model_endpoint)  # type: ignore[arg-type]
+
+    def exit_code(self) -> int | None:
+        return None
+
+    def kill(self) -> None:
+        with suppress(OSError):
+            self.connection.sock.shutdown(socket.SHUT_RDWR)
+        self.close()
+
+    def close(self) -> None:
+        for stream in (self.connection.stdin, self.connection.stdout):
+            with suppress(OSError):
+                stream.close()
+        with suppress(OSError):
+            self.connection.sock.close()
+        super().close()
+
+
+class PodSocketBackend(SandboxBackend):
+    """Connects to ``path`` (the grader container's socket) for each worker."""
+
+    name: ClassVar[str] = "pod"
+    isolating: ClassVar[bool] = True
+
+    def __init__(self, path: str = "", *, connect_timeout: float = 120.0) -> None:
+        self.path = path
+        self.connect_timeout = connect_timeout
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return "only inside a work-unit pod (evalkube unit --worker unix:PATH)"
+
+    def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
+        import time
+
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.path)
+                break
+            except OSError as exc:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise SandboxUnavailable(
+                        f"grader container socket {self.path} is not answering: {exc}"
+                    ) from None
+                time.sleep(0.2)
+        endpoint = request.model_endpoint if request else None
+        return SocketWorker(sock, endpoint)
+
+    def describe(self) -> str:
+        return "pod (gVisor grader container)"

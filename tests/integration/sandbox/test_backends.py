@@ -1,0 +1,189 @@
+"""Every backend for real: grading, deadlines, restarts and each limit of ``evalkube.limits``.
+
+Under CI every backend must run (a skip there is a failure, see ``support.backend``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from evalkube.sandbox import (
+    AUTO_ORDER,
+    GVisorBackend,
+    SandboxBackend,
+    SandboxLimits,
+    availability,
+    resolve_backend,
+)
+from tests.integration.sandbox.support import BACKENDS, ISOLATING, backend, leftovers, run
+
+EXACT = "def grade(sample, item):\n    return 1.0 if sample == str(item % 3) else 0.0\n"
+MIB = 1024 * 1024
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_grades_thousands_of_samples_in_one_persistent_worker(name: str) -> None:
+    samples = [str(i % 3) if i % 5 else "wrong" for i in range(3_000)]
+    executions, restarts = run(backend(name), EXACT, samples)
+
+    assert restarts == 0
+    assert [e.index for e in executions] == list(range(3_000))
+    assert [e.value for e in executions] == [0.0 if i % 5 == 0 else 1.0 for i in range(3_000)]
+    assert leftovers().empty
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_missed_deadline_kills_the_sandbox_and_a_fresh_one_continues(name: str) -> None:
+    source = (
+        "import time\n"
+        "def grade(sample, item):\n"
+        "    if sample == 'hang':\n"
+        "        time.sleep(60)\n"
+        "    return float(item)\n"
+    )
+    executions, restarts = run(backend(name), source, ["a", "b", "hang", "c", "d"], timeout=1)
+
+    assert restarts == 1
+    assert [e.status for e in executions] == ["returned"] * 2 + ["timeout"] + ["returned"] * 2
+    assert [e.value for e in executions if e.returned] == [0.0, 1.0, 3.0, 4.0]
+    assert executions[2].error is not None
+    assert "timeout_seconds=1" in executions[2].error["message"]
+    assert leftovers().empty
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_memory_limit_makes_an_invalid_sample_with_a_clear_error(name: str) -> None:
+    source = (
+        "def grade(sample, item):\n"
+        "    if sample == 'hog':\n"
+        "        return len(bytearray(400 * 1024 * 1024))\n"
+        "    return 1.0\n"
+    )
+    limits = SandboxLimits(memory_bytes=256 * MIB)
+    executions, restarts = run(backend(name), source, ["ok", "hog", "ok"], limits=limits)
+
+    assert restarts == 0
+    assert [e.status for e in executions] == ["returned", "raised", "returned"]
+    assert executions[1].error is not None
+    assert executions[1].error["type"] == "MemoryError"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_cpu_seconds_per_execution(name: str) -> None:
+    source = (
+        "def grade(sample, item):\n"
+        "    if sample == 'spin':\n"
+        "        while True:\n"
+        "            pass\n"
+        "    return 1.0\n"
+    )
+    limits = SandboxLimits(cpu_seconds=1)
+    executions, restarts = run(
+        backend(name), source, ["ok", "spin", "ok"], limits=limits, timeout=30
+    )
+
+    assert restarts == 0
+    assert [e.status for e in executions] == ["returned", "raised", "returned"]
+    assert executions[1].error is not None
+    assert executions[1].error["type"] == "CpuTimeLimitExceeded"
+    assert "1 CPU seconds" in executions[1].error["message"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_cpu_budget_is_per_execution_not_per_worker(name: str) -> None:
+    source = (
+        "import time\n"
+        "def grade(sample, item):\n"
+        "    end = time.process_time() + 0.3\n"
+        "    while time.process_time() < end:\n"
+        "        pass\n"
+        "    return 1.0\n"
+    )
+    limits = SandboxLimits(cpu_seconds=1)
+    executions, _ = run(backend(name), source, ["x"] * 8, limits=limits, timeout=30)
+
+    assert [e.status for e in executions] == ["returned"] * 8  # 2.4 CPU seconds in all
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ISOLATING)
+def test_tmp_is_private_writable_and_capped(name: str) -> None:
+    source = (
+        "import os\n"
+        "def grade(sample, item):\n"
+        "    with open(f'/tmp/{sample}', 'wb') as f:\n"
+        "        f.write(b'x' * (int(sample) * 1024))\n"
+        "    return float(os.path.getsize(f'/tmp/{sample}'))\n"
+    )
+    limits = SandboxLimits(tmp_bytes=MIB)
+    executions, _ = run(backend(name), source, ["100", "4000"], limits=limits)
+
+    assert executions[0].value == 100 * 1024
+    assert executions[1].status == "raised"
+    assert executions[1].error is not None
+    assert (
+        "No space left" in executions[1].error["message"]
+        or "too large" in (executions[1].error["message"])
+    )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ISOLATING)
+def test_pids_limit(name: str) -> None:
+    source = (
+        "import os, time\n"
+        "def grade(sample, item):\n"
+        "    for n in range(100):\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(2)\n"
+        "            os._exit(0)\n"
+        "    return 0.0\n"
+    )
+    executions, _ = run(backend(name), source, ["x"], limits=SandboxLimits(pids=16), timeout=10)
+
+    assert executions[0].status == "raised"
+    assert executions[0].error is not None
+    assert executions[0].error["type"] == "BlockingIOError"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_native_crash_names_its_signal(name: str) -> None:
+    source = (
+        "import os, signal\n"
+        "def grade(sample, item):\n"
+        "    if sample == 'segv':\n"
+        "        os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "    return 1.0\n"
+    )
+    executions, restarts = run(backend(name), source, ["ok", "segv", "ok"])
+
+    assert restarts == 2  # the crash was not announced: probe mode re-ran it alone to be sure
+    assert [e.status for e in executions] == ["returned", "crashed", "returned"]
+    assert executions[1].error is not None
+    assert "SIGSEGV" in executions[1].error["message"]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_describe_says_whether_it_isolates(name: str) -> None:
+    described = backend(name).describe()
+    assert described.startswith(name)
+    assert ("unsafe" in described) == (name == "process")
+
+
+def test_auto_picks_the_strongest_available_backend() -> None:
+    reasons = availability()
+    assert list(reasons)[: len(AUTO_ORDER)] == list(AUTO_ORDER)
+    expected = next(name for name in AUTO_ORDER if reasons[name] is None)
+    assert resolve_backend("auto").name == expected
+
+
+def test_gvisor_is_what_auto_picks_on_a_machine_that_has_it() -> None:
+    backend("gvisor")
+    chosen: SandboxBackend = resolve_backend("auto")
+    assert isinstance(chosen, GVisorBackend)
