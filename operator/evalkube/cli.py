@@ -15,6 +15,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -76,7 +77,8 @@ def _open_store(db: str | None) -> ResultStore:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # messages quote user input (task ids in brackets, YAML, code): never parse them as markup
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -113,14 +115,15 @@ def _results_table(summary: RunSummary) -> Table:
         table.add_column(column, justify="right")
     for result in summary.results:
         metrics = (
-            "\n".join(f"{name} = {value:.4f}" for name, value in result.metrics.items()) or "-"
+            "\n".join(f"{escape(name)} = {value:.4f}" for name, value in result.metrics.items())
+            or "-"
         )
         if result.error:
-            metrics += f"\n[red]batch failed: {result.error}[/]"
+            metrics += f"\n[red]batch failed: {escape(result.error)}[/]"
         counts = result.counts
         table.add_row(
             result.task,
-            result.model,
+            escape(result.model),
             metrics,
             str(counts.samples),
             str(counts.valid),
@@ -197,7 +200,7 @@ def run(
     console.print(_results_table(summary))
     console.print(f"sandbox: {summary.sandbox} · {summary.seconds:.2f} s", highlight=False)
     for problem in summary.problems:
-        errors.print(f"[yellow]warning:[/] {problem}", highlight=False)
+        errors.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
     if output is not None:
         output.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
 
@@ -279,7 +282,7 @@ def samples(
             text = (
                 value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
             )
-            lines.append(f"[bold]{key}[/]: {text}")
+            lines.append(f"[bold]{key}[/]: {escape(text)}")
         color = {"valid": "green", "invalid": "yellow", "errored": "red"}.get(
             view["status"], "white"
         )
@@ -287,7 +290,7 @@ def samples(
             Panel(
                 "\n".join(lines),
                 title=(
-                    f"{view['sample_id']} · {view['task_id']} · {view['model']} · "
+                    f"{view['sample_id']} · {view['task_id']} · {escape(view['model'])} · "
                     f"[{color}]{view['status']}[/]"
                 ),
                 title_align="left",
