@@ -210,16 +210,14 @@ class Worker:
             self._pending_start = 0
             self._last_flush = time.monotonic()
             self._cpu.set(float(cpu_seconds) if isinstance(cpu_seconds, int | float) else None)
+        monotonic = time.monotonic
         for index, args in enumerate(items):
             if program.wants_ctx:
                 exec_id = exec_ids[index] if index < len(exec_ids) else f"exec-{index}"
                 args = [*args, Context(self._endpoint, exec_id, self._task_id)]
-            out.reset()
-            err.reset()
-            self._current_since = time.monotonic()
+            self._current_since = started = monotonic()
             self._current = index
             sys.stdout, sys.stderr = out, err
-            started = time.perf_counter()
             try:
                 try:
                     self._in_user = True
@@ -231,20 +229,18 @@ class Worker:
                 answer = {"ok": False, "error": describe(exc)}
             finally:
                 sys.stdout, sys.stderr = real_out, real_err
-            answer["ms"] = round((time.perf_counter() - started) * 1000, 3)
-            text = out.text()
-            if text is not None:
-                answer["stdout"] = text
-            text = err.text()
-            if text is not None:
-                answer["stderr"] = text
+            ended = monotonic()
+            answer["ms"] = round((ended - started) * 1000, 3)
+            if out.kept or out.dropped:
+                answer["stdout"] = out.text()
+                out.reset()
+            if err.kept or err.dropped:
+                answer["stderr"] = err.text()
+                err.reset()
             with self._lock:
                 self._current = -1
                 self._pending.append(answer)
-                if (
-                    len(self._pending) >= FLUSH_COUNT
-                    or time.monotonic() - self._last_flush >= FLUSH_INTERVAL
-                ):
+                if len(self._pending) >= FLUSH_COUNT or ended - self._last_flush >= FLUSH_INTERVAL:
                     self._flush_locked()
         with self._lock:
             self._flush_locked()

@@ -53,6 +53,11 @@ def _error(payload: Any, default_type: str) -> dict[str, Any]:
 
 def from_answer(index: int, answer: Any) -> Execution:
     """Normalize one worker answer (a dict) into an :class:`Execution`; never raises."""
+    if type(answer) is dict and answer.get("ok") is True and len(answer) == 3:
+        # The common case, kept cheap: {"ok": true, "value": ..., "ms": float}.
+        ms = answer.get("ms")
+        if "value" in answer and type(ms) is float:
+            return Execution(index, "returned", answer["value"], ms=ms)
     if not isinstance(answer, dict):
         return Execution(
             index, "protocol_error", error=host_error("ProtocolError", "answer is not an object")

@@ -27,6 +27,7 @@ size, open files, CPU seconds per execution) on itself before any user code runs
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import queue
@@ -34,7 +35,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from evalkube import limits
@@ -171,7 +172,7 @@ class _Batch:
     items: list[_Item]
     #: Echoed by the worker on every frame about this batch: a frame without it was not
     #: written by the worker's protocol code (user code forging answers).
-    token: str = field(default_factory=lambda: os.urandom(8).hex())
+    token: str
     answered: int = 0
 
 
@@ -199,6 +200,7 @@ class GraderSandbox:
         self.wants_ctx: dict[str, bool] = {}
         self.restarts = 0
         self._live: _Live | None = None
+        self._tokens = (f"{os.urandom(8).hex()}-{n}" for n in itertools.count())
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -321,14 +323,13 @@ class GraderSandbox:
             batch: list[_Item] = []
             while requeue and len(batch) < size:
                 batch.append(requeue.popleft())
-            while not exhausted and len(batch) < size:
-                try:
-                    args, exec_id = next(source)
-                except StopIteration:
-                    exhausted = True
-                    break
-                batch.append(_Item(next_index, args, exec_id))
-                next_index += 1
+            if not exhausted and len(batch) < size:
+                fresh = list(itertools.islice(source, size - len(batch)))
+                exhausted = len(batch) + len(fresh) < size
+                batch += [
+                    _Item(next_index + n, args, exec_id) for n, (args, exec_id) in enumerate(fresh)
+                ]
+                next_index += len(fresh)
             return batch
 
         def fill() -> None:
@@ -341,7 +342,7 @@ class GraderSandbox:
                     return
                 if probe_left > 0:
                     probe_left -= 1
-                batch = _Batch(program, batch_items)
+                batch = _Batch(program, batch_items, next(self._tokens))
                 in_flight.append(batch)
                 self._live.send(
                     {

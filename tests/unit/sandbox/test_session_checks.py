@@ -7,11 +7,14 @@ worker and blames the execution in flight).
 
 from __future__ import annotations
 
+import os
+
+from evalkube.sandbox import ProcessBackend
 from evalkube.sandbox.session import GraderSandbox, _Batch, _Item
 
 
 def _batch(size: int = 3) -> _Batch:
-    return _Batch("grader", [_Item(i, [i], None) for i in range(size)])
+    return _Batch("grader", [_Item(i, [i], None) for i in range(size)], os.urandom(8).hex())
 
 
 def test_answers_in_sequence_are_accepted() -> None:
@@ -67,5 +70,9 @@ def test_blame_goes_to_the_first_unanswered_execution() -> None:
     assert GraderSandbox._blame(batch, "crashed", "WorkerCrashed", "boom") is None
 
 
-def test_every_batch_gets_its_own_token() -> None:
-    assert len({_batch().token for _ in range(100)}) == 100
+def test_every_batch_of_a_session_gets_its_own_unguessable_token() -> None:
+    sandbox = GraderSandbox(ProcessBackend(), [], task_id="t")
+    other = GraderSandbox(ProcessBackend(), [], task_id="t")
+    tokens = [next(sandbox._tokens) for _ in range(100)]
+    assert len(set(tokens)) == 100
+    assert next(other._tokens).split("-")[0] != tokens[0].split("-")[0]

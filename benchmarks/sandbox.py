@@ -1,0 +1,133 @@
+"""Sandbox figures: cold start per backend, per-sample overhead, 100k exact-match samples.
+
+Not a test: run it and read the figures (``.venv/bin/python benchmarks/sandbox.py``).
+
+- cold start: ``GraderSandbox.start()`` (spawn, worker hello, program load) and ``close()``,
+  median of ``--starts`` runs;
+- per-sample overhead: µs per sample of a persistent worker above calling ``grade``
+  in-process, over ``--samples`` executions of a trivial grader;
+- throughput: ``--samples`` exact-match samples end to end through the session, cold start
+  and close included, against the same grader called in-process.
+
+The engine adds validation and storage on top; this measures the sandbox session alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from evalkube.sandbox import AUTO_ORDER, GraderSandbox, Program, SandboxBackend, availability
+
+EXACT_MATCH = """
+def grade(sample, item):
+    return 1.0 if sample["output_text"].strip() == item["target"] else 0.0
+"""
+
+
+def _items(count: int) -> Iterator[tuple[list[Any], str | None]]:
+    for i in range(count):
+        target = str(i % 97)
+        output = target if i % 4 else "wrong"
+        sample = {"output_text": output, "sample_id": f"s{i}", "model": "m", "task_id": "t"}
+        item = {"target": target, "prompt": f"What is {i}?", "task_id": "t"}
+        yield [sample, item], None
+
+
+def in_process(count: int) -> tuple[float, float]:
+    """Seconds and score sum of calling ``grade`` directly."""
+    namespace: dict[str, Any] = {}
+    exec(compile(EXACT_MATCH, "grader.py", "exec"), namespace)
+    grade = namespace["grade"]
+    started = time.perf_counter()
+    total = sum(grade(*args) for args, _ in _items(count))
+    return time.perf_counter() - started, total
+
+
+def cold_start(backend: SandboxBackend, runs: int) -> tuple[float, float]:
+    """Median seconds of ``start()`` and of ``close()``."""
+    starts: list[float] = []
+    closes: list[float] = []
+    for _ in range(runs):
+        sandbox = GraderSandbox(
+            backend, [Program("grader", EXACT_MATCH, "grader.py", "grade")], task_id="t"
+        )
+        began = time.perf_counter()
+        sandbox.start()
+        started = time.perf_counter()
+        sandbox.close()
+        starts.append(started - began)
+        closes.append(time.perf_counter() - started)
+    return statistics.median(starts), statistics.median(closes)
+
+
+def through(backend: SandboxBackend, count: int) -> tuple[float, float, float]:
+    """Seconds end to end (start + grade + close), seconds grading only, score sum."""
+    began = time.perf_counter()
+    sandbox = GraderSandbox(
+        backend, [Program("grader", EXACT_MATCH, "grader.py", "grade")], task_id="t"
+    )
+    sandbox.start()
+    grading = time.perf_counter()
+    total = 0.0
+    for execution in sandbox.execute("grader", _items(count), timeout=10):
+        if execution.status != "returned":
+            raise SystemExit(
+                f"{backend.name}: sample {execution.index} {execution.status}: {execution.error}"
+            )
+        total += execution.value
+    graded = time.perf_counter()
+    sandbox.close()
+    return time.perf_counter() - began, graded - grading, total
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=100_000)
+    parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--backends", default=",".join(AUTO_ORDER))
+    args = parser.parse_args(argv)
+
+    reasons = availability()
+    base_seconds, base_total = in_process(args.samples)
+    base_rate = args.samples / base_seconds
+    print(
+        f"in-process: {args.samples} samples in {base_seconds * 1000:.0f} ms = {base_rate:,.0f}/s"
+    )
+    print()
+    header = (
+        f"{'backend':8} {'start ms':>9} {'close ms':>9} {'µs/sample':>10} {'overhead µs':>12} "
+        f"{'samples/s':>10} {'incl. start':>12} {'vs in-process':>14}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name in args.backends.split(","):
+        reason = reasons.get(name, "unknown backend")
+        if reason is not None:
+            print(f"{name:8} unavailable: {reason}")
+            continue
+        backend = SandboxBackend.registry[name]()
+        start, close = cold_start(backend, args.starts)
+        end_to_end, grading, total = through(backend, args.samples)
+        if total != base_total:
+            print(
+                f"{name}: scores differ from in-process ({total} != {base_total})", file=sys.stderr
+            )
+            return 1
+        per_sample = grading / args.samples * 1e6
+        overhead = per_sample - base_seconds / args.samples * 1e6
+        rate = args.samples / grading
+        rate_all = args.samples / end_to_end
+        print(
+            f"{name:8} {start * 1000:9.0f} {close * 1000:9.0f} {per_sample:10.1f} {overhead:12.1f} "
+            f"{rate:10,.0f} {rate_all:12,.0f} {base_rate / rate_all:13.1f}x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
