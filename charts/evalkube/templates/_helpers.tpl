@@ -1,0 +1,70 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "evalkube.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "evalkube.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "evalkube.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "evalkube.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "evalkube.labels" -}}
+{{ include "evalkube.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: evalkube
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "evalkube.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "evalkube.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "evalkube.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "evalkube.sandboxImage" -}}
+{{- printf "%s:%s" .Values.sandboxImage.repository (default .Chart.AppVersion .Values.sandboxImage.tag) -}}
+{{- end -}}
+
+{{- define "evalkube.pvcName" -}}
+{{- default (printf "%s-store" (include "evalkube.fullname" .)) .Values.store.sqlite.existingClaim -}}
+{{- end -}}
+
+{{/* More than one replica means peering; peering means a store shared by every replica. */}}
+{{- define "evalkube.peering" -}}
+{{- if gt (int .Values.replicas) 1 -}}true{{- else -}}false{{- end -}}
+{{- end -}}
+
+{{/* Fail early, at `helm install`/`helm template`, on values that cannot work. */}}
+{{- define "evalkube.validate" -}}
+{{- if not (has .Values.store.type (list "sqlite" "postgres")) -}}
+{{- fail (printf "store.type must be sqlite or postgres (got %q)" .Values.store.type) -}}
+{{- end -}}
+{{- if and (gt (int .Values.replicas) 1) (ne .Values.store.type "postgres") -}}
+{{- fail (printf "replicas=%d needs store.type=postgres: SQLite on a ReadWriteOnce volume has a single writer. Set replicas=1, or set store.type=postgres and store.postgres.existingSecret" (int .Values.replicas)) -}}
+{{- end -}}
+{{- if and (eq .Values.store.type "postgres") (not .Values.store.postgres.existingSecret) -}}
+{{- fail "store.type=postgres needs store.postgres.existingSecret: a Secret whose key store.postgres.secretKey holds the SQLAlchemy URL" -}}
+{{- end -}}
+{{- if lt (int .Values.work.shardSize) 1 -}}
+{{- fail "work.shardSize must be at least 1" -}}
+{{- end -}}
+{{- if or (lt (int .Values.work.parallelism) 1) (gt (int .Values.work.parallelism) 1000) -}}
+{{- fail "work.parallelism must be between 1 and 1000" -}}
+{{- end -}}
+{{- end -}}

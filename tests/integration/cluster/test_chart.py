@@ -1,0 +1,238 @@
+"""The Helm chart (charts/evalkube) against a real API server and a real helm.
+
+``helm lint``; ``helm template`` rendered with several value sets and applied with
+``kubectl apply --dry-run=server`` (CRDs applied first, namespaces created first); the values
+that cannot work fail at render time; the chart's CRD copy matches the generator; a real
+``helm install`` whose RBAC is checked with ``kubectl auth can-i`` (least privilege).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.cluster.ctrlplane import ControlPlane
+
+from evalkube.controller import crds
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[3]
+CHART = ROOT / "charts" / "evalkube"
+ENV_NAMES = {
+    "EVALKUBE_RUNNER_IMAGE",
+    "EVALKUBE_SANDBOX_IMAGE",
+    "EVALKUBE_RUNTIME_CLASS",
+    "EVALKUBE_SHARD_SIZE",
+    "EVALKUBE_PARALLELISM",
+    "EVALKUBE_STORE_URL",
+    "EVALKUBE_INGEST_URL",
+    "EVALKUBE_LISTEN",
+}
+
+
+def helm(cp: ControlPlane, *args: str) -> str:
+    proc = cp.run("helm", *args, timeout=120)
+    assert proc.returncode == 0, f"helm {' '.join(args)}: {proc.stderr}"
+    return proc.stdout
+
+
+def render(
+    cp: ControlPlane, namespace: str, *sets: str, release: str = "ev"
+) -> list[dict[str, Any]]:
+    args = ["template", release, str(CHART), "--namespace", namespace]
+    for item in sets:
+        args += ["--set", item]
+    return [d for d in yaml.safe_load_all(helm(cp, *args)) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def chart_crds(control_plane: ControlPlane) -> ControlPlane:
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    for name in ("evalsuites.evalkube.io", "evalruns.evalkube.io", "clusterkopfpeerings.kopf.dev"):
+        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    return control_plane
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    name = f"evk-{uuid.uuid4().hex[:8]}"
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+# -- static ---------------------------------------------------------------------------------
+
+
+def test_helm_lint(control_plane: ControlPlane) -> None:
+    out = helm(control_plane, "lint", str(CHART), "--strict")
+    assert "0 chart(s) failed" in out
+    out = helm(
+        control_plane, "lint", str(CHART), "--strict",
+        "--set", "replicas=3,store.type=postgres,store.postgres.existingSecret=pg",
+        "--set", "watchNamespace=team-a,metrics.serviceMonitor.enabled=true",
+    )  # fmt: skip
+    assert "0 chart(s) failed" in out
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    assert crds.check_crds(CHART / "crds") == []
+    for crd in crds.all_crds():
+        on_disk = (CHART / "crds" / crds.crd_filename(crd)).read_text()
+        assert on_disk == (ROOT / "crds" / crds.crd_filename(crd)).read_text()
+
+
+def test_defaults_render_a_locked_down_operator(control_plane: ControlPlane) -> None:
+    docs = render(control_plane, "evalkube-system")
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == [
+        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
+        "Deployment", "PersistentVolumeClaim", "Service", "ServiceAccount",
+    ]  # fmt: skip
+    [deploy] = by_kind(docs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}  # one SQLite writer
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert set(env) >= ENV_NAMES
+    assert env["EVALKUBE_RUNTIME_CLASS"] == "gvisor"
+    assert env["EVALKUBE_STORE_URL"] == "sqlite:////var/lib/evalkube/results.db"
+    assert env["EVALKUBE_INGEST_URL"] == "http://ev-evalkube.evalkube-system.svc:8080"
+    assert env["EVALKUBE_LISTEN"] == "0.0.0.0:8080"
+    assert env["EVALKUBE_RUNNER_IMAGE"] == "ghcr.io/evalkube/evalkube:0.1.0"
+    assert env["EVALKUBE_SANDBOX_IMAGE"] == "ghcr.io/evalkube/evalkube-sandbox:0.1.0"
+    assert env["EVALKUBE_PEERING"] == "false"
+    assert "EVALKUBE_NAMESPACE" not in env
+    labels = json.loads(env["EVALKUBE_OPERATOR_POD_LABELS"])
+    assert labels.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    [service] = by_kind(docs, "Service")
+    assert service["spec"]["ports"][0]["port"] == 8080
+    assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+
+
+def test_rbac_is_least_privilege(control_plane: ControlPlane) -> None:
+    docs = render(control_plane, "evalkube-system")
+    rules = [r for role in by_kind(docs, "ClusterRole") for r in role["rules"]]
+    verbs: dict[str, set[str]] = {}
+    for rule in rules:
+        for resource in rule["resources"]:
+            verbs.setdefault(resource, set()).update(rule["verbs"])
+    assert "*" not in {v for vs in verbs.values() for v in vs}
+    assert verbs["secrets"] == {"get", "create", "patch", "delete"}  # no list/watch
+    assert verbs["pods"] == {"get", "list", "watch"}
+    assert {"create", "delete"} <= verbs["jobs"]
+    assert {"create", "delete"} <= verbs["networkpolicies"]
+    assert "create" in verbs["events"]
+    assert {"patch"} <= verbs["evalruns/status"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["replicas=2"], "replicas=2 needs store.type=postgres"),
+        (["store.type=postgres"], "needs store.postgres.existingSecret"),
+        (["store.type=mysql"], "store.type must be sqlite or postgres"),
+        (["work.parallelism=0"], "work.parallelism must be between 1 and 1000"),
+    ],
+)
+def test_impossible_values_fail_at_render(
+    control_plane: ControlPlane, sets: list[str], message: str
+) -> None:
+    args = ["template", "ev", str(CHART)]
+    for item in sets:
+        args += ["--set", item]
+    proc = control_plane.run("helm", *args)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+
+
+# -- against the API server ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ["runtimeClassName=", "store.sqlite.storageClass=fast,store.sqlite.size=1Gi"],
+        ["replicas=2", "store.type=postgres", "store.postgres.existingSecret=pg"],
+        ["replicas=2", "store.type=postgres", "store.postgres.existingSecret=pg", "WATCH"],
+    ],
+    ids=["defaults", "sqlite-options", "peering-cluster", "peering-namespaced"],
+)
+def test_rendered_chart_is_accepted_by_the_api_server(
+    chart_crds: ControlPlane, namespace: str, sets: list[str]
+) -> None:
+    cp = chart_crds
+    sets = [f"watchNamespace={namespace}" if s == "WATCH" else s for s in sets]
+    # restricted Pod Security: the operator's pod template must not even warn
+    cp.kubectl(
+        "label", "namespace", namespace,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/warn=restricted",
+    )  # fmt: skip
+    args = ["template", f"ev{uuid.uuid4().hex[:6]}", str(CHART), "--namespace", namespace]
+    for item in sets:
+        args += ["--set", item]
+    manifest = helm(cp, *args)
+    proc = cp.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest)
+    assert "deployment.apps" in proc.stdout
+    assert "created (server dry run)" in proc.stdout
+    assert "Warning" not in proc.stderr, proc.stderr
+    if "replicas=2" in sets:
+        kind = (
+            "kopfpeering"
+            if any(s.startswith("watchNamespace") for s in sets)
+            else "clusterkopfpeering"
+        )
+        assert f"{kind}.kopf.dev/evalkube created" in proc.stdout
+
+
+def test_install_and_rbac_with_can_i(chart_crds: ControlPlane, namespace: str) -> None:
+    cp = chart_crds
+    release = f"ev{uuid.uuid4().hex[:6]}"
+    helm(cp, "install", release, str(CHART), "--namespace", namespace)
+    try:
+        sa = f"system:serviceaccount:{namespace}:{release}-evalkube"
+
+        def can(verb: str, resource: str, ns: str = "team-x") -> bool:
+            out = cp.kubectl("auth", "can-i", verb, resource, "-n", ns, "--as", sa, check=False)
+            return out.stdout.strip() == "yes"
+
+        assert can("create", "jobs.batch")
+        assert can("delete", "networkpolicies.networking.k8s.io")
+        assert can("create", "secrets")
+        assert can("patch", "evalruns.evalkube.io/status")
+        assert can("watch", "evalsuites.evalkube.io")
+        assert can("create", "events")
+        assert can("get", "configmaps")
+        assert not can("list", "secrets")
+        assert not can("watch", "secrets")
+        assert not can("delete", "pods")
+        assert not can("create", "pods")
+        assert not can("create", "deployments.apps")
+        assert not can("delete", "evalruns.evalkube.io")
+        assert not can("create", "rolebindings.rbac.authorization.k8s.io")
+        status = helm(cp, "status", release, "--namespace", namespace, "-o", "json")
+        assert json.loads(status)["info"]["status"] == "deployed"
+    finally:
+        cp.run("helm", "uninstall", release, "--namespace", namespace)
