@@ -28,6 +28,12 @@ BRIDGE_SOCKET = f"{BRIDGE_DIR}/bridge.sock"
 CONTROL_SOCKET = f"{CONTROL_DIR}/control.sock"
 WORKER_SOCKET = f"{WORKER_DIR}/worker.sock"
 TOKEN_KEY = "token"
+#: Where the sandbox image keeps ``evalkube_sandbox`` (isolated mode ignores PYTHONPATH).
+SANDBOX_PACKAGE_DIR = "/opt/evalkube"
+SANDBOX_BOOTSTRAP = (
+    f"import sys, runpy; sys.path.insert(0, {SANDBOX_PACKAGE_DIR!r}); "
+    "runpy.run_module('evalkube_sandbox', run_name='__main__')"
+)
 NOBODY = 65534
 
 
@@ -279,7 +285,7 @@ def unit_job(
     grader = {
         "name": "grader",
         "image": settings.sandbox_image,
-        "command": ["python3", "-I", "-S", "-m", "evalkube_sandbox", "--listen", WORKER_SOCKET],
+        "command": ["python3", "-I", "-S", "-c", SANDBOX_BOOTSTRAP, "--listen", WORKER_SOCKET],
         "env": [],
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
