@@ -5,16 +5,19 @@ samples of the run are plain exact-match cases (``"good"`` scores 1, ``"bad"`` 0
 can check that they were graded correctly around the attack. ``{placeholders}`` are filled
 per test (paths, ports, secrets).
 
-``check`` receives the attacked sample's outcome as the grading side saw it and asserts that
-the attack failed: the sample is invalid (an exception, a timeout, a crash, a protocol
-violation) or unaffected (it returned, and nothing it returned carries what it tried to get).
+``expect`` says how the attack must fail: the attacked sample is invalid (an exception, a
+timeout, a crash, a protocol violation) or unaffected (it returned, and nothing it returned
+carries what it tried to get); it is checked on the execution the session yields and on the
+sample ``evalkube run`` stores.
 """
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from evalkube.sandbox import Execution
 from tests.integration.sandbox.support import BACKENDS, ISOLATING
@@ -23,51 +26,69 @@ from tests.integration.sandbox.support import BACKENDS, ISOLATING
 #: sets on itself, or the runner's wall-clock kill, which the plain process has as well.
 ALL = BACKENDS
 
-INVALID = ("raised", "timeout", "crashed", "protocol_error", "unserializable", "oversized")
+#: How the engine names a failed execution in the stored sample's ``error.type``.
+ERROR_TYPES = {
+    "timeout": "Timeout",
+    "crashed": "WorkerCrashed",
+    "protocol_error": "ProtocolError",
+    "unserializable": "UnserializableResult",
+    "oversized": "ResultTooLarge",
+}
 
 
-Check = Callable[[Execution, dict[str, str]], None]
+@dataclass(frozen=True)
+class Expect:
+    """What the attacked sample may end as: invalid, or unaffected and holding nothing stolen.
 
+    ``outcomes`` are :class:`Execution` statuses; ``errors`` the exception types allowed when
+    it ``raised``. ``extra`` checks the execution further at the sandbox layer, ``view`` the
+    stored sample (``evalkube samples --json``) at the end-to-end layer.
+    """
 
-def invalid(*statuses: str, errors: tuple[str, ...] = ()) -> Check:
-    """The attacked sample must end in one of ``statuses`` (and one of ``errors`` if given)."""
+    outcomes: tuple[str, ...]
+    errors: tuple[str, ...] = ()
+    extra: Callable[[Execution], None] | None = None
+    view: Callable[[dict[str, Any]], None] | None = None
 
-    def check(execution: Execution, params: dict[str, str]) -> None:
-        assert execution.status in statuses, (execution.status, execution.error)
-        if errors and execution.status == "raised":
+    def check_execution(self, execution: Execution, secret: str) -> None:
+        assert execution.status in self.outcomes, (execution.status, execution.error)
+        if self.errors and execution.status == "raised":
             assert execution.error is not None
-            assert execution.error["type"] in errors, execution.error
-
-    return check
-
-
-def nothing_leaked(*statuses: str) -> Check:
-    """Whatever the sample ended as, the secret appears nowhere in what it produced."""
-
-    def check(execution: Execution, params: dict[str, str]) -> None:
-        assert execution.status in statuses, (execution.status, execution.error)
+            assert execution.error["type"] in self.errors, execution.error
         seen = repr((execution.value, execution.error, execution.stdout, execution.stderr))
-        assert params["secret"] not in seen
+        assert secret not in seen
+        if self.extra is not None:
+            self.extra(execution)
 
-    return check
+    def check_view(self, view: dict[str, Any], secret: str, metric: str) -> None:
+        assert secret not in json.dumps(view)
+        if view["status"] == "valid":
+            assert "returned" in self.outcomes, view
+        else:
+            assert view["status"] == "invalid", view
+            assert view["scores"] == {metric: 0.0}, view
+            kind = view["error"]["type"]
+            allowed = {ERROR_TYPES[o] for o in self.outcomes if o in ERROR_TYPES}
+            if "raised" in self.outcomes:
+                allowed |= set(self.errors)
+            if not (("raised" in self.outcomes and not self.errors) or "returned" in self.outcomes):
+                assert kind in allowed, (kind, allowed, view["error"])
+        if self.view is not None:
+            self.view(view)
 
 
-def unaffected_or_invalid(execution: Execution, params: dict[str, str]) -> None:
-    assert execution.status in ("returned", *INVALID), execution.status
+def _children_contained(execution: Execution) -> None:
+    """Children together over the memory cgroup: one is OOM-killed, or the sandbox is."""
+    if execution.status == "returned":
+        assert 9 in execution.value or 9 << 8 in execution.value, execution.value
+
+
+def _unaffected(execution: Execution) -> None:
     if execution.status == "returned":
         assert execution.value == 1.0
 
 
-def children_contained(execution: Execution, params: dict[str, str]) -> None:
-    """Children together over the memory cgroup: one is OOM-killed, or the sandbox is."""
-    if execution.status == "returned":
-        assert 9 in execution.value or 9 << 8 in execution.value, execution.value
-    else:
-        assert execution.status in ("timeout", "crashed"), execution.status
-
-
-def output_capped(execution: Execution, params: dict[str, str]) -> None:
-    assert execution.status == "returned", execution
+def _output_capped(execution: Execution) -> None:
     assert execution.value == 1.0
     for text in (execution.stdout, execution.stderr):
         assert text is not None
@@ -75,9 +96,17 @@ def output_capped(execution: Execution, params: dict[str, str]) -> None:
         assert "more characters dropped" in text
 
 
-def ran_in_gvisor(execution: Execution, params: dict[str, str]) -> None:
-    assert execution.status == "returned", execution.error
-    judge = execution.value["judge"]
+def _output_capped_view(view: dict[str, Any]) -> None:
+    assert view["status"] == "valid", view
+    assert view["stdout"] is not None
+    assert len(view["stdout"]) < 9_000
+
+
+def _ran_in_gvisor(execution: Execution) -> None:
+    _gvisor_judge(execution.value["judge"])
+
+
+def _gvisor_judge(judge: dict[str, Any]) -> None:
     assert judge["release"] == "4.4.0", judge
     assert "gVisor" in judge["dmesg"], judge
 
@@ -87,10 +116,8 @@ class Attack:
     name: str
     body: str
     blocked_by: tuple[str, ...]
-    check: Check
+    expect: Expect
     timeout: float = 2.0
-    #: Substituted into ``body`` with ``str.format`` (test-specific values are added).
-    params: dict[str, str] = field(default_factory=dict)
 
 
 ATTACKS = [
@@ -102,7 +129,7 @@ ATTACKS = [
         return 1.0
         """,
         ISOLATING,
-        invalid("raised", errors=("ConnectionRefusedError", "OSError", "TimeoutError")),
+        Expect(("raised",), ("ConnectionRefusedError", "OSError", "TimeoutError")),
     ),
     Attack(
         "secret_in_environment",
@@ -111,7 +138,7 @@ ATTACKS = [
                 "judge": {{"environ": dict(os.environ)}}}}
         """,
         ALL,
-        nothing_leaked("returned"),
+        Expect(("returned",)),
     ),
     Attack(
         "secret_in_other_processes",
@@ -128,7 +155,7 @@ ATTACKS = [
         return {{"scores": {{"found": float(len(found))}}, "judge": {{"found": found}}}}
         """,
         ISOLATING,
-        nothing_leaked("returned", "raised"),
+        Expect(("returned", "raised")),
     ),
     Attack(
         "read_results_database",
@@ -137,7 +164,7 @@ ATTACKS = [
         return {{"scores": {{"s": 1}}, "judge": {{"db": data}}}}
         """,
         ISOLATING,
-        nothing_leaked("raised"),
+        Expect(("raised",), ("FileNotFoundError", "PermissionError")),
     ),
     Attack(
         "read_credentials_file",
@@ -145,7 +172,7 @@ ATTACKS = [
         return {{"scores": {{"s": 1}}, "judge": {{"credentials": open("{credentials}").read()}}}}
         """,
         ISOLATING,
-        nothing_leaked("raised"),
+        Expect(("raised",), ("FileNotFoundError", "PermissionError")),
     ),
     Attack(
         "read_etc_shadow",
@@ -153,7 +180,7 @@ ATTACKS = [
         return {{"scores": {{"s": 1}}, "judge": {{"shadow": open("/etc/shadow").read()}}}}
         """,
         ISOLATING,
-        invalid("raised", errors=("FileNotFoundError", "PermissionError")),
+        Expect(("raised",), ("FileNotFoundError", "PermissionError")),
     ),
     Attack(
         "write_outside_tmp",
@@ -168,7 +195,7 @@ ATTACKS = [
         raise PermissionError("nothing outside /tmp is writable")
         """,
         ISOLATING,
-        invalid("raised", errors=("PermissionError",)),
+        Expect(("raised",), ("PermissionError",)),
     ),
     Attack(
         "fill_tmp",
@@ -179,7 +206,7 @@ ATTACKS = [
         return 1.0
         """,
         ISOLATING,
-        invalid("raised", errors=("OSError",)),
+        Expect(("raised",), ("OSError",)),
     ),
     Attack(
         "fork_bomb",
@@ -191,7 +218,7 @@ ATTACKS = [
                 pass
         """,
         ISOLATING,
-        invalid("timeout", "crashed", "protocol_error"),
+        Expect(("timeout", "crashed", "protocol_error")),
         timeout=1.0,
     ),
     Attack(
@@ -201,7 +228,7 @@ ATTACKS = [
         return float(len(hog))
         """,
         ALL,
-        invalid("raised", "crashed", errors=("MemoryError",)),
+        Expect(("raised", "crashed"), ("MemoryError",)),
     ),
     Attack(
         "memory_bomb_growing",
@@ -211,7 +238,7 @@ ATTACKS = [
             hog.append(bytearray(64 << 20))
         """,
         ALL,
-        invalid("raised", "crashed", "timeout", errors=("MemoryError",)),
+        Expect(("raised", "crashed", "timeout"), ("MemoryError",)),
     ),
     Attack(
         "memory_bomb_in_children",
@@ -228,7 +255,7 @@ ATTACKS = [
         return [os.waitpid(pid, 0)[1] for pid in pids]
         """,
         ISOLATING,
-        children_contained,
+        Expect(("returned", "timeout", "crashed"), extra=_children_contained),
     ),
     Attack(
         "infinite_loop",
@@ -237,7 +264,7 @@ ATTACKS = [
             pass
         """,
         ALL,
-        invalid("timeout", "raised", errors=("CpuTimeLimitExceeded",)),
+        Expect(("timeout", "raised"), ("CpuTimeLimitExceeded",)),
         timeout=1.0,
     ),
     Attack(
@@ -253,7 +280,7 @@ ATTACKS = [
                 pass
         """,
         ALL,
-        invalid("timeout"),
+        Expect(("timeout",)),
         timeout=1.0,
     ),
     Attack(
@@ -268,7 +295,7 @@ ATTACKS = [
         return 1.0
         """,
         ALL,
-        output_capped,
+        Expect(("returned",), extra=_output_capped, view=_output_capped_view),
     ),
     Attack(
         "forged_protocol_frames",
@@ -287,10 +314,10 @@ ATTACKS = [
         return 99.0
         """,
         ALL,
-        invalid("protocol_error"),
+        Expect(("protocol_error",)),
     ),
-    Attack("os_exit_mid_batch", "os._exit(0)", ALL, invalid("crashed")),
-    Attack("sys_exit_mid_batch", "sys.exit()", ALL, invalid("raised", errors=("SystemExit",))),
+    Attack("os_exit_mid_batch", "os._exit(0)", ALL, Expect(("crashed",))),
+    Attack("sys_exit_mid_batch", "sys.exit()", ALL, Expect(("raised",), ("SystemExit",))),
     Attack(
         "kill_parent",
         """
@@ -298,7 +325,7 @@ ATTACKS = [
         return 1.0
         """,
         ISOLATING,
-        unaffected_or_invalid,
+        Expect(("returned", "raised", *ERROR_TYPES), extra=_unaffected),
     ),
     Attack(
         "kill_pid_1",
@@ -307,7 +334,7 @@ ATTACKS = [
         return 1.0
         """,
         ISOLATING,
-        unaffected_or_invalid,
+        Expect(("returned", "raised", *ERROR_TYPES), extra=_unaffected),
     ),
     Attack(
         "recursion_bomb",
@@ -319,7 +346,7 @@ ATTACKS = [
         return float(len(repr(nested)))
         """,
         ALL,
-        invalid("crashed", "raised", "timeout", errors=("RecursionError", "MemoryError")),
+        Expect(("crashed", "raised", "timeout"), ("RecursionError", "MemoryError")),
     ),
     Attack(
         "judge_of_50_mb",
@@ -327,7 +354,7 @@ ATTACKS = [
         return {{"scores": {{"s": 1.0}}, "judge": {{"blob": "x" * (50 * 1024 * 1024)}}}}
         """,
         ALL,
-        invalid("oversized"),
+        Expect(("oversized",)),
     ),
     Attack(
         "judge_not_json_serializable",
@@ -335,7 +362,7 @@ ATTACKS = [
         return {{"scores": {{"s": 1.0}}, "judge": {{"handle": object(), "set": {{1, 2}}}}}}
         """,
         ALL,
-        invalid("unserializable"),
+        Expect(("unserializable",)),
     ),
     Attack(
         "proof_of_gvisor",
@@ -347,7 +374,7 @@ ATTACKS = [
         return {{"scores": {{"s": 1.0}}, "judge": judge}}
         """,
         ("gvisor",),
-        ran_in_gvisor,
+        Expect(("returned",), extra=_ran_in_gvisor, view=lambda v: _gvisor_judge(v["judge"])),
     ),
 ]
 
@@ -361,15 +388,20 @@ import sys
 
 
 def grade(sample, item):
-    if sample != "attack":
-        return 1.0 if sample == "good" else 0.0
+    case = {case}
+    if case != "attack":
+        return 1.0 if case == "good" else 0.0
 """
 
 
-def grader_source(attack: Attack, params: dict[str, str]) -> str:
-    """The attack's whole grader module, ``params`` filled in."""
+def grader_source(attack: Attack, params: dict[str, str], case: str = "sample") -> str:
+    """The attack's whole grader module, ``params`` filled in.
+
+    ``case`` is the expression that names the case: the sample itself at the sandbox layer,
+    ``sample["output_text"]`` when the grader runs through ``evalkube run``.
+    """
     body = textwrap.indent(textwrap.dedent(attack.body).strip("\n"), "    ")
-    return PRELUDE + body.format(**params) + "\n"
+    return PRELUDE.format(case=case) + body.format(**params) + "\n"
 
 
 #: The run every attack is part of: the attack mid-batch between graded samples.

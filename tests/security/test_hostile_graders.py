@@ -36,7 +36,7 @@ def test_attack_is_contained(
     host_secrets: dict[str, str],
 ) -> None:
     sandbox_backend: SandboxBackend = backend(backend_name)
-    params = {**host_secrets, "port": str(listener.port), **attack.params}
+    params = {**host_secrets, "port": str(listener.port)}
     before = descendants(os.getpid())
 
     executions, _restarts = run(
@@ -46,7 +46,7 @@ def test_attack_is_contained(
     # The run completed: one outcome per sample, in order.
     assert [e.index for e in executions] == list(range(len(SAMPLES)))
     # The attack failed.
-    attack.check(executions[ATTACKED], params)
+    attack.expect.check_execution(executions[ATTACKED], params["secret"])
     # The other samples were graded correctly (no forged or lost answers).
     for index, expected in EXPECTED.items():
         outcome = executions[index]
