@@ -329,3 +329,89 @@ def version() -> None:
 def main() -> None:  # pragma: no cover - console entry
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     app()
+
+
+@app.command("operator")
+def operator_command(
+    namespace: Annotated[
+        list[str] | None, typer.Option("--namespace", "-n", help="Watch only these namespaces")
+    ] = None,
+) -> None:
+    """Run the Kubernetes operator (settings from EVALKUBE_* variables; see docs/operator.md)."""
+    import kopf
+
+    import evalkube.controller.handlers  # noqa: F401 - registers the handlers
+    from evalkube.controller.settings import OperatorSettings
+
+    settings = OperatorSettings()
+    namespaces = list(namespace or ([settings.namespace] if settings.namespace else []))
+    kopf.run(
+        standalone=not settings.peering,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+    )
+
+
+@app.command("unit")
+def unit_command(
+    snapshot: Annotated[Path, typer.Option(help="The run's snapshot.json (ConfigMap volume)")],
+    unit: Annotated[str, typer.Option(help="Unit id to run")],
+    ingest_url: Annotated[str, typer.Option(help="The operator's ingest API")],
+    worker: Annotated[
+        str | None, typer.Option(help="unix:PATH of the grader container's socket")
+    ] = None,
+    sandbox: Annotated[str, typer.Option(help="Local sandbox when --worker is not given")] = "auto",
+    bridge: Annotated[str | None, typer.Option(help="Model bridge for ctx (unix:PATH)")] = None,
+    bridge_control: Annotated[
+        str | None, typer.Option(help="Model bridge control endpoint (unix:PATH)")
+    ] = None,
+    datasets: Annotated[
+        Path | None, typer.Option(help="Where dataset ConfigMaps are mounted")
+    ] = None,
+) -> None:
+    """Run one work unit of an EvalRun (the runner container of a work-unit pod)."""
+    from evalkube.engine.pod import load_snapshot, run_pod_unit
+    from evalkube.sandbox.remote import PodSocketBackend
+    from evalkube.store.remote import RemoteStore
+
+    token = os.environ.get("EVALKUBE_INGEST_TOKEN")
+    if not token:
+        _fail("EVALKUBE_INGEST_TOKEN is not set (the run's ingest Secret)", EXIT_CONFIG)
+    try:
+        loaded = load_snapshot(snapshot, datasets)
+    except (OSError, ValueError, ConfigError) as exc:
+        _fail(f"cannot read the snapshot {snapshot}: {exc}", EXIT_CONFIG)
+    backend = PodSocketBackend(worker.removeprefix("unix:")) if worker else resolve_backend(sandbox)
+    store = RemoteStore(ingest_url, loaded.namespace, loaded.name, token)
+    take_usage = _usage_taker(bridge_control) if bridge_control else None
+    try:
+        report = run_pod_unit(
+            loaded, unit, store=store, backend=backend, model_endpoint=bridge, take_usage=take_usage
+        )
+    except (ConfigError, UnitFailed) as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    finally:
+        store.close()
+    console.print(
+        f"unit {unit}: {report.samples} samples recorded, {report.skipped} already recorded, "
+        f"{report.restarts} sandbox restarts, {report.seconds:.2f} s",
+        highlight=False,
+    )
+
+
+def _usage_taker(endpoint: str) -> Any:
+    """Take per-execution model-call usage from the bridge's control endpoint."""
+    import httpx
+
+    path = endpoint.removeprefix("unix:")
+    transport = httpx.HTTPTransport(uds=path) if endpoint.startswith("unix:") else None
+    base = "http://bridge" if transport else endpoint
+    client = httpx.Client(base_url=base, transport=transport, timeout=30)
+
+    def take(execution_ids: list[str]) -> dict[str, dict[str, Any]]:
+        response = client.post("/evalkube/v1/usage:take", json={"execution_ids": execution_ids})
+        response.raise_for_status()
+        data: dict[str, dict[str, Any]] = response.json()
+        return data
+
+    return take

@@ -43,6 +43,8 @@ class LoadedSuite:
     sources: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     """``(task_id, "grader"|"preprocess")`` -> ``(source, filename)``."""
     version: str = ""
+    dataset_paths: dict[str, Path] = field(default_factory=dict)
+    """Task id -> JSONL file, for datasets given by reference (ConfigMaps mounted in a pod)."""
 
     @property
     def name(self) -> str:
@@ -185,6 +187,9 @@ def iter_dataset(loaded: LoadedSuite, task: TaskSpec) -> Iterator[dict[str, Any]
     dataset = task.dataset
     if dataset.rows is not None:
         yield from (dict(row) for row in dataset.rows)
+        return
+    if task.id in loaded.dataset_paths:
+        yield from iter_json_rows(loaded.dataset_paths[task.id], f"tasks[{task.id}].dataset")
         return
     if dataset.config_map_ref is not None:
         raise ConfigError(

@@ -1,0 +1,81 @@
+"""Every kopf handler of evalkube, each a few lines over the reconcile logic.
+
+Import this module only to run the operator (``evalkube operator``): importing it registers
+the handlers with kopf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+
+from evalkube.controller.runs import FINAL_PHASES, config_map_refs
+from evalkube.controller.settings import OperatorSettings
+from evalkube.controller.snapshot import check_suite
+from evalkube.controller.state import OperatorState, suite_status
+
+GROUP, VERSION = "evalkube.io", "v1alpha1"
+SETTINGS = OperatorSettings()
+
+
+def _post_event(body: Any, kind: str, reason: str, message: str) -> None:
+    (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
+    settings.posting.level = 20
+    memo.state = await OperatorState.start(SETTINGS, _post_event)
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.state.close()
+
+
+@kopf.on.create(GROUP, VERSION, "evalsuites")
+@kopf.on.update(GROUP, VERSION, "evalsuites", field="spec")
+@kopf.on.resume(GROUP, VERSION, "evalsuites")
+async def suite_changed(
+    spec: Any, namespace: str | None, meta: Any, status: Any, patch: kopf.Patch, memo: Any, **_: Any
+) -> None:
+    state: OperatorState = memo.state
+    assert namespace is not None
+    values = {}
+    for task in spec.get("tasks", []):
+        for ref in config_map_refs(namespace, task):
+            values[ref] = await state.kube.config_map_value(*ref)
+    check = await asyncio.to_thread(
+        check_suite, namespace, dict(spec), lambda ns, cm, key: values.get((ns, cm, key))
+    )
+    patch.status.update(suite_status(check, meta.get("generation"), status))
+
+
+@kopf.on.create(GROUP, VERSION, "evalruns")
+@kopf.on.resume(GROUP, VERSION, "evalruns")
+async def run_started(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    new = await memo.state.reconciler.reconcile(body)
+    if new is not None:
+        patch.status.update(new)
+
+
+@kopf.timer(
+    GROUP,
+    VERSION,
+    "evalruns",
+    interval=SETTINGS.reconcile_interval,
+    initial_delay=SETTINGS.reconcile_interval,
+    when=lambda status, **_: (status or {}).get("phase") not in FINAL_PHASES,
+)
+async def run_tick(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    new = await memo.state.reconciler.reconcile(body)
+    if new is not None:
+        patch.status.update(new)
+
+
+@kopf.on.delete(GROUP, VERSION, "evalruns", optional=True)
+async def run_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    memo.state.registry.forget(namespace or "", name)

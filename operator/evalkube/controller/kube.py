@@ -1,0 +1,90 @@
+"""The Kubernetes API calls the operator makes (lightkube, async), with dict manifests.
+
+Creation is idempotent: an object that already exists (HTTP 409) counts as created, which is
+what makes deterministic names restart-safe.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.codecs import from_dict
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import ConfigMap, Secret
+
+from evalkube.controller import names
+
+EvalSuiteResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalSuite", "evalsuites")
+
+
+class Kube:
+    """Thin async wrapper over lightkube for the operator's few object kinds."""
+
+    def __init__(self, client: AsyncClient | None = None) -> None:
+        self.client = client or AsyncClient(field_manager="evalkube")
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def create(self, manifest: Mapping[str, Any]) -> bool:
+        """Create ``manifest``; ``False`` when it already existed."""
+        try:
+            await self.client.create(from_dict(dict(manifest)))
+        except ApiError as exc:
+            if exc.status.code == 409:
+                return False
+            raise
+        return True
+
+    async def config_map_value(self, namespace: str, name: str, key: str) -> str | None:
+        try:
+            config_map = await self.client.get(ConfigMap, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        return (config_map.data or {}).get(key)
+
+    async def config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        try:
+            config_map = await self.client.get(ConfigMap, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        return dict(config_map.data or {})
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        try:
+            secret = await self.client.get(Secret, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        value = (secret.data or {}).get(key)
+        return base64.b64decode(value).decode() if value is not None else None
+
+    async def suite(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            suite = await self.client.get(EvalSuiteResource, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        return dict(suite.to_dict())  # type: ignore[no-untyped-call]
+
+    async def unit_jobs(self, namespace: str, run_name: str) -> dict[str, dict[str, Any]]:
+        """The run's Jobs by unit id."""
+        jobs: dict[str, dict[str, Any]] = {}
+        async for job in self.client.list(
+            Job, namespace=namespace, labels={names.LABEL_RUN: run_name}
+        ):
+            data = job.to_dict()
+            unit_id = (data["metadata"].get("annotations") or {}).get(names.ANNOTATION_UNIT_ID)
+            if unit_id:
+                jobs[unit_id] = data
+        return jobs

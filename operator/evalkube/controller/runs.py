@@ -1,0 +1,355 @@
+"""Reconcile one EvalRun: observe the cluster and the store, decide, act, report status.
+
+Called from the kopf handlers on create/resume and on a timer until the run finishes. The
+decisions are :func:`evalkube.controller.reconcile.decide`; this module does the I/O around
+it and returns the status patch (``None`` when nothing changed, so status patches grow with
+unit transitions, never with samples).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from evalkube.controller import manifests, names
+from evalkube.controller.kube import Kube
+from evalkube.controller.metrics import OperatorMetrics
+from evalkube.controller.reconcile import Decision, decide, job_state, summary_line
+from evalkube.controller.registry import RunEntry, RunRegistry, digest, new_token
+from evalkube.controller.settings import OperatorSettings
+from evalkube.controller.snapshot import build_snapshot, check_suite
+from evalkube.engine.local import aggregate_results
+from evalkube.engine.plan import plan_units
+from evalkube.models import EvalRunSpec, SpecError, validate_spec
+from evalkube.store import ResultStore, RunRecord
+
+FINAL_PHASES = ("Succeeded", "Failed")
+EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(
+    kind: str, status: bool, reason: str, message: str, generation: int | None
+) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": _now(),
+    }
+
+
+def merge_conditions(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Replace conditions by type; keep ``lastTransitionTime`` when the status did not change."""
+    by_type = {c.get("type"): c for c in old}
+    out = []
+    for cond in new:
+        previous = by_type.get(cond["type"])
+        if previous and previous.get("status") == cond["status"]:
+            cond = {
+                **cond,
+                "lastTransitionTime": previous.get(
+                    "lastTransitionTime", cond["lastTransitionTime"]
+                ),
+            }
+        out.append(cond)
+    return out
+
+
+@dataclass
+class _Setup:
+    snapshot: dict[str, Any]
+    spec: EvalRunSpec
+    entry: RunEntry
+
+
+class RunReconciler:
+    """Everything the run handlers need, shared by all runs of the operator."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        store: ResultStore,
+        registry: RunRegistry,
+        metrics: OperatorMetrics,
+        settings: OperatorSettings,
+        event: EventSink | None = None,
+    ) -> None:
+        self.kube = kube
+        self.store = store
+        self.registry = registry
+        self.metrics = metrics
+        self.settings = settings
+        self.event = event or (lambda body, kind, reason, message: None)
+
+    async def reconcile(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """One pass; returns the status to patch, or ``None`` when it is unchanged."""
+        status = dict(body.get("status") or {})
+        if status.get("phase") in FINAL_PHASES:
+            return None
+        meta = body["metadata"]
+        generation = meta.get("generation")
+        try:
+            setup = await self._setup(body)
+        except _Blocked as blocked:
+            new = {
+                **status,
+                "phase": blocked.phase,
+                "observedGeneration": generation,
+                "conditions": merge_conditions(
+                    status.get("conditions") or [],
+                    [condition("Ready", False, blocked.reason, blocked.message, generation)]
+                    + (
+                        [condition("Succeeded", False, blocked.reason, blocked.message, generation)]
+                        if blocked.phase == "Failed"
+                        else []
+                    ),
+                ),
+            }
+            if blocked.phase == "Failed":
+                new["completedAt"] = _now()
+            return self._changed(body, status, new, blocked)
+        units = plan_units(
+            [
+                (task["id"], setup.snapshot["datasets"][task["id"]]["rows"], _aggregate(task))
+                for task in setup.snapshot["suite"]["spec"]["tasks"]
+            ],
+            setup.spec.models,
+            setup.spec.shard_size,
+        )
+        jobs = await self.kube.unit_jobs(meta["namespace"], meta["name"])
+        done = await asyncio.to_thread(self.store.done_units, setup.entry.run_id)
+        decision = decide(
+            units, {u: job_state(j) for u, j in jobs.items()}, done, self.settings.parallelism
+        )
+        await self._create_jobs(body, setup, decision)
+        return await self._status(body, status, setup, decision)
+
+    # -- setup: suite snapshot, token, network policy, store record ----------------------------
+    async def _setup(self, body: Mapping[str, Any]) -> _Setup:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        try:
+            spec = validate_spec(EvalRunSpec, dict(body.get("spec") or {}), prefix="spec")
+        except SpecError as exc:
+            raise _Blocked("Failed", "InvalidSpec", "; ".join(exc.problems)) from None
+        if spec.suite_ref is None:
+            raise _Blocked("Failed", "InvalidSpec", "spec.suiteRef.name is required in a cluster")
+        run_id = names.run_id(namespace, name, meta["uid"])
+        snapshot_data = await self.kube.config_map_data(namespace, names.snapshot_name(name))
+        if snapshot_data is None:
+            suite = await self.kube.suite(namespace, spec.suite_ref.name)
+            if suite is None:
+                raise _Blocked(
+                    "Pending",
+                    "SuiteNotFound",
+                    f"EvalSuite {spec.suite_ref.name!r} does not exist in {namespace}",
+                )
+            values: dict[tuple[str, str, str], str | None] = {}
+            for task in suite["spec"].get("tasks", []):
+                for ref in config_map_refs(namespace, task):
+                    values[ref] = await self.kube.config_map_value(*ref)
+            check = await asyncio.to_thread(
+                check_suite, namespace, suite["spec"], lambda ns, cm, key: values.get((ns, cm, key))
+            )
+            if not check.ok:
+                raise _Blocked("Failed", "InvalidSuite", "; ".join(check.problems))
+            snapshot = build_snapshot(body, run_id, spec.suite_ref.name, suite["spec"], check)
+            await self.kube.create(manifests.snapshot_config_map(body, snapshot))
+            self.event(
+                body,
+                "Normal",
+                "Snapshot",
+                f"snapshot of suite {spec.suite_ref.name} at {check.version[:19]}",
+            )
+        else:
+            snapshot = json.loads(snapshot_data["snapshot.json"])
+        token = await self.kube.secret_value(
+            namespace, names.token_secret_name(name), manifests.TOKEN_KEY
+        )
+        if token is None:
+            token = new_token()
+            if not await self.kube.create(manifests.token_secret(body, token)):
+                token = await self.kube.secret_value(
+                    namespace, names.token_secret_name(name), manifests.TOKEN_KEY
+                )
+                assert token is not None
+        entry = RunEntry(namespace, name, run_id, spec.suite_ref.name, digest(token))
+        self.registry.register(entry)
+        await self.kube.create(manifests.network_policy(body, spec, self.settings))
+        if await asyncio.to_thread(self.store.get_run, run_id) is None:
+            record = RunRecord(
+                run_id,
+                spec.suite_ref.name,
+                snapshot["suite"]["version"],
+                {"namespace": namespace, "name": name, "snapshot": snapshot},
+                "pod (gVisor)" if self.settings.runtime_class else "pod",
+            )
+            try:
+                await asyncio.to_thread(self.store.create_run, record)
+            except Exception:  # another replica or an earlier pass created it
+                if await asyncio.to_thread(self.store.get_run, run_id) is None:
+                    raise
+        return _Setup(snapshot, spec, entry)
+
+    async def _create_jobs(
+        self, body: Mapping[str, Any], setup: _Setup, decision: Decision
+    ) -> None:
+        tasks = {t["id"]: t for t in setup.snapshot["suite"]["spec"]["tasks"]}
+        for unit in decision.create:
+            task = tasks[unit.task_id]
+            dataset_ref = task["dataset"].get("configMapRef")
+            job = manifests.unit_job(
+                body,
+                unit,
+                spec=setup.spec,
+                settings=self.settings,
+                dataset_config_maps=[(dataset_ref["name"], dataset_ref["key"])]
+                if dataset_ref
+                else [],
+                timeout_seconds=int(task["grader"].get("timeoutSeconds", 120)),
+                preprocess_timeout=int((task.get("preprocess") or {}).get("timeoutSeconds", 0)),
+            )
+            if await self.kube.create(job):
+                self.metrics.jobs_created.inc()
+                self.event(
+                    body,
+                    "Normal",
+                    "UnitStarted",
+                    f"started unit {unit.unit_id} ({job['metadata']['name']})",
+                )
+
+    async def _status(
+        self, body: Mapping[str, Any], status: dict[str, Any], setup: _Setup, decision: Decision
+    ) -> dict[str, Any] | None:
+        generation = body["metadata"].get("generation")
+        new: dict[str, Any] = {
+            **status,
+            "phase": decision.phase,
+            "observedGeneration": generation,
+            "suiteVersion": setup.snapshot["suite"]["version"],
+            "units": decision.counts(),
+            "startedAt": status.get("startedAt") or _now(),
+        }
+        conditions = [condition("Ready", True, "Running", "work units are running", generation)]
+        if decision.complete:
+            results = await asyncio.to_thread(aggregate_results, self.store, setup.entry.run_id)
+            new["results"] = [r.to_wire() for r in results]
+            new["summary"] = summary_line({f"{r.task}/{r.model}": r.metrics for r in results})
+            new["completedAt"] = _now()
+            if decision.failed:
+                message = "; ".join(
+                    f"unit {u}: {why}" for u, why in sorted(decision.failed.items())
+                )
+                conditions = [
+                    condition("Ready", False, "UnitsFailed", message, generation),
+                    condition("Succeeded", False, "UnitsFailed", message, generation),
+                ]
+                self.event(body, "Warning", "RunFailed", message[:1000])
+            else:
+                conditions = [
+                    condition("Ready", True, "Completed", "all units completed", generation),
+                    condition(
+                        "Succeeded",
+                        True,
+                        "Completed",
+                        f"{decision.total} units completed",
+                        generation,
+                    ),
+                ]
+                self.event(
+                    body,
+                    "Normal",
+                    "RunSucceeded",
+                    f"{decision.total} units completed; {new['summary']}",
+                )
+            await asyncio.to_thread(
+                self.store.finish_run,
+                setup.entry.run_id,
+                decision.phase,
+                {"results": new["results"]},
+            )
+            self._export_metrics(body, setup, results)
+        new["conditions"] = merge_conditions(status.get("conditions") or [], conditions)
+        return self._changed(body, status, new, None)
+
+    def _changed(
+        self,
+        body: Mapping[str, Any],
+        old: dict[str, Any],
+        new: dict[str, Any],
+        blocked: _Blocked | None,
+    ) -> dict[str, Any] | None:
+        """``new`` when it differs from ``old`` (ignoring condition timestamps), else None."""
+        if _comparable(new) == _comparable(old):
+            return None
+        if blocked is not None and old.get("phase") != blocked.phase:
+            kind = "Warning" if blocked.phase == "Failed" else "Normal"
+            self.event(body, kind, blocked.reason, blocked.message[:1000])
+        self.metrics.status_patches.inc()
+        return new
+
+    def _export_metrics(self, body: Mapping[str, Any], setup: _Setup, results: list[Any]) -> None:
+        namespace = body["metadata"]["namespace"]
+        for result in results:
+            for metric, value in result.metrics.items():
+                self.metrics.score.labels(
+                    namespace, setup.entry.suite, result.task, result.model, metric
+                ).set(value)
+            counts = result.counts
+            for status_name in ("valid", "invalid", "errored"):
+                amount = getattr(counts, status_name)
+                if amount:
+                    self.metrics.samples.labels(namespace, setup.entry.suite, status_name).inc(
+                        amount
+                    )
+            for purpose, count in result.model_calls.items():
+                self.metrics.model_calls.labels(namespace, setup.entry.suite, purpose).inc(count)
+
+
+class _Blocked(Exception):
+    """The run cannot proceed now (``Pending``) or at all (``Failed``)."""
+
+    def __init__(self, phase: str, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.phase, self.reason, self.message = phase, reason, message
+
+
+def _aggregate(task: Mapping[str, Any]) -> bool:
+    grader = task["grader"]
+    execution = grader.get("execution")
+    if execution is not None:
+        return bool(execution == "aggregate")
+    return bool(grader.get("contract") == "batch")
+
+
+def _comparable(status: Mapping[str, Any]) -> str:
+    conditions = [
+        {k: v for k, v in c.items() if k != "lastTransitionTime"}
+        for c in status.get("conditions") or []
+    ]
+    rest = {k: v for k, v in status.items() if k != "conditions"}
+    return json.dumps([rest, conditions], sort_keys=True, default=str)
+
+
+def config_map_refs(namespace: str, task: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``(namespace, configmap, key)`` of a task's grader/preprocessor files and dataset."""
+    refs = []
+    for kind in ("grader", "preprocess"):
+        ref = (task.get(kind) or {}).get("file")
+        if isinstance(ref, str) and "/" in ref:
+            name, key = ref.split("/", 1)
+            refs.append((namespace, name, key))
+    dataset_ref = (task.get("dataset") or {}).get("configMapRef")
+    if isinstance(dataset_ref, dict) and dataset_ref.get("name") and dataset_ref.get("key"):
+        refs.append((namespace, dataset_ref["name"], dataset_ref["key"]))
+    return refs

@@ -1,0 +1,70 @@
+"""The operator's long-lived parts, built once at startup and shared by every handler."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from evalkube.controller.api import ApiServer
+from evalkube.controller.kube import Kube
+from evalkube.controller.metrics import OperatorMetrics
+from evalkube.controller.registry import RunRegistry
+from evalkube.controller.runs import EventSink, RunReconciler
+from evalkube.controller.settings import OperatorSettings
+from evalkube.store import ResultStore
+
+
+@dataclass
+class OperatorState:
+    """Store, registry, metrics, API server and reconciler of one operator process."""
+
+    settings: OperatorSettings
+    store: ResultStore
+    registry: RunRegistry
+    metrics: OperatorMetrics
+    kube: Kube
+    reconciler: RunReconciler
+    runner: web.AppRunner
+
+    @classmethod
+    async def start(
+        cls, settings: OperatorSettings, event: EventSink | None = None
+    ) -> OperatorState:
+        store = await asyncio.to_thread(ResultStore.open, settings.store_url)
+        registry = RunRegistry()
+        metrics = OperatorMetrics()
+        kube = Kube()
+        reconciler = RunReconciler(kube, store, registry, metrics, settings, event)
+        api = ApiServer(store, registry, metrics)
+        runner = web.AppRunner(api.app, access_log=None)
+        await runner.setup()
+        host, _, port = settings.listen.rpartition(":")
+        await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+        return cls(settings, store, registry, metrics, kube, reconciler, runner)
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+        await self.kube.close()
+        await asyncio.to_thread(self.store.close)
+
+
+def suite_status(check: Any, generation: int | None, old: Mapping[str, Any]) -> dict[str, Any]:
+    """EvalSuite status from a :class:`~evalkube.controller.snapshot.SuiteCheck`."""
+    from evalkube.controller.runs import condition, merge_conditions
+
+    if check.ok:
+        cond = condition(
+            "Ready", True, "Valid", f"{len(check.sources)} programs checked", generation
+        )
+    else:
+        cond = condition("Ready", False, "Invalid", "; ".join(check.problems)[:4000], generation)
+    return {
+        "phase": "Ready" if check.ok else "Invalid",
+        "observedGeneration": generation,
+        "suiteVersion": check.version if check.ok else None,
+        "conditions": merge_conditions(list(old.get("conditions") or []), [cond]),
+    }

@@ -1,0 +1,123 @@
+"""Run one unit inside a work-unit pod (``evalkube unit``): the runner container's job.
+
+Reads the run's snapshot (a ConfigMap volume), plans the same units the operator planned
+(deterministically), runs the requested unit with the same runner as ``evalkube run``,
+grading in the grader container (through its socket) and recording through the operator's
+ingest API, then reports the unit done. Exit code 0 only when every sample is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evalkube.engine.candidates import candidate_source
+from evalkube.engine.gctune import relaxed_gc
+from evalkube.engine.loading import ConfigError, LoadedSuite
+from evalkube.engine.plan import Unit, plan_units
+from evalkube.engine.runner import UnitContext, UnitReport, UsageTaker, run_aggregate, run_shard
+from evalkube.engine.runtime import TaskRuntime
+from evalkube.models import EvalRunSpec, EvalSuite, validate_spec
+from evalkube.sandbox import SandboxBackend
+from evalkube.store.remote import RemoteStore
+
+
+@dataclass
+class Snapshot:
+    """A run's snapshot as the runner loads it."""
+
+    run_id: str
+    namespace: str
+    name: str
+    loaded: LoadedSuite
+    spec: EvalRunSpec
+    row_counts: dict[str, int]
+
+    def units(self, default_shard_size: int | None = None) -> list[Unit]:
+        tasks = [
+            (t.id, self.row_counts[t.id], t.grader.resolved_execution == "aggregate")
+            for t in self.loaded.suite.spec.tasks
+        ]
+        return plan_units(tasks, self.spec.models, self.spec.shard_size)
+
+    def unit(self, unit_id: str) -> Unit:
+        for unit in self.units():
+            if unit.unit_id == unit_id:
+                return unit
+        raise ConfigError(f"unit {unit_id!r} is not part of run {self.namespace}/{self.name}")
+
+
+def load_snapshot(path: Path, datasets_dir: Path | None = None) -> Snapshot:
+    """Parse the snapshot JSON the operator wrote (see ``controller.snapshot``)."""
+    data: dict[str, Any] = json.loads(path.read_text())
+    suite = validate_spec(
+        EvalSuite,
+        {"metadata": {"name": data["suite"]["name"]}, "spec": data["suite"]["spec"]},
+        prefix="",
+    )
+    loaded = LoadedSuite(suite, path.parent, version=data["suite"]["version"])
+    for key, (source, filename) in data["sources"].items():
+        task_id, kind = key.split("/", 1)
+        loaded.sources[(task_id, kind)] = (source, filename)
+    counts: dict[str, int] = {}
+    for task_id, info in data["datasets"].items():
+        counts[task_id] = int(info["rows"])
+        if "configMap" in info and datasets_dir is not None:
+            loaded.dataset_paths[task_id] = datasets_dir / info["configMap"] / info["key"]
+    spec = validate_spec(EvalRunSpec, data["run_spec"], prefix="spec")
+    run = data["run"]
+    return Snapshot(run["run_id"], run["namespace"], run["name"], loaded, spec, counts)
+
+
+def rows_of(snapshot: Snapshot, unit: Unit) -> list[dict[str, Any]]:
+    """The dataset rows of a shard unit."""
+    from itertools import islice
+
+    from evalkube.engine.loading import iter_dataset
+
+    task = snapshot.loaded.task(unit.task_id)
+    return list(islice(iter_dataset(snapshot.loaded, task), unit.start, unit.stop))
+
+
+def run_pod_unit(
+    snapshot: Snapshot,
+    unit_id: str,
+    *,
+    store: RemoteStore,
+    backend: SandboxBackend,
+    model_endpoint: str | None = None,
+    take_usage: UsageTaker | None = None,
+) -> UnitReport:
+    """Run ``unit_id`` and report it done to the operator."""
+    unit = snapshot.unit(unit_id)
+    runtime = TaskRuntime.build(snapshot.loaded, snapshot.loaded.task(unit.task_id))
+    ctx = UnitContext(
+        run_id=snapshot.run_id,
+        runtime=runtime,
+        store=store,
+        backend=backend,
+        source=candidate_source(unit.model, runtime.task, snapshot.spec, snapshot.loaded.base_dir),
+        model_endpoint=model_endpoint,
+        take_usage=take_usage,
+        resuming=True,  # a retried Job skips what an earlier attempt recorded
+    )
+    started = time.perf_counter()
+    with relaxed_gc():
+        if unit.kind == "aggregate":
+            report = run_aggregate(ctx, unit)
+        else:
+            report = run_shard(ctx, unit, rows_of(snapshot, unit))
+    store.mark_unit_done(
+        unit.unit_id,
+        {
+            "kind": unit.kind,
+            "samples": report.samples,
+            "skipped": report.skipped,
+            "restarts": report.restarts,
+            "seconds": round(time.perf_counter() - started, 3),
+        },
+    )
+    return report
