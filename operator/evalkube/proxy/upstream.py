@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 #: Shapes of API keys scrubbed from any provider text even when they are not the
 #: configured key (a provider echoing some other credential it saw).
@@ -199,6 +200,10 @@ class Upstream:
         self.on_retry = on_retry
         self._session: aiohttp.ClientSession | None = None
         self._auth = {name: ProviderAuth(p) for name, p in self.providers.items()}
+        self._urls: dict[tuple[str, str], URL] = {}
+        self._timeouts = {
+            name: aiohttp.ClientTimeout(total=p.timeout) for name, p in self.providers.items()
+        }
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -244,8 +249,10 @@ class Upstream:
         """POST the JSON ``payload``; retry transient failures; the raw and decoded answer."""
         provider = self.provider(provider_name)
         auth = self._auth[provider_name]
-        url = provider.base_url.rstrip("/") + path
-        timeout = aiohttp.ClientTimeout(total=provider.timeout)
+        url = self._urls.get((provider_name, path))
+        if url is None:
+            url = self._urls[(provider_name, path)] = URL(provider.base_url.rstrip("/") + path)
+        timeout = self._timeouts[provider_name]
         attempt = 0
         while True:
             wait: float | None = None
