@@ -326,6 +326,17 @@ def version() -> None:
     console.print(__version__)
 
 
+def _mount_subcommands() -> None:
+    from evalkube.controller.crds_cli import crds
+    from evalkube.proxy import cli as proxy_cli
+
+    app.command("crds")(crds)
+    app.add_typer(proxy_cli.app, name="proxy")
+
+
+_mount_subcommands()
+
+
 def main() -> None:  # pragma: no cover - console entry
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     app()

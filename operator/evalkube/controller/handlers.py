@@ -26,7 +26,8 @@ def _post_event(body: Any, kind: str, reason: str, message: str) -> None:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="evalkube.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="evalkube.io")
     settings.posting.level = 20
     memo.state = await OperatorState.start(SETTINGS, _post_event)
 

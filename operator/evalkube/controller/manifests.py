@@ -315,6 +315,11 @@ def unit_job(
     }
     if settings.runtime_class:
         pod_spec["runtimeClassName"] = settings.runtime_class
+    if settings.node_selector:
+        pod_spec["nodeSelector"] = dict(settings.node_selector)
+    template_meta: dict[str, Any] = {"labels": pod_labels}
+    if settings.pod_annotations:
+        template_meta["annotations"] = dict(settings.pod_annotations)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -325,7 +330,7 @@ def unit_job(
             "activeDeadlineSeconds": active_deadline(
                 unit, timeout_seconds, preprocess_timeout, settings
             ),
-            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+            "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
 

@@ -62,5 +62,11 @@ class OperatorSettings(BaseSettings):
     """Added to a unit's worst-case grading time for ``activeDeadlineSeconds``."""
     reconcile_interval: float = Field(default=2.0, gt=0)
     """Seconds between reconciles of a running EvalRun (Job events also trigger one)."""
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    """Extra annotations on work-unit pods (JSON object in the environment variable)."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node selector of work-unit pods (for example nodes that have gVisor installed)."""
     peering: bool = False
     """Run with kopf peering (several replicas sharing a PostgreSQL store)."""
+    peering_name: str = "evalkube"
+    """Name of the kopf peering object replicas coordinate through."""

@@ -74,7 +74,7 @@ class EvalRunSpec(SpecModel):
 
     suite_ref: SuiteRef | None = None
     """The suite to run (required in a cluster; the CLI takes the suite file instead)."""
-    models: list[str] = Field(min_length=1)
+    models: list[str] = Field(min_length=1, max_length=50)
     """Models under test as ``provider:model``; ``precomputed`` uses the tasks' outputs."""
     judge_model: str | None = None
     """Model for ``ctx.responses_create(model="auto")``."""
@@ -124,45 +124,80 @@ class Condition(SpecModel):
     """A Kubernetes-style status condition."""
 
     type: str
+    """Condition type: Ready or Succeeded."""
     status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown."""
     reason: str = ""
+    """Machine-readable reason in CamelCase."""
     message: str = ""
+    """What happened and what to do, for people."""
     observed_generation: int | None = None
+    """The spec generation the condition was computed from."""
     last_transition_time: str | None = None
+    """When the status last changed (RFC 3339)."""
 
 
 class SampleCounts(SpecModel):
     """Counts of samples by outcome."""
 
     samples: int = 0
+    """All samples of the task and model."""
     valid: int = 0
+    """Graded with a valid result."""
     invalid: int = 0
+    """The grader's result was invalid (exception, non-finite, wrong type, timeout...)."""
     errored: int = 0
+    """No grade: preprocessing, rendering, generation or extraction failed."""
 
 
 class TaskModelResult(SpecModel):
     """Aggregates of one task x model."""
 
     task: str
+    """Task id."""
     model: str
+    """Model id."""
     metrics: dict[str, float] = Field(default_factory=dict)
+    """Mean of each per-sample score (missing counts 0) and the batch metrics."""
     counts: SampleCounts = Field(default_factory=SampleCounts)
+    """Samples by outcome."""
     model_calls: dict[str, int] = Field(default_factory=dict)
     """Model calls by purpose (candidate, judge, embedding)."""
     error: str | None = None
     """Why the task's batch grading failed, when it did."""
 
 
+class UnitCounts(SpecModel):
+    """Work units of a run by state."""
+
+    total: int = 0
+    succeeded: int = 0
+    running: int = 0
+    failed: int = 0
+    pending: int = 0
+
+
 class EvalRunStatus(SpecModel):
     """What the operator observed and computed; aggregates only (samples live in the store)."""
 
     phase: Phase = "Pending"
+    """Pending, Running, Succeeded or Failed."""
     observed_generation: int | None = None
+    """The spec generation this status describes."""
     suite_version: str | None = None
+    """Version (sha256) of the suite snapshot the run executes."""
     started_at: str | None = None
+    """When the operator started the run."""
     completed_at: str | None = None
+    """When the run finished."""
+    summary: str | None = None
+    """One-line score summary shown by `kubectl get evalruns`."""
+    units: UnitCounts | None = None
+    """Work units by state."""
     conditions: list[Condition] = Field(default_factory=list)
+    """Ready and Succeeded conditions, with observedGeneration."""
     results: list[TaskModelResult] = Field(default_factory=list)
+    """Aggregates per task x model."""
 
 
 class EvalRun(SpecModel):

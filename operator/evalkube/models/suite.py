@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from evalkube.models.base import SpecModel
 from evalkube.models.grader import GraderSpec, PreprocessSpec
 from evalkube.models.meta import ObjectMeta
+from evalkube.models.run import Condition
 
 
 class ConfigMapKeyRef(SpecModel):
@@ -124,7 +125,7 @@ class TaskSpec(SpecModel):
 class EvalSuiteSpec(SpecModel):
     """The tasks of a suite."""
 
-    tasks: list[TaskSpec] = Field(min_length=1)
+    tasks: list[TaskSpec] = Field(min_length=1, max_length=200)
     """At least one task; ids must be unique."""
 
     @model_validator(mode="after")
@@ -137,6 +138,19 @@ class EvalSuiteSpec(SpecModel):
         return self
 
 
+class EvalSuiteStatus(SpecModel):
+    """What the operator found when it checked the suite."""
+
+    phase: Literal["Ready", "Invalid"] | None = None
+    """Ready when every task's spec, code and references check out; otherwise Invalid."""
+    observed_generation: int | None = None
+    """The spec generation this status describes."""
+    suite_version: str | None = None
+    """sha256 over the spec, the grader and preprocessor code and the referenced datasets."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """The Ready condition, with the problems in its message."""
+
+
 class EvalSuite(SpecModel):
     """``evalkube.io/v1alpha1`` EvalSuite."""
 
@@ -144,3 +158,4 @@ class EvalSuite(SpecModel):
     kind: Literal["EvalSuite"] = "EvalSuite"
     metadata: ObjectMeta
     spec: EvalSuiteSpec
+    status: EvalSuiteStatus | None = None
