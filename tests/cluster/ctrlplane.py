@@ -255,6 +255,9 @@ class ControlPlane:
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.server = ""
         self.startup_seconds: float | None = None
+        # seconds from start() until each readiness check passed (and for certificate creation)
+        self.timings: dict[str, float] = {}
+        self._t_start = 0.0
         self._procs: list[_Proc] = []
         self._stopped = False
         self.env = self._make_env()
@@ -334,7 +337,7 @@ class ControlPlane:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> ControlPlane:
-        t0 = time.monotonic()
+        t0 = self._t_start = time.monotonic()
         try:
             self._start()
         except BaseException:
@@ -440,6 +443,7 @@ class ControlPlane:
         while time.monotonic() < deadline:
             try:
                 if probe():
+                    self.timings[f"{proc.name} {what}"] = time.monotonic() - self._t_start
                     return
             except ControlPlaneError:
                 raise
@@ -466,6 +470,22 @@ class ControlPlane:
                 return resp.status == 200
         except urllib.error.HTTPError:
             return False
+
+    def _api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One request to the apiserver as admin (stdlib; faster than a kubectl process).
+        Returns the decoded JSON; raises urllib.error.HTTPError on 4xx/5xx."""
+        pki = self.workdir / "pki"
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            f"{self.server}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+            return json.loads(resp.read() or b"null")
 
     @staticmethod
     def _http_ok(url: str) -> bool:
@@ -593,7 +613,9 @@ class ControlPlane:
         self.logs_dir.mkdir(exist_ok=True)
         for d in ("helm/cache", "helm/config", "helm/data", "kube-cache", "kwok-home"):
             (self.workdir / d).mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
         self._make_pki()
+        self.timings["certificates"] = time.monotonic() - t0
         pki = self.workdir / "pki"
         for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler"):
             port = free_port()
@@ -724,23 +746,10 @@ class ControlPlane:
             ],
         )
 
-        self._wait_component(
-            kcm,
-            lambda: self._https_ok(
-                f"https://127.0.0.1:{cmp_}/healthz", client_cert=False, verify=False
-            ),
-            "/healthz",
-        )
-        self._wait_component(
-            sched,
-            lambda: self._https_ok(
-                f"https://127.0.0.1:{sp}/healthz", client_cert=False, verify=False
-            ),
-            "/healthz",
-        )
-
-        # the fake node --------------------------------------------------------------------------
-        self.apply(
+        # the fake node: created now, so kwok and the controllers pick it up as they come up
+        self._api(
+            "POST",
+            "/api/v1/nodes",
             {
                 "apiVersion": "v1",
                 "kind": "Node",
@@ -757,11 +766,26 @@ class ControlPlane:
                         "type": "kwok",
                     },
                 },
-            }
+            },
+        )
+
+        self._wait_component(
+            kcm,
+            lambda: self._https_ok(
+                f"https://127.0.0.1:{cmp_}/healthz", client_cert=False, verify=False
+            ),
+            "/healthz",
+        )
+        self._wait_component(
+            sched,
+            lambda: self._https_ok(
+                f"https://127.0.0.1:{sp}/healthz", client_cert=False, verify=False
+            ),
+            "/healthz",
         )
 
         def node_ready() -> bool:
-            node = self.kubectl_json("get", "node", self.node_name)
+            node = self._api("GET", f"/api/v1/nodes/{self.node_name}")
             conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
             taints = node.get("spec", {}).get("taints") or []
             # the node lifecycle controller removes node.kubernetes.io/not-ready once it is Ready
@@ -772,8 +796,8 @@ class ControlPlane:
         self._wait_component(kwok, node_ready, f"node {self.node_name} Ready and untainted")
 
         def default_ns_usable() -> bool:
-            self.kubectl("get", "serviceaccount", "default", "-n", "default")
-            self.kubectl("get", "configmap", "kube-root-ca.crt", "-n", "default")
+            self._api("GET", "/api/v1/namespaces/default/serviceaccounts/default")
+            self._api("GET", "/api/v1/namespaces/default/configmaps/kube-root-ca.crt")
             return True
 
         self._wait_component(
