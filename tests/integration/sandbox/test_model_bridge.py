@@ -124,3 +124,57 @@ def test_missing_socket_is_refused_with_a_clear_reason(tmp_path: Path) -> None:
 
 def test_spawn_request_defaults_to_no_model_access() -> None:
     assert SpawnRequest().model_endpoint is None
+
+
+MODEL_BACKED = """
+def grade(sample, item, ctx):
+    calls = 0
+    while True:
+        try:
+            reply = ctx.responses_create(model="auto", input=sample)
+            calls += 1
+        except Exception as exc:
+            return {"scores": {"calls": float(calls)}, "judge": {"error": str(exc),
+                    "text": reply["output_text"], "id": reply.get("id")}}
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_real_model_bridge_counts_calls_from_inside_every_sandbox(
+    name: str, tmp_path: Path
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from evalkube.proxy.bridge import ModelBridge
+    from evalkube.proxy.upstream import Provider
+    from tests.integration.proxy.fake_upstream import FakeUpstream
+
+    key = "sk-sandbox-test-0123456789"
+    key_file = tmp_path / "key"
+    key_file.write_text(key)
+    with FakeUpstream() as upstream:
+        provider = Provider("fake", upstream.base_url, api_key_file=str(key_file), timeout=10)
+        bridge = ModelBridge(
+            {"fake": provider},
+            retries=0,
+            judge_model="fake:judge-1",
+            embedding_model="fake:embed-1",
+            registry=CollectorRegistry(),
+        )
+        bridge.start()
+        try:
+            bridge.configure_unit("u", 3, 2)
+            executions, _ = run(
+                backend(name), MODEL_BACKED, ["a", "b"], model_endpoint=bridge.endpoint, timeout=30
+            )
+            usage = bridge.take_usage(["exec-0", "exec-1"])
+        finally:
+            bridge.stop()
+
+    assert [e.status for e in executions] == ["returned", "returned"], executions
+    for execution in executions:
+        assert execution.value["scores"] == {"calls": 3.0}
+        assert "budget of 3 exhausted" in execution.value["judge"]["error"]
+        assert key not in repr(execution)
+    assert usage["exec-0"]["calls"] == usage["exec-1"]["calls"] == 3
