@@ -145,7 +145,7 @@ class SampleCounts(SpecModel):
     valid: int = 0
     """Graded with a valid result."""
     invalid: int = 0
-    """The grader's result was invalid (exception, non-finite, wrong type, timeout...)."""
+    """Samples whose grader raised, timed out or returned an invalid value (scored 0)."""
     errored: int = 0
     """No grade: preprocessing, rendering, generation or extraction failed."""
 
@@ -171,10 +171,15 @@ class UnitCounts(SpecModel):
     """Work units of a run by state."""
 
     total: int = 0
+    """Units planned for the run (shards, plus one grade_batch unit per batch task x model)."""
     succeeded: int = 0
+    """Units whose runner recorded every sample and reported the unit done."""
     running: int = 0
+    """Units with a Job that has not finished."""
     failed: int = 0
+    """Units whose Job failed after its retries, or that never reported; see the conditions."""
     pending: int = 0
+    """Units waiting for a Job (parallelism cap, or a grade_batch unit waiting for its shards)."""
 
 
 class EvalRunStatus(SpecModel):
