@@ -56,7 +56,12 @@ def write_suite(folder: Path, grader: str, size: int) -> Path:
         for i in range(size):
             answer = str(i % 97)
             output = answer if i % 4 else str(i % 89)
-            handle.write(json.dumps({"q": f"What is {i} mod 97?", "a": answer, "out": f"the answer {output}"}) + "\n")
+            handle.write(
+                json.dumps(
+                    {"q": f"What is {i} mod 97?", "a": answer, "out": f"the answer {output}"}
+                )
+                + "\n"
+            )
     suite = {
         "apiVersion": "evalkube.io/v1alpha1",
         "kind": "EvalSuite",
@@ -78,7 +83,13 @@ def write_suite(folder: Path, grader: str, size: int) -> Path:
     path = folder / "suite.json"
     path.write_text(json.dumps(suite))
     (folder / "run.json").write_text(
-        json.dumps({"kind": "EvalRun", "metadata": {"name": "bench"}, "spec": {"models": ["precomputed"], "shardSize": 10000}})
+        json.dumps(
+            {
+                "kind": "EvalRun",
+                "metadata": {"name": "bench"},
+                "spec": {"models": ["precomputed"], "shardSize": 10000},
+            }
+        )
     )
     return path
 
@@ -92,7 +103,12 @@ def bare_loop(grader: str, size: int) -> float:
     for i in range(size):
         answer = str(i % 97)
         output = answer if i % 4 else str(i % 89)
-        samples.append(({"extracted_output": output, "output_text": f"the answer {output}"}, {"target": answer}))
+        samples.append(
+            (
+                {"extracted_output": output, "output_text": f"the answer {output}"},
+                {"target": answer},
+            )
+        )
     started = time.perf_counter()
     for sample, item in samples:
         grade(sample, item)  # type: ignore[operator]
@@ -131,11 +147,15 @@ def engine_pass(suite: Path, sandbox: str, db: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000])
     parser.add_argument("--sandbox", default="process")
     parser.add_argument("--graders", nargs="+", default=list(GRADERS))
-    parser.add_argument("--inner", nargs=3, metavar=("SUITE", "SANDBOX", "DB"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--inner", nargs=3, metavar=("SUITE", "SANDBOX", "DB"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.inner:
         suite, sandbox, db = args.inner
@@ -152,7 +172,14 @@ def main() -> None:
                 folder = Path(tmp)
                 suite = write_suite(folder, grader, size)
                 out = subprocess.run(
-                    [sys.executable, __file__, "--inner", str(suite), args.sandbox, str(folder / "r.db")],
+                    [
+                        sys.executable,
+                        __file__,
+                        "--inner",
+                        str(suite),
+                        args.sandbox,
+                        str(folder / "r.db"),
+                    ],
                     check=True,
                     capture_output=True,
                     text=True,
@@ -164,7 +191,9 @@ def main() -> None:
                 f"{result['host_cpu_us']:>19.1f} {result['worker_cpu_us']:>21.1f}"
                 f"  {result['sandbox']}"
             )
-    print("target: engine >= 40,000 samples/s for exact_match at 100k; peak RSS flat from 10k to 1M")
+    print(
+        "target: engine >= 40,000 samples/s for exact_match at 100k; peak RSS flat from 10k to 1M"
+    )
 
 
 if __name__ == "__main__":
