@@ -57,12 +57,15 @@ def providers_from_spec(
 
 
 def load_run_spec(path: Path) -> EvalRunSpec:
-    """An EvalRun (YAML or JSON; the first EvalRun document of the file) or a bare spec."""
+    """An EvalRun (YAML or JSON; the first EvalRun document of the file), a bare spec, or a
+    work-unit pod's run snapshot (``run_spec`` key; see ``evalkube.controller.snapshot``)."""
     documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     for document in documents:
         if isinstance(document, dict) and document.get("kind") == "EvalRun":
             return EvalRun.model_validate(document).spec
     if len(documents) == 1 and isinstance(documents[0], dict):
         data: dict[str, Any] = documents[0]
+        if "run_spec" in data:
+            return EvalRunSpec.model_validate(data["run_spec"])
         return EvalRunSpec.model_validate(data.get("spec", data))
     raise ValueError(f"{path}: no EvalRun (or EvalRun spec) found")

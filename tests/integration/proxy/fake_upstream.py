@@ -101,7 +101,7 @@ class FakeUpstream:
 
     async def _responses(self, request: web.Request) -> web.Response:
         scripted = await self._record(request)
-        if scripted is not None and scripted.status != 200:
+        if scripted is not None and (scripted.status != 200 or scripted.body is not None):
             return _reply(scripted)
         body = self.received[-1].body
         number = next(self._ids)

@@ -220,3 +220,16 @@ def test_metrics_use_the_given_registry_and_prefix() -> None:
         == 1.0
     )
     ProxyMetrics(CollectorRegistry())  # a second proxy in the same process does not collide
+
+
+def test_run_spec_loads_from_a_pod_snapshot(tmp_path: Path) -> None:
+    """The proxy sidecar reads the run's snapshot ConfigMap, as the runner does."""
+    snapshot = tmp_path / "snapshot.json"
+    snapshot.write_text(
+        '{"run": {}, "suite": {}, "sources": {}, "datasets": {}, '
+        '"run_spec": {"models": ["precomputed"], "judgeModel": "openai:gpt-4.1-mini", '
+        '"providers": {"openai": {"baseURL": "http://127.0.0.1:1/v1"}}}}'
+    )
+    spec = load_run_spec(snapshot)
+    assert spec.judge_model == "openai:gpt-4.1-mini"
+    assert spec.providers["openai"].base_url == "http://127.0.0.1:1/v1"
