@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: setup demo test lint typecheck unit system-deps
+.PHONY: setup demo test lint typecheck crds-check system-deps
 setup:
 	bash .ci/python.sh
 
@@ -22,5 +22,8 @@ lint: setup
 typecheck: setup
 	$(VENV)/mypy
 
-test: setup system-deps lint typecheck
+crds-check: setup
+	$(VENV)/evalkube crds --check
+
+test: setup system-deps lint typecheck crds-check
 	bash .ci/test.sh
