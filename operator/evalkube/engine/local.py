@@ -172,6 +172,24 @@ class LocalEngine:
         ]
         units = plan_units(tasks, spec.models, spec.shard_size)
         done = self.store.done_units(run_id) if resuming else set()
+        # Aggregates computed while samples stream by: exact when this process graded every
+        # sample once (a fresh run without grade_batch updates); otherwise read back.
+        live: dict[tuple[str, str], TaskAggregate] = {}
+
+        def observe(records: list[Any]) -> None:
+            for record in records:
+                key = (record.task_id, record.model)
+                aggregate = live.get(key)
+                if aggregate is None:
+                    aggregate = live[key] = TaskAggregate()
+                calls = record.model_calls
+                aggregate.add(
+                    record.status,
+                    record.scores,
+                    {k: v for k, v in calls.items() if k != "response_ids"} if calls else None,
+                )
+
+        use_live = not resuming and not any(unit.kind == "aggregate" for unit in units)
         needs_bridge = any(
             t.grader.resolved_model_access == "gateway" for t in loaded.suite.spec.tasks
         )
@@ -189,6 +207,7 @@ class LocalEngine:
                     take_usage=bridge.take_usage if bridge else None,
                     progress=self.progress,
                     resuming=resuming,
+                    observe=observe if use_live else None,
                 )
                 rows = iter_dataset(loaded, runtime.task)
                 position = 0
@@ -215,7 +234,7 @@ class LocalEngine:
         finally:
             if bridge:
                 bridge.close()
-        results = aggregate_results(self.store, run_id)
+        results = aggregate_results(self.store, run_id, live if use_live else None)
         order = {
             (t.id, m): i
             for i, (t, m) in enumerate((t, m) for t in loaded.suite.spec.tasks for m in spec.models)
@@ -242,10 +261,15 @@ def _group(units: list[Unit]) -> Iterator[tuple[tuple[str, str], list[Unit]]]:
     yield from groups.items()
 
 
-def aggregate_results(store: ResultStore, run_id: str) -> list[TaskModelResult]:
-    """Aggregates per task x model from the stored samples and batch results."""
-    aggregates: dict[tuple[str, str], TaskAggregate] = {}
-    for task_id, model, status, scores, calls in store.iter_scores(run_id):
+def aggregate_results(
+    store: ResultStore,
+    run_id: str,
+    live: dict[tuple[str, str], TaskAggregate] | None = None,
+) -> list[TaskModelResult]:
+    """Aggregates per task x model from the stored samples (or ``live`` ones) and batch results."""
+    aggregates: dict[tuple[str, str], TaskAggregate] = dict(live) if live is not None else {}
+    rows = store.iter_scores(run_id) if live is None else iter(())
+    for task_id, model, status, scores, calls in rows:
         key = (task_id, model)
         aggregate = aggregates.get(key)
         if aggregate is None:

@@ -63,6 +63,8 @@ class UnitContext:
     model_endpoint: str | None = None
     take_usage: UsageTaker | None = None
     progress: Progress = field(default_factory=NoProgress)
+    observe: Callable[[list[SampleRecord]], None] | None = None
+    """Sees every chunk of records as it is submitted (live aggregates of a local run)."""
     resuming: bool = False
 
 
@@ -128,6 +130,8 @@ class _Buffer:
         if self.ctx.take_usage is not None:
             self._attach_usage()
         self.writer.submit(self.records)
+        if self.ctx.observe is not None:
+            self.ctx.observe(self.records)
         self.ctx.progress.advance(self.unit, len(self.records))
         self.written += len(self.records)
         self.records = []
