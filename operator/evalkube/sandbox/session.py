@@ -200,7 +200,8 @@ class GraderSandbox:
         self.wants_ctx: dict[str, bool] = {}
         self.restarts = 0
         self._live: _Live | None = None
-        self._tokens = (f"{os.urandom(8).hex()}-{n}" for n in itertools.count())
+        secret = os.urandom(8).hex()
+        self._tokens = (f"{secret}-{n}" for n in itertools.count())
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
