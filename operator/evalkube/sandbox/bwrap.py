@@ -18,6 +18,7 @@ from evalkube.sandbox import cgroups, hostfs
 from evalkube.sandbox.backends import (
     WORKER_BOOTSTRAP,
     SandboxBackend,
+    SandboxUnavailable,
     SpawnRequest,
     WorkerProcess,
     worker_env,
@@ -93,7 +94,7 @@ class BwrapBackend(SandboxBackend):
         request = request or SpawnRequest()
         bwrap = bwrap_path()
         if bwrap is None:
-            raise RuntimeError("bwrap is not installed")
+            raise SandboxUnavailable("bwrap is not installed")
         return spawn_jailed(
             request,
             lambda bridge_socket: bwrap_argv(

@@ -29,6 +29,7 @@ from evalkube.sandbox.backends import (
     WORKER_BOOTSTRAP,
     ChildSetup,
     SandboxBackend,
+    SandboxUnavailable,
     SpawnRequest,
     WorkerProcess,
     cleanup_on_error,
@@ -76,7 +77,7 @@ class GVisorBackend(SandboxBackend):
         request = request or SpawnRequest()
         runsc = runsc_path()
         if runsc is None:
-            raise RuntimeError("runsc is not installed")
+            raise SandboxUnavailable("runsc is not installed")
         sweep_stale()
         limits = request.limits
         bridge_socket, inside_endpoint = hostfs.bridge_mount(request.model_endpoint)

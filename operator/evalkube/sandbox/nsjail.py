@@ -19,6 +19,7 @@ from evalkube.sandbox import cgroups, hostfs
 from evalkube.sandbox.backends import (
     WORKER_BOOTSTRAP,
     SandboxBackend,
+    SandboxUnavailable,
     SpawnRequest,
     WorkerProcess,
     worker_env,
@@ -112,7 +113,7 @@ class NsjailBackend(SandboxBackend):
         request = request or SpawnRequest()
         nsjail = nsjail_path()
         if nsjail is None:
-            raise RuntimeError("nsjail is not installed")
+            raise SandboxUnavailable("nsjail is not installed")
         return spawn_jailed(
             request,
             lambda bridge_socket: nsjail_argv(
