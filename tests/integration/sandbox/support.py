@@ -105,9 +105,9 @@ def leftovers(pid: int | None = None) -> Leftovers:
         and not name.startswith(f"{RESOURCE_PREFIX}pkg-")
     ]
     groups: list[str] = []
-    for controller in ("memory", "pids", "cpu", "cpuacct"):
-        base = Path("/sys/fs/cgroup") / controller
-        if base.is_dir():
+    for base in Path("/sys/fs/cgroup").iterdir():  # runsc makes one in every controller
+        if base.is_dir() and not base.is_symlink():
+            controller = base.name
             groups += [
                 f"{controller}/{name}"
                 for name in os.listdir(base)
