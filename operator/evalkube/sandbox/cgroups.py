@@ -96,6 +96,14 @@ def oom_killed(memory_dir: Path) -> bool:
         return False
 
 
+def controller_dirs() -> list[Path]:
+    """Every mounted v1 controller directory (``/sys/fs/cgroup/memory``, ``.../cpu``, ...)."""
+    try:
+        return [p for p in ROOT.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
+
+
 def destroy_paths(paths: list[Path]) -> None:
     """Kill every process in ``paths`` (cgroup dirs) and remove them; retries while busy."""
     deadline = time.monotonic() + 10
@@ -112,8 +120,8 @@ def destroy_paths(paths: list[Path]) -> None:
 def sweep_stale(kinds: tuple[str, ...] = (KIND,)) -> list[str]:
     """Remove cgroups named after dead evalkube processes; return their names."""
     removed: list[str] = []
-    for controller in CONTROLLERS:
-        base = ROOT / controller
+    for base in controller_dirs():  # every controller: runsc makes its cgroups in all of them
+        controller = base.name
         try:
             names = os.listdir(base)
         except OSError:

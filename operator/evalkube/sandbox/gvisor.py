@@ -173,7 +173,7 @@ def _destroy(
             popen.kill()
             popen.wait()
     _runsc(runsc, state, "delete", "--force", container)
-    cgroups.destroy_paths([cgroups.ROOT / c / container for c in cgroups.CONTROLLERS])
+    cgroups.destroy_paths([base / container for base in cgroups.controller_dirs()])
 
 
 def containers(state: Path) -> list[str]:
