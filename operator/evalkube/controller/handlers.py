@@ -17,7 +17,10 @@ from evalkube.controller.snapshot import check_suite
 from evalkube.controller.state import OperatorState, suite_status
 
 GROUP, VERSION = "evalkube.io", "v1alpha1"
-SETTINGS = OperatorSettings()
+#: Read at import only for the timer's interval (kopf fixes it when the decorator runs);
+#: every other setting is read again at startup, so an operator restarted in the same
+#: process (tests with ``KopfRunner``) picks up its current environment.
+_IMPORT_SETTINGS = OperatorSettings()
 
 
 def _post_event(body: Any, kind: str, reason: str, message: str) -> None:
@@ -29,7 +32,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="evalkube.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="evalkube.io")
     settings.posting.level = 20
-    memo.state = await OperatorState.start(SETTINGS, _post_event)
+    memo.state = await OperatorState.start(OperatorSettings(), _post_event)
 
 
 @kopf.on.cleanup()
@@ -67,8 +70,8 @@ async def run_started(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -
     GROUP,
     VERSION,
     "evalruns",
-    interval=SETTINGS.reconcile_interval,
-    initial_delay=SETTINGS.reconcile_interval,
+    interval=_IMPORT_SETTINGS.reconcile_interval,
+    initial_delay=_IMPORT_SETTINGS.reconcile_interval,
     when=lambda status, **_: (status or {}).get("phase") not in FINAL_PHASES,
 )
 async def run_tick(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:

@@ -61,7 +61,7 @@ class OperatorSettings(BaseSettings):
     active_deadline_slack_seconds: int = 300
     """Added to a unit's worst-case grading time for ``activeDeadlineSeconds``."""
     reconcile_interval: float = Field(default=2.0, gt=0)
-    """Seconds between reconciles of a running EvalRun (Job events also trigger one)."""
+    """Seconds between reconciles of a running EvalRun (its timer; read once per process)."""
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     """Extra annotations on work-unit pods (JSON object in the environment variable)."""
     node_selector: dict[str, str] = Field(default_factory=dict)
