@@ -83,3 +83,4 @@ async def run_tick(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> N
 @kopf.on.delete(GROUP, VERSION, "evalruns", optional=True)
 async def run_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     memo.state.registry.forget(namespace or "", name)
+    memo.state.reconciler.forget(namespace or "", name)

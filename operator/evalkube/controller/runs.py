@@ -90,9 +90,32 @@ class RunReconciler:
         self.metrics = metrics
         self.settings = settings
         self.event = event or (lambda body, kind, reason, message: None)
+        self._phases: dict[tuple[str, str], str] = {}
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a deleted run from the ``evalkube_runs`` gauge."""
+        self._phases.pop((namespace, name), None)
+        self._export_phases()
+
+    def _track_phase(self, body: Mapping[str, Any], phase: str | None) -> None:
+        meta = body["metadata"]
+        self._phases[(meta["namespace"], meta["name"])] = phase or "Pending"
+        self._export_phases()
+
+    def _export_phases(self) -> None:
+        counts: dict[str, int] = dict.fromkeys(("Pending", "Running", *FINAL_PHASES), 0)
+        for phase in self._phases.values():
+            counts[phase] = counts.get(phase, 0) + 1
+        for phase, count in counts.items():
+            self.metrics.runs.labels(phase).set(count)
 
     async def reconcile(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """One pass; returns the status to patch, or ``None`` when it is unchanged."""
+        new = await self._reconcile(body)
+        self._track_phase(body, (new or body.get("status") or {}).get("phase"))
+        return new
+
+    async def _reconcile(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         status = dict(body.get("status") or {})
         if status.get("phase") in FINAL_PHASES:
             return None
