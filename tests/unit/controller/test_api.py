@@ -1,0 +1,430 @@
+"""The operator's HTTP API (ingest, samples, unit done, metrics) on a real loopback server.
+
+aiohttp's ``TestServer`` binds 127.0.0.1; the store is a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from evalkube.controller.api import ApiServer
+from evalkube.controller.metrics import OperatorMetrics
+from evalkube.controller.registry import RunEntry, RunRegistry, digest
+from evalkube.store import ResultStore, RunRecord
+from evalkube.store.records import SampleRecord
+from evalkube.store.remote import sample_to_wire
+
+NS = "team-a"
+RUN = "nightly"
+RUN_ID = "team-a.nightly.0f1e2d3c"
+TOKEN = "the-ingest-token"
+OTHER_RUN, OTHER_RUN_ID, OTHER_TOKEN = "weekly", "team-a.weekly.99999999", "another-token"
+BASE = f"/api/v1/namespaces/{NS}/evalruns/{RUN}"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class Harness:
+    """A store with two registered runs and the API over them."""
+
+    def __init__(self, root: Path) -> None:
+        self.store = ResultStore.open(f"sqlite:///{root / 'results.db'}")
+        self.registry = RunRegistry()
+        self.metrics = OperatorMetrics()
+        self.done: list[tuple[str, str]] = []
+        for name, run_id, token in ((RUN, RUN_ID, TOKEN), (OTHER_RUN, OTHER_RUN_ID, OTHER_TOKEN)):
+            self.store.create_run(RunRecord(run_id, "qa", "sha256:x", {}, "pod"))
+            self.registry.register(RunEntry(NS, name, run_id, "qa", digest(token)))
+        self.api = ApiServer(
+            self.store,
+            self.registry,
+            self.metrics,
+            on_unit_done=lambda entry, unit: self.done.append((entry.name, unit)),
+        )
+
+    def serve(self, body: Callable[[TestClient[Any, Any]], Awaitable[None]]) -> None:
+        async def main() -> None:
+            async with TestClient(TestServer(self.api.app)) as client:
+                await body(client)
+
+        asyncio.run(main())
+
+    def count(self, run_id: str = RUN_ID) -> int:
+        return sum(1 for _ in self.store.iter_samples(run_id))
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path)
+    try:
+        yield h
+    finally:
+        h.store.close()
+
+
+def sample(seq: int, task: str = "qa", status: str = "valid", **extra: Any) -> dict[str, Any]:
+    record = SampleRecord(
+        run_id=RUN_ID,
+        sample_id=f"s_{task}_{seq:06d}",
+        task_id=task,
+        model="m",
+        seq=seq,
+        status=status,  # type: ignore[arg-type]
+        target=str(seq),
+        output_text=str(seq),
+        scores={"exact_match": 1.0 if status == "valid" else 0.0},
+        error={"stage": "grading", "type": "ValueError", "message": "x"}
+        if status == "errored"
+        else None,
+        **extra,
+    )
+    return sample_to_wire(record)
+
+
+def statuses(i: int) -> str:
+    return ("valid", "valid", "invalid", "errored")[i % 4]
+
+
+# -- authorization ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer "},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": TOKEN},  # not a bearer header
+        {"Authorization": f"Bearer {OTHER_TOKEN}"},  # another run's token
+        {"Authorization": f"Basic {TOKEN}"},
+    ],
+)
+def test_ingest_needs_this_runs_token(harness: Harness, headers: dict[str, str]) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        response = await client.post(
+            f"{BASE}/samples", json={"samples": [sample(0)]}, headers=headers
+        )
+        assert response.status == 401
+        assert "token" in (await response.json())["error"]["message"]
+
+    harness.serve(body)
+    assert harness.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/samples"),
+        ("GET", "/sample-ids?task=qa&model=m"),
+        ("GET", "/samples:export"),
+        ("POST", "/samples:update"),
+        ("POST", "/samples:settle"),
+        ("POST", "/task-results"),
+        ("POST", "/units/qa.m.00000:done"),
+    ],
+)
+def test_every_runner_route_needs_the_token(harness: Harness, method: str, path: str) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            response = await client.request(method, BASE + path, json={}, headers=headers)
+            assert response.status == 401, (path, headers)
+
+    harness.serve(body)
+    assert harness.store.done_units(RUN_ID) == set()
+
+
+def test_unknown_run_is_404(harness: Harness) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        for namespace, name in (("team-a", "nope"), ("team-b", RUN)):
+            base = f"/api/v1/namespaces/{namespace}/evalruns/{name}"
+            response = await client.post(
+                f"{base}/samples", json={"samples": [sample(0)]}, headers=AUTH
+            )
+            assert response.status == 404
+            assert "not known" in (await response.json())["error"]["message"]
+            assert (await client.get(f"{base}/samples")).status == 404
+
+    harness.serve(body)
+
+
+# -- ingest -----------------------------------------------------------------------------------
+def test_ingest_is_idempotent_by_sample_id(harness: Harness) -> None:
+    batch = [sample(i) for i in range(20)]
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        for _ in range(3):
+            response = await client.post(f"{BASE}/samples", json={"samples": batch}, headers=AUTH)
+            assert response.status == 200
+            assert await response.json() == {"recorded": 20}
+        # a retried batch that overlaps and changes one sample replaces it, never duplicates
+        changed = [sample(19, status="invalid"), sample(20)]
+        response = await client.post(f"{BASE}/samples", json={"samples": changed}, headers=AUTH)
+        assert response.status == 200
+
+    harness.serve(body)
+    stored = list(harness.store.iter_samples(RUN_ID))
+    assert len(stored) == 21
+    assert len({s.sample_id for s in stored}) == 21
+    assert next(s for s in stored if s.seq == 19).status == "invalid"
+
+
+def test_run_id_is_pinned_from_the_registry_not_the_body(harness: Harness) -> None:
+    forged = {**sample(0), "run_id": OTHER_RUN_ID}
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        response = await client.post(f"{BASE}/samples", json={"samples": [forged]}, headers=AUTH)
+        assert response.status == 200
+
+    harness.serve(body)
+    assert harness.count(RUN_ID) == 1
+    assert harness.count(OTHER_RUN_ID) == 0
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ([], "body must be"),
+        ({"rows": []}, "body must be"),
+        ({"samples": [{"sample_id": "x"}]}, "invalid sample"),
+        ({"samples": [{**sample(0), "status": "great"}]}, "invalid sample"),
+        ({"samples": [{**sample(0), "scores": {"x": "1"}}]}, "invalid sample"),
+        ({"samples": [{**sample(0), "evil": True}]}, "unknown sample fields"),
+        ({"samples": [{**sample(0), "seq": "1"}]}, "invalid sample"),
+    ],
+)
+def test_bad_ingest_bodies_are_400(harness: Harness, payload: Any, message: str) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        response = await client.post(f"{BASE}/samples", json=payload, headers=AUTH)
+        assert response.status == 400
+        assert message in (await response.json())["error"]["message"]
+
+    harness.serve(body)
+    assert harness.count() == 0
+
+
+def test_a_body_that_is_not_json_is_400(harness: Harness) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        response = await client.post(f"{BASE}/samples", data=b"{nope", headers=AUTH)
+        assert response.status == 400
+
+    harness.serve(body)
+
+
+def test_sample_ids_list_what_this_run_recorded(harness: Harness) -> None:
+    harness.store.record_samples(
+        [
+            SampleRecord(OTHER_RUN_ID, "s_other", "qa", "m", 0, "valid"),
+            *[
+                SampleRecord(RUN_ID, f"s_{i}", "qa", "m", i, "valid")  # type: ignore[arg-type]
+                for i in range(3)
+            ],
+        ]
+    )
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        response = await client.get(
+            f"{BASE}/sample-ids", params={"task": "qa", "model": "m"}, headers=AUTH
+        )
+        assert await response.json() == {"sample_ids": ["s_0", "s_1", "s_2"]}
+
+    harness.serve(body)
+
+
+# -- the samples view -------------------------------------------------------------------------
+def test_samples_page_and_cursor_walk_everything_once(harness: Harness) -> None:
+    harness.store.record_samples(
+        [
+            SampleRecord(RUN_ID, f"s_{t}_{i:03d}", t, "m", i, "valid")
+            for t in ("a", "b")
+            for i in range(13)
+        ]
+    )
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        seen: list[str] = []
+        cursor: str | None = None
+        pages = 0
+        while True:
+            params = {"limit": "5", **({"cursor": cursor} if cursor else {})}
+            response = await client.get(f"{BASE}/samples", params=params)
+            assert response.status == 200
+            page = await response.json()
+            assert len(page["samples"]) <= 5
+            seen += [s["sample_id"] for s in page["samples"]]
+            pages += 1
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert pages == 6  # 26 samples, 5 a page
+        assert len(seen) == len(set(seen)) == 26
+        assert seen == sorted(seen)  # task, model, position
+
+    harness.serve(body)
+
+
+def test_samples_default_limit_and_view_fields(harness: Harness) -> None:
+    harness.store.record_samples(
+        [SampleRecord(RUN_ID, f"s_{i:03d}", "qa", "m", i, "valid") for i in range(12)]
+    )
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        page = await (await client.get(f"{BASE}/samples")).json()
+        assert len(page["samples"]) == 10
+        assert page["next_cursor"]
+        first = page["samples"][0]
+        assert {"sample_id", "task_id", "model", "status", "scores", "error", "stdout"} <= set(
+            first
+        )
+        assert "dataset_row" not in first
+        assert "run_id" not in first
+
+    harness.serve(body)
+
+
+def test_samples_status_failed_and_task_model_filters(harness: Harness) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        batch = [sample(i, status=statuses(i)) for i in range(12)] + [
+            sample(i, task="other", status="errored") for i in range(3)
+        ]
+        assert (
+            await client.post(f"{BASE}/samples", json={"samples": batch}, headers=AUTH)
+        ).status == 200
+        failed = await (
+            await client.get(f"{BASE}/samples", params={"status": "failed", "limit": "100"})
+        ).json()
+        assert {s["status"] for s in failed["samples"]} == {"invalid", "errored"}
+        assert len(failed["samples"]) == 6 + 3
+        assert failed["next_cursor"] is None
+        only_qa = await (
+            await client.get(
+                f"{BASE}/samples",
+                params={"status": "failed", "task": "qa", "model": "m", "limit": "100"},
+            )
+        ).json()
+        assert len(only_qa["samples"]) == 6
+        assert all(s["task_id"] == "qa" for s in only_qa["samples"])
+        errored = await (
+            await client.get(f"{BASE}/samples", params={"status": "errored", "task": "qa"})
+        ).json()
+        assert [s["error"]["type"] for s in errored["samples"]] == ["ValueError"] * 3
+        none = await (
+            await client.get(f"{BASE}/samples", params={"task": "qa", "model": "other-model"})
+        ).json()
+        assert none == {"samples": [], "next_cursor": None}
+
+    harness.serve(body)
+
+
+def test_samples_view_is_per_run(harness: Harness) -> None:
+    harness.store.record_samples([SampleRecord(OTHER_RUN_ID, "s_other", "qa", "m", 0, "valid")])
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        mine = await (await client.get(f"{BASE}/samples")).json()
+        assert mine["samples"] == []
+        theirs = await (
+            await client.get(f"/api/v1/namespaces/{NS}/evalruns/{OTHER_RUN}/samples")
+        ).json()
+        assert [s["sample_id"] for s in theirs["samples"]] == ["s_other"]
+
+    harness.serve(body)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"status": "bogus"}, "status must be one of"),
+        ({"limit": "0"}, "limit must be"),
+        ({"limit": "1001"}, "limit must be"),
+        ({"limit": "ten"}, "limit must be"),
+        ({"cursor": "not-a-cursor"}, ""),
+    ],
+)
+def test_bad_samples_queries_are_400(
+    harness: Harness, params: dict[str, str], message: str
+) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        response = await client.get(f"{BASE}/samples", params=params)
+        assert response.status == 400
+        assert message in (await response.json())["error"]["message"]
+
+    harness.serve(body)
+
+
+# -- units, results, metrics ------------------------------------------------------------------
+def test_unit_done_is_recorded_observed_and_idempotent(harness: Harness) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        info = {"kind": "shard", "samples": 10, "skipped": 0, "restarts": 0, "seconds": 2.5}
+        for _ in range(2):
+            response = await client.post(f"{BASE}/units/qa.m.00000:done", json=info, headers=AUTH)
+            assert response.status == 200
+            assert await response.json() == {"done": "qa.m.00000"}
+        text = await (await client.get("/metrics")).text()
+        assert 'evalkube_unit_duration_seconds_count{kind="shard"} 2.0' in text
+        assert 'evalkube_unit_duration_seconds_bucket{kind="shard",le="5.0"} 2.0' in text
+
+    harness.serve(body)
+    assert harness.store.done_units(RUN_ID) == {"qa.m.00000"}
+    assert harness.store.done_units(OTHER_RUN_ID) == set()
+    assert harness.done == [(RUN, "qa.m.00000")] * 2
+
+
+def test_task_results_are_pinned_to_the_run(harness: Harness) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        response = await client.post(
+            f"{BASE}/task-results",
+            json={"task": "s", "model": "m", "metrics": {"macro_f1": 0.5}, "run_id": OTHER_RUN_ID},
+            headers=AUTH,
+        )
+        assert response.status == 200
+
+    harness.serve(body)
+    (result,) = harness.store.task_results(RUN_ID)
+    assert (result.task_id, result.metrics) == ("s", {"macro_f1": 0.5})
+    assert harness.store.task_results(OTHER_RUN_ID) == []
+
+
+def test_update_accepts_only_result_columns(harness: Harness) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        await client.post(f"{BASE}/samples", json={"samples": [sample(0)]}, headers=AUTH)
+        bad = await client.post(
+            f"{BASE}/samples:update",
+            json={"updates": [{"sample_id": "s_qa_000000", "run_id": OTHER_RUN_ID}]},
+            headers=AUTH,
+        )
+        assert bad.status == 400
+        good = await client.post(
+            f"{BASE}/samples:update",
+            json={"updates": [{"sample_id": "s_qa_000000", "scores": {"exact_match": 0.25}}]},
+            headers=AUTH,
+        )
+        assert good.status == 200
+
+    harness.serve(body)
+    (stored,) = harness.store.iter_samples(RUN_ID)
+    assert stored.scores == {"exact_match": 0.25}
+
+
+def test_health_and_metrics(harness: Harness) -> None:
+    harness.metrics.status_patches.inc(3)
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        health = await client.get("/healthz")
+        assert health.status == 200
+        assert await health.json() == {"status": "ok"}
+        metrics = await client.get("/metrics")
+        assert metrics.status == 200
+        assert metrics.headers["Content-Type"].startswith("text/plain")
+        text = await metrics.text()
+        assert "evalkube_status_patches_total 3.0" in text
+        for name in (
+            "evalkube_jobs_created_total",
+            "evalkube_unit_duration_seconds",
+            "# TYPE evalkube_score gauge",
+            "# TYPE evalkube_runs gauge",
+        ):
+            assert name in text
+
+    harness.serve(body)

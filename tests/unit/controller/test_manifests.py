@@ -1,0 +1,382 @@
+"""The pure manifest builders: the work-unit Job's trust layout and the run's NetworkPolicy."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from evalkube.controller import manifests, names
+from evalkube.controller.settings import OperatorSettings
+from evalkube.engine.plan import Unit, plan_units
+from evalkube.models import EvalRunSpec, validate_spec
+
+NAMESPACE = "team-a"
+RUN_NAME = "qa-nightly"
+UID = "0f1e2d3c-4b5a-6978-8695-a4b3c2d1e0f9"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def owner(name: str = RUN_NAME) -> dict[str, Any]:
+    return {
+        "apiVersion": "evalkube.io/v1alpha1",
+        "kind": "EvalRun",
+        "metadata": {"name": name, "namespace": NAMESPACE, "uid": UID, "generation": 1},
+    }
+
+
+def run_spec(**extra: Any) -> EvalRunSpec:
+    wire: dict[str, Any] = {
+        "suiteRef": {"name": "qa"},
+        "models": ["openai:gpt-4.1-mini"],
+        "providers": {
+            "openai": {
+                "baseURL": "https://api.openai.com/v1",
+                "credentialsSecretRef": {"name": "openai", "key": "api-key"},
+            },
+            "local-vllm": {
+                "baseURL": "http://vllm.models.svc:8000/v1",
+                "credentialsSecretRef": {"name": "vllm", "key": "token"},
+            },
+        },
+        **extra,
+    }
+    return validate_spec(EvalRunSpec, wire, prefix="spec")
+
+
+SHARD = Unit("qa.openai-gpt-4.1-mini.00001", "qa", "openai:gpt-4.1-mini", "shard", 1, 100, 150)
+AGGREGATE = Unit("qa.openai-gpt-4.1-mini.batch", "qa", "openai:gpt-4.1-mini", "aggregate")
+
+
+def job(
+    unit: Unit = SHARD,
+    settings: OperatorSettings | None = None,
+    spec: EvalRunSpec | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    return manifests.unit_job(
+        owner(),
+        unit,
+        spec=spec or run_spec(),
+        settings=settings or OperatorSettings(),
+        dataset_config_maps=kwargs.pop("dataset_config_maps", [("qa-data", "rows.jsonl")]),
+        timeout_seconds=kwargs.pop("timeout_seconds", 30),
+        **kwargs,
+    )
+
+
+def pod_spec(j: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = j["spec"]["template"]["spec"]
+    return spec
+
+
+def container(j: dict[str, Any], name: str) -> dict[str, Any]:
+    spec = pod_spec(j)
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        if c["name"] == name:
+            return dict(c)
+    raise AssertionError(f"no container {name}")
+
+
+def secret_volumes(j: dict[str, Any]) -> set[str]:
+    return {v["name"] for v in pod_spec(j)["volumes"] if "secret" in v}
+
+
+# -- the Pod: containers and trust ------------------------------------------------------------
+def test_three_containers_with_the_proxy_as_a_native_sidecar() -> None:
+    spec = pod_spec(job())
+    assert [c["name"] for c in spec["initContainers"]] == ["proxy"]
+    assert spec["initContainers"][0]["restartPolicy"] == "Always"
+    assert [c["name"] for c in spec["containers"]] == ["runner", "grader"]
+    assert spec["restartPolicy"] == "Never"
+    for c in spec["containers"]:
+        assert "restartPolicy" not in c
+
+
+def test_runtime_class_defaults_to_gvisor_and_is_configurable() -> None:
+    assert pod_spec(job())["runtimeClassName"] == "gvisor"
+    assert pod_spec(job(settings=OperatorSettings(runtime_class="kata")))["runtimeClassName"] == (
+        "kata"
+    )
+    assert "runtimeClassName" not in pod_spec(job(settings=OperatorSettings(runtime_class="")))
+    assert "runtimeClassName" not in pod_spec(job(settings=OperatorSettings(runtime_class=None)))
+
+
+def test_provider_secrets_are_mounted_only_in_the_proxy() -> None:
+    j = job()
+    provider_volumes = secret_volumes(j)
+    assert provider_volumes == {"provider-openai", "provider-local-vllm"}
+    by_volume = {v["name"]: v for v in pod_spec(j)["volumes"]}
+    assert by_volume["provider-openai"]["secret"] == {
+        "secretName": "openai",
+        "items": [{"key": "api-key", "path": "key"}],
+    }
+    proxy = container(j, "proxy")
+    assert {m["name"] for m in proxy["volumeMounts"]} >= provider_volumes
+    assert all(m["readOnly"] for m in proxy["volumeMounts"] if m["name"] in provider_volumes)
+    assert {e["name"]: e["value"] for e in proxy["env"]} == {
+        "EVALKUBE_PROVIDER_OPENAI_KEY_FILE": f"{manifests.PROVIDER_KEYS_DIR}/openai/key",
+        "EVALKUBE_PROVIDER_LOCAL_VLLM_KEY_FILE": f"{manifests.PROVIDER_KEYS_DIR}/local-vllm/key",
+    }
+    for name in ("runner", "grader"):
+        c = container(j, name)
+        assert not {m["name"] for m in c["volumeMounts"]} & provider_volumes, name
+        assert not [e for e in c.get("env", []) if "PROVIDER" in e["name"]], name
+        assert "envFrom" not in c, name
+
+
+def test_a_provider_without_a_secret_mounts_nothing() -> None:
+    spec = run_spec(
+        models=["local:m"], providers={"local": {"baseURL": "http://127.0.0.1:9000/v1"}}
+    )
+    j = job(spec=spec)
+    assert secret_volumes(j) == set()
+    assert container(j, "proxy")["env"] == []
+
+
+def test_the_runner_holds_the_ingest_token_and_no_provider_secret() -> None:
+    runner = container(job(), "runner")
+    env = {e["name"]: e for e in runner["env"]}
+    assert env["EVALKUBE_INGEST_TOKEN"]["valueFrom"] == {
+        "secretKeyRef": {"name": f"{RUN_NAME}-ingest", "key": manifests.TOKEN_KEY}
+    }
+    assert env["EVALKUBE_RUN"]["value"] == f"{NAMESPACE}/{RUN_NAME}"
+    secret_refs = [e for e in runner["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    assert [e["valueFrom"]["secretKeyRef"]["name"] for e in secret_refs] == [
+        names.token_secret_name(RUN_NAME)
+    ]
+    args = runner["command"]
+    assert args[:2] == ["evalkube", "unit"]
+    assert args[args.index("--unit") + 1] == SHARD.unit_id
+    assert args[args.index("--ingest-url") + 1] == OperatorSettings().ingest_url
+    assert args[args.index("--worker") + 1] == f"unix:{manifests.WORKER_SOCKET}"
+
+
+def test_the_grader_has_no_env_no_secrets_no_token() -> None:
+    j = job()
+    grader = container(j, "grader")
+    assert grader["env"] == []
+    assert "envFrom" not in grader
+    mounted = {m["name"] for m in grader["volumeMounts"]}
+    assert mounted == {"tmp", "worker", "bridge"}
+    volumes = {v["name"]: v for v in pod_spec(j)["volumes"]}
+    for name in mounted:
+        assert "emptyDir" in volumes[name], f"the grader mounts only emptyDirs, not {name}"
+    bridge = next(m for m in grader["volumeMounts"] if m["name"] == "bridge")
+    assert bridge["readOnly"] is True
+    assert grader["image"] == OperatorSettings().sandbox_image
+    assert grader["command"][:3] == ["python3", "-I", "-S"]
+
+
+def test_no_service_account_token_and_no_service_links() -> None:
+    spec = pod_spec(job())
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+    assert "serviceAccountName" not in spec
+
+
+@pytest.mark.parametrize("name", ["proxy", "runner", "grader"])
+def test_every_container_is_restricted(name: str) -> None:
+    ctx = container(job(), name)["securityContext"]
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["runAsNonRoot"] is True
+    assert ctx["runAsUser"] == manifests.NOBODY != 0
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert "add" not in ctx["capabilities"]
+    assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "privileged" not in ctx
+
+
+def test_pod_security_context_is_restricted() -> None:
+    ctx = pod_spec(job())["securityContext"]
+    assert ctx["runAsNonRoot"] is True
+    assert ctx["runAsUser"] == manifests.NOBODY
+    assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    spec = pod_spec(job())
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not spec.get(key)
+    assert not [v for v in spec["volumes"] if "hostPath" in v]
+
+
+def test_grader_tmp_is_a_size_capped_memory_emptydir() -> None:
+    j = job(settings=OperatorSettings(tmp_size="64Mi"))
+    volumes = {v["name"]: v for v in pod_spec(j)["volumes"]}
+    assert volumes["tmp"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Mi"}
+    grader = container(j, "grader")
+    assert {"name": "tmp", "mountPath": "/tmp"} in grader["volumeMounts"]
+    for volume in volumes.values():
+        if "emptyDir" in volume:
+            assert volume["emptyDir"].get("sizeLimit"), volume["name"]
+
+
+def test_resources_limits_on_every_container() -> None:
+    settings = OperatorSettings(grader_memory="2Gi", grader_cpu="500m", runner_memory="300Mi")
+    j = job(settings=settings)
+    assert container(j, "grader")["resources"]["limits"] == {"memory": "2Gi", "cpu": "500m"}
+    assert container(j, "runner")["resources"]["limits"] == {"memory": "300Mi"}
+    assert container(j, "proxy")["resources"]["limits"] == {"memory": settings.proxy_memory}
+    for name in ("proxy", "runner", "grader"):
+        assert container(j, name)["resources"]["requests"], name
+
+
+def test_datasets_and_snapshot_are_mounted_read_only_in_the_runner() -> None:
+    j = job(dataset_config_maps=[("qa-data", "rows.jsonl")])
+    runner = container(j, "runner")
+    mounts = {m["name"]: m for m in runner["volumeMounts"]}
+    assert mounts["snapshot"] == {
+        "name": "snapshot",
+        "mountPath": manifests.SNAPSHOT_DIR,
+        "readOnly": True,
+    }
+    assert mounts["dataset-0"]["mountPath"] == f"{manifests.DATASETS_DIR}/qa-data"
+    assert mounts["dataset-0"]["readOnly"] is True
+    volumes = {v["name"]: v for v in pod_spec(j)["volumes"]}
+    assert volumes["snapshot"]["configMap"]["name"] == f"{RUN_NAME}-snapshot"
+    assert volumes["dataset-0"]["configMap"]["name"] == "qa-data"
+
+
+# -- the Job ----------------------------------------------------------------------------------
+def test_job_limits_backoff_ttl_and_deadline() -> None:
+    settings = OperatorSettings(job_backoff_limit=1, job_ttl_seconds=600)
+    j = job(settings=settings, timeout_seconds=30, preprocess_timeout=5)
+    assert j["spec"]["backoffLimit"] == 1
+    assert j["spec"]["ttlSecondsAfterFinished"] == 600
+    # 50 rows x (30 s grading + 5 s preprocessing) + the slack
+    assert j["spec"]["activeDeadlineSeconds"] == 50 * 35 + settings.active_deadline_slack_seconds
+
+
+def test_deadline_of_an_aggregate_unit_and_the_cap() -> None:
+    settings = OperatorSettings(active_deadline_slack_seconds=60)
+    assert job(AGGREGATE, settings=settings, timeout_seconds=120)["spec"][
+        "activeDeadlineSeconds"
+    ] == (120 + 60)
+    huge = Unit("t.m.00000", "t", "m", "shard", 0, 0, 1_000_000)
+    assert job(huge, timeout_seconds=600)["spec"]["activeDeadlineSeconds"] == 86_400
+
+
+def test_job_metadata_labels_annotation_and_owner() -> None:
+    j = job()
+    meta = j["metadata"]
+    assert meta["namespace"] == NAMESPACE
+    assert meta["annotations"] == {names.ANNOTATION_UNIT_ID: SHARD.unit_id}
+    assert meta["labels"][names.LABEL_RUN] == RUN_NAME
+    assert meta["labels"][names.LABEL_COMPONENT] == "work-unit"
+    assert meta["labels"][names.LABEL_MANAGED_BY] == "evalkube"
+    assert DNS_LABEL.match(meta["labels"][names.LABEL_UNIT])
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "evalkube.io/v1alpha1",
+            "kind": "EvalRun",
+            "name": RUN_NAME,
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    template = j["spec"]["template"]["metadata"]
+    assert template["labels"][names.LABEL_RUN] == RUN_NAME
+    assert template["labels"][names.LABEL_COMPONENT] == "work-unit"
+    assert "annotations" not in template
+    annotated = job(settings=OperatorSettings(pod_annotations={"a.b/c": "d"}))
+    assert annotated["spec"]["template"]["metadata"]["annotations"] == {"a.b/c": "d"}
+
+
+def test_node_selector_is_passed_through() -> None:
+    assert "nodeSelector" not in pod_spec(job())
+    j = job(settings=OperatorSettings(node_selector={"runtime": "gvisor"}))
+    assert pod_spec(j)["nodeSelector"] == {"runtime": "gvisor"}
+
+
+def test_job_names_are_deterministic_distinct_and_dns_labels() -> None:
+    units = plan_units([("qa", 1000, True), ("sentiment", 30, True)], ["a:b", "c:d"], 10)
+    long_name = "r" * 60 + "-" + "x" * 150
+    for run_name in (RUN_NAME, long_name, "a"):
+        job_names = [names.job_name(run_name, u.unit_id) for u in units]
+        assert len(set(job_names)) == len(units)
+        for name in job_names:
+            assert len(name) <= 63
+            assert DNS_LABEL.match(name), name
+        assert job_names == [names.job_name(run_name, u.unit_id) for u in units]
+    assert names.job_name(long_name, "u") != names.job_name(long_name[:-1] + "y", "u")
+    built = manifests.unit_job(
+        owner(long_name),
+        SHARD,
+        spec=run_spec(),
+        settings=OperatorSettings(),
+        dataset_config_maps=[],
+        timeout_seconds=1,
+    )
+    assert built["metadata"]["name"] == names.job_name(long_name, SHARD.unit_id)
+    assert len(built["metadata"]["name"]) <= 63
+
+
+def test_builders_are_pure() -> None:
+    assert job() == job()
+
+
+# -- the run's other objects ------------------------------------------------------------------
+def test_owned_objects_carry_the_owner_reference_and_deterministic_names() -> None:
+    body = owner()
+    snapshot = manifests.snapshot_config_map(body, {"run": {"name": RUN_NAME}})
+    secret = manifests.token_secret(body, "t0ken")
+    policy = manifests.network_policy(body, run_spec(), OperatorSettings())
+    assert snapshot["metadata"]["name"] == f"{RUN_NAME}-snapshot"
+    assert snapshot["immutable"] is True
+    assert secret["metadata"]["name"] == f"{RUN_NAME}-ingest"
+    assert secret["stringData"] == {manifests.TOKEN_KEY: "t0ken"}
+    assert policy["metadata"]["name"] == f"{RUN_NAME}-egress"
+    for obj in (snapshot, secret, policy):
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == UID
+        assert obj["metadata"]["labels"][names.LABEL_RUN] == RUN_NAME
+
+
+def test_network_policy_no_ingress_and_only_dns_ingest_and_provider_ports() -> None:
+    settings = OperatorSettings(
+        operator_namespace="evalkube-system", ingest_port=8443, operator_pod_labels={"app": "ek"}
+    )
+    spec = run_spec(
+        models=["openai:gpt-4.1-mini", "vllm:llama"],
+        providers={
+            "openai": {"baseURL": "https://api.openai.com/v1"},
+            "vllm": {"baseURL": "http://vllm.example:8000/v1"},
+            "other": {"baseURL": "https://other.example/v1"},
+            "plain": {"baseURL": "http://plain.example/v1"},
+        },
+    )
+    policy = manifests.network_policy(owner(), spec, settings)["spec"]
+    assert policy["podSelector"] == {
+        "matchLabels": {names.LABEL_RUN: RUN_NAME, names.LABEL_COMPONENT: "work-unit"}
+    }
+    assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
+    assert policy["ingress"] == []
+    dns, ingest, providers = policy["egress"]
+    assert sorted((p["protocol"], p["port"]) for p in dns["ports"]) == [("TCP", 53), ("UDP", 53)]
+    assert dns["to"] == [
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+    ]
+    assert ingest["ports"] == [{"protocol": "TCP", "port": 8443}]
+    assert ingest["to"] == [
+        {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": "evalkube-system"}
+            },
+            "podSelector": {"matchLabels": {"app": "ek"}},
+        }
+    ]
+    assert providers["ports"] == [{"protocol": "TCP", "port": p} for p in (80, 443, 8000)]
+    (block,) = providers["to"]
+    assert block["ipBlock"]["cidr"] == "0.0.0.0/0"
+    assert set(block["ipBlock"]["except"]) >= {"10.0.0.0/8", "169.254.0.0/16"}
+
+
+def test_network_policy_without_providers_allows_only_dns_and_ingest() -> None:
+    spec = validate_spec(
+        EvalRunSpec, {"suiteRef": {"name": "qa"}, "models": ["precomputed"]}, prefix="spec"
+    )
+    egress = manifests.network_policy(owner(), spec, OperatorSettings())["spec"]["egress"]
+    assert len(egress) == 2
+    ports = sorted(p["port"] for rule in egress for p in rule["ports"])
+    assert ports == [53, 53, OperatorSettings().ingest_port]
+    assert not [rule for rule in egress for to in rule["to"] if "ipBlock" in to]
