@@ -118,6 +118,8 @@ class Attack:
     blocked_by: tuple[str, ...]
     expect: Expect
     timeout: float = 2.0
+    #: Stopped by the memory or pids cgroup (nsjail and bwrap have one only as root).
+    needs_cgroups: bool = False
 
 
 ATTACKS = [
@@ -220,6 +222,7 @@ ATTACKS = [
         ISOLATING,
         Expect(("timeout", "crashed", "protocol_error")),
         timeout=1.0,
+        needs_cgroups=True,
     ),
     Attack(
         "memory_bomb",
@@ -256,6 +259,7 @@ ATTACKS = [
         """,
         ISOLATING,
         Expect(("returned", "timeout", "crashed"), extra=_children_contained),
+        needs_cgroups=True,
     ),
     Attack(
         "infinite_loop",

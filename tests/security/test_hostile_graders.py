@@ -16,7 +16,14 @@ import pytest
 
 from evalkube.sandbox import SandboxBackend
 from evalkube.sandbox.backends import live_workers
-from tests.integration.sandbox.support import alive, backend, descendants, leftovers, run
+from tests.integration.sandbox.support import (
+    alive,
+    backend,
+    descendants,
+    leftovers,
+    require_cgroups,
+    run,
+)
 from tests.security.attacks import ATTACKED, ATTACKS, EXPECTED, SAMPLES, Attack, grader_source
 from tests.security.conftest import Listener
 
@@ -36,6 +43,8 @@ def test_attack_is_contained(
     host_secrets: dict[str, str],
 ) -> None:
     sandbox_backend: SandboxBackend = backend(backend_name)
+    if attack.needs_cgroups:
+        require_cgroups(backend_name)
     params = {**host_secrets, "port": str(listener.port)}
     before = descendants(os.getpid())
 

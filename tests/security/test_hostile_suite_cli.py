@@ -22,8 +22,15 @@ from typing import Any
 
 import pytest
 
-from tests.integration.sandbox.support import BACKENDS, alive, backend, descendants, leftovers
-from tests.security.attacks import ATTACKS, grader_source
+from tests.integration.sandbox.support import (
+    BACKENDS,
+    alive,
+    backend,
+    cgroups_missing,
+    descendants,
+    leftovers,
+)
+from tests.security.attacks import ATTACKS, Attack, grader_source
 from tests.security.conftest import Listener
 
 EVALKUBE = Path(sys.executable).parent / "evalkube"
@@ -55,11 +62,9 @@ CONTROL = {
 }
 
 
-def _suite(name: str, params: dict[str, str]) -> dict[str, Any]:
+def _suite(attacks: list[Attack], params: dict[str, str]) -> dict[str, Any]:
     tasks: list[dict[str, Any]] = [CONTROL]
-    for attack in ATTACKS:
-        if name not in attack.blocked_by:
-            continue
+    for attack in attacks:
         tasks.append(
             {
                 "id": attack.name,
@@ -75,7 +80,7 @@ def _suite(name: str, params: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "evalkube.io/v1alpha1",
         "kind": "EvalSuite",
-        "metadata": {"name": f"hostile-{name}"},
+        "metadata": {"name": "hostile"},
         "spec": {"tasks": tasks},
     }
 
@@ -108,10 +113,12 @@ def test_hostile_suite_through_evalkube_run(
     name: str, listener: Listener, host_secrets: dict[str, str]
 ) -> None:
     backend(name)
+    with_cgroups = cgroups_missing(name) is None
     workdir = Path(host_secrets["database"]).parent
     database = workdir / "evalkube.db"  # the run's own results DB: an attack target too
     params = {**host_secrets, "port": str(listener.port), "database": str(database)}
-    suite = _suite(name, params)
+    attacks = [a for a in ATTACKS if name in a.blocked_by and (with_cgroups or not a.needs_cgroups)]
+    suite = _suite(attacks, params)
     (workdir / "suite.yaml").write_text(json.dumps(suite, indent=1))
     env = _env(host_secrets["secret"])
     db_url = f"sqlite:///{database}"
@@ -139,9 +146,7 @@ def test_hostile_suite_through_evalkube_run(
     views: dict[tuple[str, str], dict[str, Any]] = {
         (v["task_id"], v["row_id"]): v for v in json.loads(shown)
     }
-    for attack in ATTACKS:
-        if name not in attack.blocked_by:
-            continue
+    for attack in attacks:
         assert results[attack.name]["counts"]["samples"] == 3, attack.name
         for row in ("r0", "r2"):
             good = views[(attack.name, row)]

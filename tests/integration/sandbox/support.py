@@ -23,6 +23,7 @@ from evalkube.sandbox import (
     Program,
     SandboxBackend,
     SandboxLimits,
+    cgroups,
     resolve_backend,
 )
 from evalkube.sandbox.backends import RESOURCE_PREFIX
@@ -41,6 +42,29 @@ def backend(name: str) -> SandboxBackend:
             pytest.fail(f"required under CI: {message}")
         pytest.skip(message)
     return resolve_backend(name)
+
+
+def cgroups_missing(name: str) -> str | None:
+    """Why ``name`` has no memory/pids cgroups here (nsjail and bwrap make them as root only).
+
+    Fails the test under CI, where every limit must be in force.
+    """
+    if name not in ("nsjail", "bwrap"):
+        return None
+    reason = cgroups.available()
+    if reason is None:
+        return None
+    message = f"{name} has no memory/pids cgroups here: {reason}"
+    if os.environ.get("CI"):
+        pytest.fail(f"required under CI: {message}")
+    return message
+
+
+def require_cgroups(name: str) -> None:
+    """Skip (fail under CI) a test of a limit that only a cgroup enforces."""
+    message = cgroups_missing(name)
+    if message is not None:
+        pytest.skip(message)
 
 
 def grader(source: str, entrypoint: str = "grade") -> list[Program]:

@@ -15,7 +15,14 @@ from evalkube.sandbox import (
     availability,
     resolve_backend,
 )
-from tests.integration.sandbox.support import BACKENDS, ISOLATING, backend, leftovers, run
+from tests.integration.sandbox.support import (
+    BACKENDS,
+    ISOLATING,
+    backend,
+    leftovers,
+    require_cgroups,
+    run,
+)
 
 EXACT = "def grade(sample, item):\n    return 1.0 if sample == str(item % 3) else 0.0\n"
 MIB = 1024 * 1024
@@ -144,7 +151,9 @@ def test_pids_limit(name: str) -> None:
         "            os._exit(0)\n"
         "    return 0.0\n"
     )
-    executions, _ = run(backend(name), source, ["x"], limits=SandboxLimits(pids=16), timeout=10)
+    sandbox_backend = backend(name)
+    require_cgroups(name)
+    executions, _ = run(sandbox_backend, source, ["x"], limits=SandboxLimits(pids=16), timeout=10)
 
     assert executions[0].status == "raised"
     assert executions[0].error is not None
