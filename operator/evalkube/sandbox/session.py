@@ -412,8 +412,22 @@ class GraderSandbox:
                 fill()
                 mark = time.monotonic()
         finally:
-            if in_flight:  # abandoned (or failed) mid-batch: the worker is busy with stale work
+            # Abandoned early (``next(iter(execute(...)))``) or failed: a worker still busy
+            # with stale work is stopped; one that only owes the end of its batch is kept.
+            if in_flight and not self._finish(in_flight):
                 self.close()
+
+    def _finish(self, in_flight: deque[_Batch]) -> bool:
+        """Read the ends of fully answered batches; False when the worker owes more."""
+        if self._live is None or any(b.answered < len(b.items) for b in in_flight):
+            return False
+        deadline = time.monotonic() + limits.TIMEOUT_GRACE_SECONDS
+        while in_flight:
+            kind, frame, _ = self._live.next(deadline)
+            if kind != "frame" or self._accept(in_flight[0], frame) != "done":
+                return False
+            in_flight.popleft()
+        return True
 
     @staticmethod
     def _blame(head: _Batch, status: Status, kind: str, message: str) -> Execution | None:

@@ -9,6 +9,7 @@ import pytest
 
 from evalkube.sandbox import (
     AUTO_ORDER,
+    GraderSandbox,
     GVisorBackend,
     SandboxBackend,
     SandboxLimits,
@@ -19,6 +20,7 @@ from tests.integration.sandbox.support import (
     BACKENDS,
     ISOLATING,
     backend,
+    grader,
     leftovers,
     require_cgroups,
     run,
@@ -196,3 +198,16 @@ def test_gvisor_is_what_auto_picks_on_a_machine_that_has_it() -> None:
     backend("gvisor")
     chosen: SandboxBackend = resolve_backend("auto")
     assert isinstance(chosen, GVisorBackend)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_taking_only_the_first_answer_keeps_the_worker(name: str) -> None:
+    sandbox = GraderSandbox(backend(name), grader(EXACT), task_id="t")
+    with sandbox:
+        first = next(iter(sandbox.execute("grader", [(["1", 1], None)], timeout=5)))
+        live = sandbox._live
+        second = list(sandbox.execute("grader", [(["2", 2], None)], timeout=5))
+        assert sandbox._live is live  # the same worker: no second cold start
+    assert (first.value, second[0].value) == (1.0, 1.0)
+    assert sandbox.restarts == 0
