@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from evalkube.sandbox import GraderSandbox, SandboxBackend
+from evalkube.sandbox.gvisor import containers
 from tests.integration.sandbox.support import (
     BACKENDS,
     alive,
@@ -119,3 +120,29 @@ def test_sigkill_of_the_parent_leaves_nothing_after_the_next_start(name: str) ->
         pass
     assert leftovers(child.pid).empty, leftovers(child.pid)
     assert _state_dirs(child.pid) == []
+
+
+@pytest.mark.timeout(60)
+def test_runsc_knows_one_container_per_live_sandbox_and_none_after() -> None:
+    sandbox_backend = backend("gvisor")
+    source = (
+        "import time\n"
+        "def grade(sample, item):\n"
+        "    if sample == 'hang':\n"
+        "        time.sleep(60)\n"
+        "    return 1.0\n"
+    )
+    sandbox = GraderSandbox(sandbox_backend, grader(source), task_id="t")
+    with sandbox:
+        (first,) = _state_dirs(os.getpid())
+        assert containers(first) == [first.parent.name.rsplit("-", 1)[0]]
+        outcomes = list(
+            sandbox.execute("grader", [(["hang", 0], None), (["ok", 1], None)], timeout=1)
+        )
+        assert [o.status for o in outcomes] == ["timeout", "returned"]
+        (second,) = _state_dirs(os.getpid())  # the killed one is gone, a fresh one runs
+        assert second != first
+        assert not first.parent.exists()
+        assert containers(second) == [second.parent.name.rsplit("-", 1)[0]]
+    assert _state_dirs(os.getpid()) == []
+    assert leftovers().empty
