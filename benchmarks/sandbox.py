@@ -1,6 +1,7 @@
 """Sandbox figures: cold start per backend, per-sample overhead, 100k exact-match samples.
 
-Not a test: run it and read the figures (``.venv/bin/python benchmarks/sandbox.py``).
+Not a test: run it and read the figures (``.venv/bin/python -P benchmarks/sandbox.py``;
+``-P`` keeps the ``benchmarks/`` folder off ``sys.path``, where a module may shadow the stdlib).
 
 - cold start: ``GraderSandbox.start()`` (spawn, worker hello, program load) and ``close()``,
   median of ``--starts`` runs;
