@@ -32,7 +32,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="evalkube.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="evalkube.io")
     settings.posting.level = 20
-    memo.state = await OperatorState.start(OperatorSettings(), _post_event)
+    operator_settings = OperatorSettings()
+    if operator_settings.peering:  # the chart's (Cluster)KopfPeering object, not kopf's default
+        settings.peering.name = operator_settings.peering_name
+        settings.peering.mandatory = True
+    memo.state = await OperatorState.start(operator_settings, _post_event)
 
 
 @kopf.on.cleanup()
