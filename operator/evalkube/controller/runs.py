@@ -91,11 +91,17 @@ class RunReconciler:
         self.settings = settings
         self.event = event or (lambda body, kind, reason, message: None)
         self._phases: dict[tuple[str, str], str] = {}
+        #: What ``_setup`` found per EvalRun uid: the snapshot and the token never change, so
+        #: timer passes skip re-reading them (rebuilt from the cluster after a restart).
+        self._setups: dict[str, _Setup] = {}
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop a deleted run from the ``evalkube_runs`` gauge."""
+        """Drop a deleted run from the ``evalkube_runs`` gauge and the setup cache."""
         self._phases.pop((namespace, name), None)
         self._export_phases()
+        for uid, setup in list(self._setups.items()):
+            if (setup.entry.namespace, setup.entry.name) == (namespace, name):
+                del self._setups[uid]
 
     def _track_phase(self, body: Mapping[str, Any], phase: str | None) -> None:
         meta = body["metadata"]
@@ -118,6 +124,7 @@ class RunReconciler:
     async def _reconcile(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         status = dict(body.get("status") or {})
         if status.get("phase") in FINAL_PHASES:
+            self._register_finished(body)
             return None
         meta = body["metadata"]
         generation = meta.get("generation")
@@ -158,7 +165,24 @@ class RunReconciler:
         return await self._status(body, status, setup, decision)
 
     # -- setup: suite snapshot, token, network policy, store record ----------------------------
+    def _register_finished(self, body: Mapping[str, Any]) -> None:
+        """Serve a finished run's samples after a restart (read-only: no token is accepted)."""
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if self.registry.get(namespace, name) is None:
+            suite = ((body.get("spec") or {}).get("suiteRef") or {}).get("name", "")
+            run_id = names.run_id(namespace, name, meta["uid"])
+            self.registry.register(RunEntry(namespace, name, run_id, suite, token_digest=""))
+
     async def _setup(self, body: Mapping[str, Any]) -> _Setup:
+        cached = self._setups.get(body["metadata"]["uid"])
+        if cached is not None:
+            return cached
+        setup = await self._first_setup(body)
+        self._setups[body["metadata"]["uid"]] = setup
+        return setup
+
+    async def _first_setup(self, body: Mapping[str, Any]) -> _Setup:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         try:
@@ -196,6 +220,10 @@ class RunReconciler:
             )
         else:
             snapshot = json.loads(snapshot_data["snapshot.json"])
+        # the run is pinned to its snapshot: runners plan units from the snapshot's spec, so
+        # an edit of the EvalRun's spec mid-run must not change the operator's plan either
+        spec = validate_spec(EvalRunSpec, snapshot["run_spec"], prefix="spec")
+        suite_name = str(snapshot["suite"]["name"])
         token = await self.kube.secret_value(
             namespace, names.token_secret_name(name), manifests.TOKEN_KEY
         )
@@ -206,13 +234,13 @@ class RunReconciler:
                     namespace, names.token_secret_name(name), manifests.TOKEN_KEY
                 )
                 assert token is not None
-        entry = RunEntry(namespace, name, run_id, spec.suite_ref.name, digest(token))
+        entry = RunEntry(namespace, name, run_id, suite_name, digest(token))
         self.registry.register(entry)
         await self.kube.create(manifests.network_policy(body, spec, self.settings))
         if await asyncio.to_thread(self.store.get_run, run_id) is None:
             record = RunRecord(
                 run_id,
-                spec.suite_ref.name,
+                suite_name,
                 snapshot["suite"]["version"],
                 {"namespace": namespace, "name": name, "snapshot": snapshot},
                 "pod (gVisor)" if self.settings.runtime_class else "pod",
@@ -302,6 +330,7 @@ class RunReconciler:
                 {"results": new["results"]},
             )
             self._export_metrics(body, setup, results)
+            self._setups.pop(body["metadata"]["uid"], None)
         new["conditions"] = merge_conditions(status.get("conditions") or [], conditions)
         return self._changed(body, status, new, None)
 
