@@ -1,0 +1,298 @@
+"""Restart safety on the real control plane: stop the operator mid-run, start it again.
+
+The operator (KopfRunner, in-process) is stopped while units are in flight and started again
+on the same store file and port. Its state comes from the cluster (Jobs by deterministic
+name) and the store (samples by deterministic id, units reported done), so the second
+operator finishes the run without a duplicate Job, a lost or duplicated sample, or a
+regraded unit, and the scores are exact.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tests.cluster.plugin import HOLD_ANNOTATION, ControlPlane
+from tests.integration.cluster.test_operator import (
+    EVALKUBE,
+    SENTIMENT,
+    _crds,
+    _free_port,
+    _jobs,
+    _play_unit,
+    _wait_http,
+    suite,
+)
+
+from evalkube.controller import names
+from evalkube.store import ResultStore
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(400)]
+
+
+def install_crds(cp: ControlPlane) -> None:
+    cp.apply(
+        [json.loads(json.dumps(doc)) for doc in _crds()]
+        + [
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": "gvisor"},
+                "handler": "runsc",
+            }
+        ]
+    )
+    cp.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/evalruns.evalkube.io",
+        "crd/evalsuites.evalkube.io",
+    )
+
+
+@contextmanager
+def running_operator(cp: ControlPlane, store: Path, port: int, **settings: str) -> Iterator[str]:
+    """Run the operator (KopfRunner) until the block ends; yields its base URL.
+
+    ``settings`` become ``EVALKUBE_<NAME>`` variables, read at the operator's startup.
+    """
+    from kopf.testing import KopfRunner
+
+    env = {
+        "KUBECONFIG": str(cp.kubeconfig),
+        "EVALKUBE_STORE_URL": f"sqlite:///{store}",
+        "EVALKUBE_LISTEN": f"127.0.0.1:{port}",
+        "EVALKUBE_INGEST_URL": f"http://127.0.0.1:{port}",
+        "EVALKUBE_POD_ANNOTATIONS": json.dumps({HOLD_ANNOTATION: "true"}),
+        "EVALKUBE_RECONCILE_INTERVAL": "0.5",
+        **{f"EVALKUBE_{key.upper()}": value for key, value in settings.items()},
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with KopfRunner(
+            ["run", "--standalone", "-A", "-m", "evalkube.controller.handlers"]
+        ) as runner:
+            _wait_http(port)
+            yield f"http://127.0.0.1:{port}"
+        assert runner.exit_code == 0, runner.output
+        assert runner.exception is None
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_manifest(namespace: str, name: str = "nightly", shard_size: int = 5) -> dict[str, Any]:
+    return {
+        "apiVersion": "evalkube.io/v1alpha1",
+        "kind": "EvalRun",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"suiteRef": {"name": "qa"}, "models": ["precomputed"], "shardSize": shard_size},
+    }
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert found, f"{name} not in /metrics"
+    return float(found.group(1))
+
+
+def run_status(cp: ControlPlane, namespace: str, name: str = "nightly") -> dict[str, Any]:
+    status: dict[str, Any] = (
+        cp.kubectl_json("get", "evalrun", name, "-n", namespace).get("status") or {}
+    )
+    return status
+
+
+def finished(cp: ControlPlane, namespace: str, name: str = "nightly") -> dict[str, Any] | None:
+    status = run_status(cp, namespace, name)
+    return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+
+def run_unit(ingest: str, snapshot: Path, unit: str, token: str) -> str:
+    """Run the unit's runner command (what the Pod's runner container does); its output."""
+    done = subprocess.run(
+        [EVALKUBE, "unit", "--snapshot", str(snapshot), "--unit", unit, "--ingest-url", ingest],
+        env={**os.environ, "EVALKUBE_INGEST_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    return done.stdout
+
+
+def annotate_pods(cp: ControlPlane, namespace: str, job: str, value: str) -> None:
+    pods = cp.wait_for(
+        lambda: cp.kubectl_json("get", "pods", "-n", namespace, "-l", f"job-name={job}")["items"],
+        timeout=30,
+        what=f"a pod of {job}",
+    )
+    for pod in pods:
+        cp.kubectl(
+            "annotate",
+            "pod",
+            pod["metadata"]["name"],
+            "-n",
+            namespace,
+            f"evalkube.io/kwok-complete={value}",
+            "--overwrite",
+        )
+
+
+def unit_of(job: dict[str, Any]) -> str:
+    return str(job["metadata"]["annotations"][names.ANNOTATION_UNIT_ID])
+
+
+def test_operator_restart_mid_run_loses_and_duplicates_nothing(
+    control_plane: ControlPlane, cluster_namespace: str, tmp_path: Path
+) -> None:
+    cp, ns = control_plane, cluster_namespace
+    install_crds(cp)
+    store_file = tmp_path / "results.db"
+    port = _free_port()
+    cp.apply(suite(ns))
+    units = [f"qa.precomputed.{i:05d}" for i in range(5)] + [
+        "sentiment.precomputed.00000",
+        "sentiment.precomputed.00001",
+        "sentiment.precomputed.batch",
+    ]
+    seen_uids: dict[str, str] = {}
+
+    def record_uids(jobs: dict[str, dict[str, Any]]) -> None:
+        for unit, job in jobs.items():
+            uid = job["metadata"]["uid"]
+            assert seen_uids.setdefault(unit, uid) == uid, f"the Job of {unit} was re-created"
+
+    # -- first operator: parallelism 2, two units in flight when it stops ----------------------
+    with running_operator(cp, store_file, port, parallelism="2") as url:
+        cp.apply(run_manifest(ns))
+        jobs = cp.wait_for(lambda: len(j := _jobs(cp, ns)) >= 2 and j, timeout=30, what="2 Jobs")
+        time.sleep(1.5)  # three reconcile ticks: the cap holds
+        jobs = _jobs(cp, ns)
+        assert sorted(jobs) == units[:2]
+        record_uids(jobs)
+        _play_unit(cp, ns, jobs[units[0]], url, tmp_path)
+        jobs = cp.wait_for(lambda: len(j := _jobs(cp, ns)) == 3 and j, timeout=30, what="Job 3")
+        record_uids(jobs)
+        # the second unit's runner records everything and reports done; its Pod is still up
+        secret = cp.kubectl_json("get", "secret", names.token_secret_name("nightly"), "-n", ns)
+        token = base64.b64decode(secret["data"]["token"]).decode()
+        snapshot = tmp_path / "snapshot.json"
+        snapshot.write_text(
+            cp.kubectl_json("get", "configmap", "nightly-snapshot", "-n", ns)["data"][
+                "snapshot.json"
+            ]
+        )
+        assert "5 samples recorded" in run_unit(url, snapshot, units[1], token)
+        cp.wait_for(
+            lambda: len(_jobs(cp, ns)) == 4, timeout=30, what="Job 4 (unit 2 reported done)"
+        )
+        created_first = metric(url, "evalkube_jobs_created_total")
+        assert created_first == 4
+    record_uids(_jobs(cp, ns))
+
+    # -- while it is down: a Pod finishes, the run's status loses its unit counts, and someone
+    # edits the run's spec (the run stays pinned to its snapshot: same units, same plan)
+    annotate_pods(cp, ns, names.job_name("nightly", units[1]), "true")
+    cp.kubectl(
+        "patch",
+        "evalrun",
+        "nightly",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"units": None}}),
+    )
+    cp.kubectl(
+        "patch", "evalrun", "nightly", "-n", ns, "--type=merge", "-p", '{"spec":{"shardSize":7}}'
+    )
+
+    # -- second operator, same store and port ---------------------------------------------------
+    with running_operator(cp, store_file, port, parallelism="2") as url:
+        cp.wait_for(
+            lambda: (run_status(cp, ns).get("units") or {}).get("succeeded") == 2,
+            timeout=30,
+            what="status rebuilt from the cluster and the store",
+        )
+        # a Pod retried after the restart re-runs a finished unit: nothing is regraded
+        replay = run_unit(url, snapshot, units[0], token)
+        assert "0 samples recorded, 5 already recorded" in replay, replay
+        played = {units[0], units[1]}
+        deadline = time.monotonic() + 240
+        while (status := finished(cp, ns)) is None:
+            assert time.monotonic() < deadline, run_status(cp, ns)
+            jobs = _jobs(cp, ns)
+            record_uids(jobs)
+            unfinished = [u for u in jobs if u not in played]
+            assert len(unfinished) <= 2, f"parallelism 2 exceeded: {sorted(unfinished)}"
+            for unit in sorted(unfinished):
+                _play_unit(cp, ns, jobs[unit], url, tmp_path)
+                played.add(unit)
+            time.sleep(0.3)
+        created_second = metric(url, "evalkube_jobs_created_total")
+        assert metric(url, 'evalkube_runs{phase="Succeeded"}') >= 1
+
+    assert status["phase"] == "Succeeded", status
+    assert created_first + created_second == len(units)
+    jobs = _jobs(cp, ns)
+    record_uids(jobs)
+    assert sorted(jobs) == sorted(units)
+    assert sorted(j["metadata"]["name"] for j in jobs.values()) == sorted(
+        names.job_name("nightly", u) for u in units
+    )
+    results = {r["task"]: r for r in status["results"]}
+    assert results["qa"]["metrics"] == {"exact_match": pytest.approx(0.8)}
+    assert results["qa"]["counts"] == {"samples": 25, "valid": 25, "invalid": 0, "errored": 0}
+    assert results["sentiment"]["metrics"]["macro_f1"] == pytest.approx(0.655556, abs=1e-6)
+    assert results["sentiment"]["counts"]["samples"] == 6
+    assert status["units"] == {"total": 8, "succeeded": 8, "running": 0, "failed": 0, "pending": 0}
+    # -- a third operator still serves the finished run's samples, and takes no more ingest ----
+    with running_operator(cp, store_file, port) as url:
+        base = f"{url}/api/v1/namespaces/{ns}/evalruns/nightly"
+        page = cp.wait_for(
+            lambda: (
+                (r := httpx.get(f"{base}/samples", params={"limit": 100})).status_code == 200
+                and r.json()
+            ),
+            timeout=30,
+            what="the samples API of the finished run",
+        )
+        assert len(page["samples"]) == 31
+        late = httpx.post(
+            f"{base}/samples",
+            json={"samples": []},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert late.status_code == 401
+
+    store = ResultStore.open(f"sqlite:///{store_file}")
+    try:
+        (run,) = store.list_runs()
+        samples = list(store.iter_samples(run.run_id))
+        assert len(samples) == 31
+        assert len({s.sample_id for s in samples}) == 31
+        by_task = sorted((s.task_id, s.target) for s in samples)
+        assert by_task == sorted(
+            [("qa", str(i)) for i in range(25)] + [("sentiment", r["label"]) for r in SENTIMENT]
+        )
+        assert store.done_units(run.run_id) == set(units)
+        assert run.phase == "Succeeded"
+    finally:
+        store.close()
