@@ -257,6 +257,7 @@ class ChildSetup:
     parent: int = field(default_factory=os.getpid)
 
     def __call__(self) -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # see _sigint_deferred
         pid = str(os.getpid()).encode()
         for path in self.cgroup_procs:
             fd = os.open(path, os.O_WRONLY)
@@ -282,16 +283,32 @@ def spawn_pipes(
     argv: list[str], setup: ChildSetup, *, cwd: Path | str = "/", env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` with the three protocol pipes and ``setup`` applied in the child."""
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=cwd,
-        env=env if env is not None else worker_env(),
-        preexec_fn=setup,
-        close_fds=True,
-    )
+    with _sigint_deferred():
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env if env is not None else worker_env(),
+            preexec_fn=setup,
+            close_fds=True,
+        )
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C while forking: a KeyboardInterrupt raised inside the interpreter's
+    at-fork hooks is swallowed ("Exception ignored"), and the run would go on. Blocked, the
+    signal stays pending and is delivered as soon as the worker exists and is tracked."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def worker_env() -> dict[str, str]:
