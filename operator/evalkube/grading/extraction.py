@@ -49,7 +49,11 @@ class Extractor:
             if match is None:
                 raise ExtractionMiss(f"pattern {self.regex.pattern!r} did not match the output")
             value = match.group(1) if match.re.groups else match.group(0)
-            return (value or "").strip()
+            if value is None:
+                raise ExtractionMiss(
+                    f"pattern {self.regex.pattern!r} matched but its first group did not"
+                )
+            return value.strip()
         if self.kind == "json":
             return self._json(text)
         return self._choice(text, choices)

@@ -13,8 +13,13 @@ Contract = Literal["sample", "batch", "model_backed"]
 Execution = Literal["per_sample", "aggregate"]
 ModelAccess = Literal["gateway", "none", "mka1"]
 
-TimeoutSeconds = Annotated[int, Field(ge=limits.TIMEOUT_SECONDS_MIN, le=limits.TIMEOUT_SECONDS_MAX)]
-MaxModelCalls = Annotated[int, Field(ge=limits.MAX_MODEL_CALLS_MIN, le=limits.MAX_MODEL_CALLS_MAX)]
+# strict: `timeoutSeconds: true` must not silently mean 1 second
+TimeoutSeconds = Annotated[
+    int, Field(strict=True, ge=limits.TIMEOUT_SECONDS_MIN, le=limits.TIMEOUT_SECONDS_MAX)
+]
+MaxModelCalls = Annotated[
+    int, Field(strict=True, ge=limits.MAX_MODEL_CALLS_MIN, le=limits.MAX_MODEL_CALLS_MAX)
+]
 
 
 class _CodeRef(SpecModel):

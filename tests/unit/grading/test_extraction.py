@@ -199,3 +199,10 @@ def test_choice_miss_lists_the_choices() -> None:
 def test_no_choices_is_a_miss() -> None:
     with pytest.raises(ExtractionMiss, match="needs `choices`"):
         Extractor("choice").extract("positive", [])
+
+
+def test_regex_optional_group_that_did_not_match_is_a_miss() -> None:
+    extractor = Extractor("regex", pattern=r"answer(?: is (\d+))?")
+    with pytest.raises(ExtractionMiss, match="first group did not"):
+        extractor.extract("the answer, maybe")
+    assert extractor.extract("the answer is 42") == "42"

@@ -269,3 +269,10 @@ def test_preprocess_timeout_range() -> None:
     assert problems(
         PreprocessSpec, {"type": "python", "source": "x", "timeoutSeconds": 601}, "pre"
     ) == ["pre.timeoutSeconds: must be between 1 and 600 (got 601)"]
+
+
+@pytest.mark.parametrize("field", ["timeoutSeconds", "maxModelCalls"])
+def test_bools_are_not_counts(field: str) -> None:
+    """`timeoutSeconds: true` must not silently become 1 second."""
+    with pytest.raises(SpecError, match=f"grader.{field}"):
+        validate_spec(GraderSpec, {"type": "python", "source": "x", field: True}, prefix="grader")
