@@ -47,6 +47,7 @@ def test_failed_and_silent_units_fail_the_run_as_documented(
     with running_operator(cp, tmp_path / "results.db", _free_port(), job_backoff_limit="0") as url:
         cp.apply(run_manifest(ns, shard_size=10))
         jobs = cp.wait_for(lambda: len(j := _jobs(cp, ns)) == 4 and j, timeout=30, what="4 Jobs")
+        assert jobs
         assert all(j["spec"]["backoffLimit"] == 0 for j in jobs.values())
         ok, crashing, silent = (
             "qa.precomputed.00000",
@@ -60,6 +61,7 @@ def test_failed_and_silent_units_fail_the_run_as_documented(
         # the Pod exits 0 but its runner never reported a sample nor the unit
         annotate_pods(cp, ns, names.job_name("nightly", silent), "true")
         status = cp.wait_for(lambda: finished(cp, ns), timeout=90, what="EvalRun finished")
+        assert status is not None
         # the operator saw the failures while the other units ran; nothing was retried
         time.sleep(1.5)
         assert sorted(_jobs(cp, ns)) == sorted(jobs)
@@ -107,6 +109,7 @@ def test_failed_and_silent_units_fail_the_run_as_documented(
         return next((e for e in events if e["reason"] == "RunFailed"), None)
 
     event = cp.wait_for(warning, timeout=30, what="RunFailed Warning Event")
+    assert event is not None
     assert crashing in event["message"]
     assert silent in event["message"]
     normal = cp.kubectl_json(

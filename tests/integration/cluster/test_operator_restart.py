@@ -181,14 +181,14 @@ def test_operator_restart_mid_run_loses_and_duplicates_nothing(
     # -- first operator: parallelism 2, two units in flight when it stops ----------------------
     with running_operator(cp, store_file, port, parallelism="2") as url:
         cp.apply(run_manifest(ns))
-        jobs = cp.wait_for(lambda: len(j := _jobs(cp, ns)) >= 2 and j, timeout=30, what="2 Jobs")
+        cp.wait_for(lambda: len(_jobs(cp, ns)) >= 2, timeout=30, what="2 Jobs")
         time.sleep(1.5)  # three reconcile ticks: the cap holds
         jobs = _jobs(cp, ns)
         assert sorted(jobs) == units[:2]
         record_uids(jobs)
         _play_unit(cp, ns, jobs[units[0]], url, tmp_path)
-        jobs = cp.wait_for(lambda: len(j := _jobs(cp, ns)) == 3 and j, timeout=30, what="Job 3")
-        record_uids(jobs)
+        cp.wait_for(lambda: len(_jobs(cp, ns)) == 3, timeout=30, what="Job 3")
+        record_uids(_jobs(cp, ns))
         # the second unit's runner records everything and reports done; its Pod is still up
         secret = cp.kubectl_json("get", "secret", names.token_secret_name("nightly"), "-n", ns)
         token = base64.b64decode(secret["data"]["token"]).decode()
@@ -274,6 +274,7 @@ def test_operator_restart_mid_run_loses_and_duplicates_nothing(
             timeout=30,
             what="the samples API of the finished run",
         )
+        assert page
         assert len(page["samples"]) == 31
         late = httpx.post(
             f"{base}/samples",

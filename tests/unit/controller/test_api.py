@@ -217,10 +217,7 @@ def test_sample_ids_list_what_this_run_recorded(harness: Harness) -> None:
     harness.store.record_samples(
         [
             SampleRecord(OTHER_RUN_ID, "s_other", "qa", "m", 0, "valid"),
-            *[
-                SampleRecord(RUN_ID, f"s_{i}", "qa", "m", i, "valid")  # type: ignore[arg-type]
-                for i in range(3)
-            ],
+            *[SampleRecord(RUN_ID, f"s_{i}", "qa", "m", i, "valid") for i in range(3)],
         ]
     )
 
