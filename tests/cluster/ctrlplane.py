@@ -468,7 +468,8 @@ class ControlPlane:
         try:
             with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
                 return resp.status == 200
-        except urllib.error.HTTPError:
+        except urllib.error.HTTPError as exc:
+            exc.close()  # an unclosed error response leaks its socket (ResourceWarning)
             return False
 
     def _api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:

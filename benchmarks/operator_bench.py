@@ -19,7 +19,7 @@ annotation on work-unit pods), then measures:
 Binaries come from ``$EVALKUBE_CTRLPLANE_BIN`` or tests/cluster/build-tools.sh's cache::
 
     EVALKUBE_CTRLPLANE_BIN=$(ls -d ~/.cache/evalkube-ctrlplane/*/bin | head -1) \\
-        .venv/bin/python benchmarks/operator.py
+        .venv/bin/python benchmarks/operator_bench.py
 """
 
 from __future__ import annotations
