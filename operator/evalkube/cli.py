@@ -235,29 +235,44 @@ def runs(db: DbOption = None, limit: Annotated[int, typer.Option(min=1)] = 20) -
 
 @app.command()
 def samples(
-    run_id: Annotated[str, typer.Argument(help="Run id (see `evalkube runs`)")],
+    run_id: Annotated[
+        str, typer.Argument(help="Run id (see `evalkube runs`), or the EvalRun name with --api")
+    ],
     status: Annotated[str | None, typer.Option(help="failed|valid|invalid|errored")] = None,
     task: Annotated[str | None, typer.Option(help="Only this task")] = None,
     model: Annotated[str | None, typer.Option(help="Only this model")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 10,
+    limit: Annotated[int, typer.Option(min=1, max=1_000)] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
     db: DbOption = None,
+    api: Annotated[
+        str | None,
+        typer.Option(envvar="EVALKUBE_API", help="Read from the operator's samples API (URL)"),
+    ] = None,
+    namespace: Annotated[str, typer.Option("--namespace", "-n", help="With --api")] = "default",
 ) -> None:
     """Show samples of a run: prompt, target, output, extraction, scores, judge, error."""
     if status is not None and status not in STATUS_FILTERS:
         _fail(f"--status must be one of {', '.join(STATUS_FILTERS)}", EXIT_CONFIG)
-    store = _open_store(db)
-    try:
-        if store.get_run(run_id) is None:
-            _fail(
-                f"run {run_id!r} is not in the store; list runs with `evalkube runs`", EXIT_CONFIG
+    if api is not None:
+        views = _api_samples(api, namespace, run_id, status, task, model, limit)
+    else:
+        store = _open_store(db)
+        try:
+            if store.get_run(run_id) is None:
+                _fail(
+                    f"run {run_id!r} is not in the store; list runs with `evalkube runs`",
+                    EXIT_CONFIG,
+                )
+            records, _ = store.page_samples(
+                run_id,
+                task_id=task,
+                model=model,
+                status=STATUS_FILTERS.get(status or ""),
+                limit=limit,
             )
-        records, _ = store.page_samples(
-            run_id, task_id=task, model=model, status=STATUS_FILTERS.get(status or ""), limit=limit
-        )
-    finally:
-        store.close()
-    views = [sample_view(r) for r in records]
+        finally:
+            store.close()
+        views = [sample_view(r) for r in records]
     if as_json:
         sys.stdout.write(json.dumps(views, indent=2, ensure_ascii=False) + "\n")
         return
@@ -297,6 +312,34 @@ def samples(
             ),
             highlight=False,
         )
+
+
+def _api_samples(
+    api: str,
+    namespace: str,
+    name: str,
+    status: str | None,
+    task: str | None,
+    model: str | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """One page of the debugging view from ``GET .../evalruns/{name}/samples``."""
+    import httpx
+
+    params = {"status": status, "task": task, "model": model, "limit": str(limit)}
+    url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/evalruns/{name}/samples"
+    try:
+        response = httpx.get(url, params={k: v for k, v in params.items() if v}, timeout=30)
+    except httpx.HTTPError as exc:
+        _fail(f"cannot reach the samples API at {api}: {exc}", EXIT_RUNTIME)
+    if response.status_code != 200:
+        try:
+            detail = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            detail = response.text[:300]
+        _fail(f"samples API answered HTTP {response.status_code}: {detail}", EXIT_CONFIG)
+    views: list[dict[str, Any]] = response.json()["samples"]
+    return views
 
 
 @app.command()

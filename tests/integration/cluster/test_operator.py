@@ -280,6 +280,31 @@ def test_run_reaches_succeeded_with_exact_scores(
     ).json()
     assert len(page["samples"]) == 3
     assert page["next_cursor"]
+    # ... and `evalkube samples --api` reads it
+    shown = subprocess.run(
+        [
+            EVALKUBE,
+            "samples",
+            "nightly",
+            "--api",
+            operator["url"],
+            "-n",
+            ns,
+            "--task",
+            "qa",
+            "--status",
+            "valid",
+            "--limit",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    views = json.loads(shown.stdout)
+    assert [v["task_id"] for v in views] == ["qa", "qa"]
+    assert all(v["scores"] for v in views)
     # deleting the run removes what it owns (garbage collector, via ownerReferences)
     cp.kubectl("delete", "evalrun", "nightly", "-n", ns)
     cp.wait_for(
