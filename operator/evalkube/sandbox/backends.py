@@ -365,7 +365,8 @@ class SandboxBackend(ABC):
 
     def __init_subclass__(cls) -> None:
         super().__init_subclass__()
-        SandboxBackend.registry[cls.name] = cls
+        if "name" in cls.__dict__:  # shared bases (JailedBackend) define no name
+            SandboxBackend.registry[cls.name] = cls
 
     @classmethod
     @abstractmethod

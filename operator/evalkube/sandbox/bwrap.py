@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from functools import cache
 from pathlib import Path
 
-from evalkube.sandbox import cgroups, hostfs
+from evalkube.sandbox import hostfs
 from evalkube.sandbox.backends import (
     WORKER_BOOTSTRAP,
-    SandboxBackend,
-    SandboxUnavailable,
     SpawnRequest,
-    WorkerProcess,
     worker_env,
 )
-from evalkube.sandbox.jailed import run_probe, spawn_jailed
+from evalkube.sandbox.jailed import JailedBackend, run_probe
 
 
 def bwrap_path() -> str | None:
@@ -76,39 +72,6 @@ def bwrap_argv(
     return argv
 
 
-class BwrapBackend(SandboxBackend):
-    """bubblewrap: namespaces + read-only binds + cgroups, unprivileged."""
-
-    name = "bwrap"
-    isolating = True
-
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        return _probe()
-
-    def describe(self) -> str:
-        problem = cgroups.available()
-        return self.name if problem is None else f"{self.name} (no memory/pids cgroups: {problem})"
-
-    def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
-        request = request or SpawnRequest()
-        bwrap = bwrap_path()
-        if bwrap is None:
-            raise SandboxUnavailable("bwrap is not installed")
-        return spawn_jailed(
-            request,
-            lambda bridge_socket: bwrap_argv(
-                bwrap,
-                request,
-                worker_package=str(hostfs.worker_package_dir()),
-                bridge_socket=bridge_socket,
-                system=hostfs.system_entries(),
-            ),
-            drop_to_sandbox_user=True,
-        )
-
-
-@cache
 def _probe() -> str | None:
     bwrap = bwrap_path()
     if bwrap is None:
@@ -131,3 +94,13 @@ def _probe() -> str | None:
         uid=hostfs.SANDBOX_UID if drop else None,
         gid=hostfs.SANDBOX_GID if drop else None,
     )
+
+
+class BwrapBackend(JailedBackend):
+    """bubblewrap: namespaces + read-only binds + cgroups, unprivileged."""
+
+    name = "bwrap"
+    drop_to_sandbox_user = True
+    locate = staticmethod(bwrap_path)
+    probe = staticmethod(_probe)
+    build_argv = staticmethod(bwrap_argv)

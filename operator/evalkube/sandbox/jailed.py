@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+from abc import abstractmethod
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar, Protocol
 
 from evalkube.sandbox import cgroups, hostfs
 from evalkube.sandbox.backends import (
     ChildSetup,
+    SandboxBackend,
+    SandboxUnavailable,
     SpawnRequest,
     WorkerProcess,
     cleanup_on_error,
@@ -96,3 +100,67 @@ def run_probe(
             tail
         )
     return None
+
+
+class ArgvBuilder(Protocol):
+    """Builds a jail's command line (``bwrap_argv``, ``nsjail_argv``: pure functions)."""
+
+    def __call__(
+        self,
+        tool: str,
+        request: SpawnRequest,
+        /,
+        *,
+        worker_package: str,
+        bridge_socket: Path | None,
+        system: list[hostfs.SystemEntry],
+    ) -> list[str]: ...
+
+
+class JailedBackend(SandboxBackend):
+    """What nsjail and bwrap share: namespaces + read-only binds + cgroups, one spawn path.
+
+    Subclasses name the tool, how to find it, how to probe it and how to build its argv.
+    """
+
+    isolating = True
+    #: Whether the spawn drops to the sandbox user itself (nsjail maps users on its own).
+    drop_to_sandbox_user: ClassVar[bool]
+
+    @staticmethod
+    @abstractmethod
+    def locate() -> str | None:
+        """Path of the tool, or ``None`` when it is not installed."""
+
+    @staticmethod
+    @abstractmethod
+    def probe() -> str | None:
+        """``None`` when the tool works here, otherwise why not."""
+
+    build_argv: ClassVar[ArgvBuilder]
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return cls.probe()
+
+    def describe(self) -> str:
+        problem = cgroups.available()
+        return self.name if problem is None else f"{self.name} (no memory/pids cgroups: {problem})"
+
+    def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
+        request = request or SpawnRequest()
+        tool = self.locate()
+        if tool is None:
+            raise SandboxUnavailable(f"{self.name} is not installed")
+        build = type(self).build_argv
+        return spawn_jailed(
+            request,
+            lambda bridge_socket: build(
+                tool,
+                request,
+                worker_package=str(hostfs.worker_package_dir()),
+                bridge_socket=bridge_socket,
+                system=hostfs.system_entries(),
+            ),
+            drop_to_sandbox_user=self.drop_to_sandbox_user,
+        )

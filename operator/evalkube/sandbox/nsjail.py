@@ -12,19 +12,15 @@ cgroups`) that nsjail joins before it starts; the worker sets its own rlimits.
 from __future__ import annotations
 
 import os
-from functools import cache
 from pathlib import Path
 
-from evalkube.sandbox import cgroups, hostfs
+from evalkube.sandbox import hostfs
 from evalkube.sandbox.backends import (
     WORKER_BOOTSTRAP,
-    SandboxBackend,
-    SandboxUnavailable,
     SpawnRequest,
-    WorkerProcess,
     worker_env,
 )
-from evalkube.sandbox.jailed import run_probe, spawn_jailed
+from evalkube.sandbox.jailed import JailedBackend, run_probe
 
 
 def nsjail_path() -> str | None:
@@ -95,39 +91,6 @@ def nsjail_argv(
     return argv
 
 
-class NsjailBackend(SandboxBackend):
-    """nsjail: namespaces + read-only binds + cgroups, no user-space kernel."""
-
-    name = "nsjail"
-    isolating = True
-
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        return _probe()
-
-    def describe(self) -> str:
-        problem = cgroups.available()
-        return self.name if problem is None else f"{self.name} (no memory/pids cgroups: {problem})"
-
-    def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
-        request = request or SpawnRequest()
-        nsjail = nsjail_path()
-        if nsjail is None:
-            raise SandboxUnavailable("nsjail is not installed")
-        return spawn_jailed(
-            request,
-            lambda bridge_socket: nsjail_argv(
-                nsjail,
-                request,
-                worker_package=str(hostfs.worker_package_dir()),
-                bridge_socket=bridge_socket,
-                system=hostfs.system_entries(),
-            ),
-            drop_to_sandbox_user=False,  # nsjail maps the user itself (and needs root for it)
-        )
-
-
-@cache
 def _probe() -> str | None:
     nsjail = nsjail_path()
     if nsjail is None:
@@ -145,3 +108,13 @@ def _probe() -> str | None:
     argv[argv.index("--really_quiet")] = "--quiet"
     argv = [*argv[: argv.index("--") + 1], hostfs.INSIDE_PYTHON, "-I", "-S", "-c", "pass"]
     return run_probe(argv, "nsjail")
+
+
+class NsjailBackend(JailedBackend):
+    """nsjail: namespaces + read-only binds + cgroups, no user-space kernel."""
+
+    name = "nsjail"
+    drop_to_sandbox_user = False
+    locate = staticmethod(nsjail_path)
+    probe = staticmethod(_probe)
+    build_argv = staticmethod(nsjail_argv)
