@@ -40,42 +40,31 @@ class Kube:
             raise
         return True
 
-    async def config_map_value(self, namespace: str, name: str, key: str) -> str | None:
+    async def _get(self, kind: Any, namespace: str, name: str) -> Any | None:
+        """The object, or ``None`` when it does not exist (404)."""
         try:
-            config_map = await self.client.get(ConfigMap, name, namespace=namespace)
+            return await self.client.get(kind, name, namespace=namespace)
         except ApiError as exc:
             if exc.status.code == 404:
                 return None
             raise
-        return (config_map.data or {}).get(key)
+
+    async def config_map_value(self, namespace: str, name: str, key: str) -> str | None:
+        data = await self.config_map_data(namespace, name)
+        return None if data is None else data.get(key)
 
     async def config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
-        try:
-            config_map = await self.client.get(ConfigMap, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise
-        return dict(config_map.data or {})
+        config_map = await self._get(ConfigMap, namespace, name)
+        return None if config_map is None else dict(config_map.data or {})
 
     async def secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        try:
-            secret = await self.client.get(Secret, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise
-        value = (secret.data or {}).get(key)
+        secret = await self._get(Secret, namespace, name)
+        value = None if secret is None else (secret.data or {}).get(key)
         return base64.b64decode(value).decode() if value is not None else None
 
     async def suite(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            suite = await self.client.get(EvalSuiteResource, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise
-        return dict(suite.to_dict())  # type: ignore[no-untyped-call]
+        suite = await self._get(EvalSuiteResource, namespace, name)
+        return None if suite is None else dict(suite.to_dict())
 
     async def unit_jobs(self, namespace: str, run_name: str) -> dict[str, dict[str, Any]]:
         """The run's Jobs by unit id."""
