@@ -22,6 +22,7 @@ status are fake (kwok runs no containers; there is no kube-proxy).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -465,12 +467,19 @@ class ControlPlane:
         if client_cert:
             pki = self.workdir / "pki"
             ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-        try:
-            with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
-                return resp.status == 200
-        except urllib.error.HTTPError as exc:
-            exc.close()  # an unclosed error response leaks its socket (ResourceWarning)
-            return False
+        # A probe of a component that is still starting can fail mid-handshake; the socket
+        # urllib then drops is finalized here, with its ResourceWarning ignored, instead of
+        # surfacing later as an "unraisable" error in whatever test runs at that moment.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            try:
+                with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
+                    return resp.status == 200
+            except urllib.error.HTTPError as exc:
+                exc.close()  # an unclosed error response leaks its socket
+                return False
+            finally:
+                gc.collect()
 
     def _api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """One request to the apiserver as admin (stdlib; faster than a kubectl process).
@@ -485,8 +494,12 @@ class ControlPlane:
             method=method,
             headers={"Content-Type": "application/json", "Accept": "application/json"},
         )
-        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
-            return json.loads(resp.read() or b"null")
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            exc.close()  # keeps .code; an unclosed error response leaks its socket
+            raise
 
     @staticmethod
     def _http_ok(url: str) -> bool:

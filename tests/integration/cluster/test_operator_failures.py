@@ -15,13 +15,16 @@ from typing import Any
 
 import pytest
 from tests.cluster.plugin import ControlPlane
-from tests.integration.cluster.test_operator import _free_port, _jobs, _play_unit, suite
-from tests.integration.cluster.test_operator_restart import (
+from tests.integration.cluster.operator_support import (
+    _free_port,
+    _jobs,
+    _play_unit,
     annotate_pods,
     finished,
     install_crds,
     run_manifest,
     running_operator,
+    suite,
 )
 
 from evalkube.controller import names

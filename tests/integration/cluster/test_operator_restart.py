@@ -11,26 +11,26 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import re
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from tests.cluster.plugin import HOLD_ANNOTATION, ControlPlane
-from tests.integration.cluster.test_operator import (
-    EVALKUBE,
+from tests.cluster.plugin import ControlPlane
+from tests.integration.cluster.operator_support import (
     SENTIMENT,
-    _crds,
     _free_port,
     _jobs,
     _play_unit,
-    _wait_http,
+    annotate_pods,
+    finished,
+    install_crds,
+    metric,
+    run_manifest,
+    run_status,
+    run_unit,
+    running_operator,
     suite,
 )
 
@@ -38,120 +38,6 @@ from evalkube.controller import names
 from evalkube.store import ResultStore
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(400)]
-
-
-def install_crds(cp: ControlPlane) -> None:
-    cp.apply(
-        [json.loads(json.dumps(doc)) for doc in _crds()]
-        + [
-            {
-                "apiVersion": "node.k8s.io/v1",
-                "kind": "RuntimeClass",
-                "metadata": {"name": "gvisor"},
-                "handler": "runsc",
-            }
-        ]
-    )
-    cp.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/evalruns.evalkube.io",
-        "crd/evalsuites.evalkube.io",
-    )
-
-
-@contextmanager
-def running_operator(cp: ControlPlane, store: Path, port: int, **settings: str) -> Iterator[str]:
-    """Run the operator (KopfRunner) until the block ends; yields its base URL.
-
-    ``settings`` become ``EVALKUBE_<NAME>`` variables, read at the operator's startup.
-    """
-    from kopf.testing import KopfRunner
-
-    env = {
-        "KUBECONFIG": str(cp.kubeconfig),
-        "EVALKUBE_STORE_URL": f"sqlite:///{store}",
-        "EVALKUBE_LISTEN": f"127.0.0.1:{port}",
-        "EVALKUBE_INGEST_URL": f"http://127.0.0.1:{port}",
-        "EVALKUBE_POD_ANNOTATIONS": json.dumps({HOLD_ANNOTATION: "true"}),
-        "EVALKUBE_RECONCILE_INTERVAL": "0.5",
-        **{f"EVALKUBE_{key.upper()}": value for key, value in settings.items()},
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        with KopfRunner(
-            ["run", "--standalone", "-A", "-m", "evalkube.controller.handlers"]
-        ) as runner:
-            _wait_http(port)
-            yield f"http://127.0.0.1:{port}"
-        assert runner.exit_code == 0, runner.output
-        assert runner.exception is None
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def run_manifest(namespace: str, name: str = "nightly", shard_size: int = 5) -> dict[str, Any]:
-    return {
-        "apiVersion": "evalkube.io/v1alpha1",
-        "kind": "EvalRun",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"suiteRef": {"name": "qa"}, "models": ["precomputed"], "shardSize": shard_size},
-    }
-
-
-def metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    assert found, f"{name} not in /metrics"
-    return float(found.group(1))
-
-
-def run_status(cp: ControlPlane, namespace: str, name: str = "nightly") -> dict[str, Any]:
-    status: dict[str, Any] = (
-        cp.kubectl_json("get", "evalrun", name, "-n", namespace).get("status") or {}
-    )
-    return status
-
-
-def finished(cp: ControlPlane, namespace: str, name: str = "nightly") -> dict[str, Any] | None:
-    status = run_status(cp, namespace, name)
-    return status if status.get("phase") in ("Succeeded", "Failed") else None
-
-
-def run_unit(ingest: str, snapshot: Path, unit: str, token: str) -> str:
-    """Run the unit's runner command (what the Pod's runner container does); its output."""
-    done = subprocess.run(
-        [EVALKUBE, "unit", "--snapshot", str(snapshot), "--unit", unit, "--ingest-url", ingest],
-        env={**os.environ, "EVALKUBE_INGEST_TOKEN": token},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr + done.stdout
-    return done.stdout
-
-
-def annotate_pods(cp: ControlPlane, namespace: str, job: str, value: str) -> None:
-    pods = cp.wait_for(
-        lambda: cp.kubectl_json("get", "pods", "-n", namespace, "-l", f"job-name={job}")["items"],
-        timeout=30,
-        what=f"a pod of {job}",
-    )
-    for pod in pods:
-        cp.kubectl(
-            "annotate",
-            "pod",
-            pod["metadata"]["name"],
-            "-n",
-            namespace,
-            f"evalkube.io/kwok-complete={value}",
-            "--overwrite",
-        )
 
 
 def unit_of(job: dict[str, Any]) -> str:
