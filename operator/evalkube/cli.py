@@ -440,7 +440,13 @@ def unit_command(
     take_usage = _usage_taker(bridge_control) if bridge_control else None
     try:
         report = run_pod_unit(
-            loaded, unit, store=store, backend=backend, model_endpoint=bridge, take_usage=take_usage
+            loaded,
+            unit,
+            store=store,
+            backend=backend,
+            model_endpoint=bridge,
+            take_usage=take_usage,
+            bridge_control=bridge_control,
         )
     except (ConfigError, UnitFailed) as exc:
         _fail(str(exc), EXIT_CONFIG)

@@ -113,17 +113,72 @@ def providers_from_spec(spec: EvalRunSpec) -> dict[str, Provider]:
 
 
 class GeneratedSource:
-    """Candidates from a model via the Responses API, ``concurrency`` requests at a time."""
+    """Candidates from a model via the Responses API, ``concurrency`` requests at a time.
 
-    def __init__(self, model: str, spec: EvalRunSpec) -> None:
+    Locally the engine calls the provider itself (keys from ``apiKeyEnv``). In a work-unit
+    pod the runner holds no provider key: ``bridge_control`` sends the calls through the
+    proxy sidecar's control listener, which injects the credentials and counts them as
+    ``candidate`` calls.
+    """
+
+    def __init__(self, model: str, spec: EvalRunSpec, bridge_control: str | None = None) -> None:
+        self.model = model
         self.provider, self.model_name = split_model(model)
         self.spec = spec
         self.providers = providers_from_spec(spec)
+        self.bridge_control = bridge_control
 
     def candidates(
         self, rows: Sequence[Mapping[str, Any]], row_ids: Sequence[str], prompts: Sequence[Any]
     ) -> list[Candidate]:
+        if self.bridge_control is not None:
+            return asyncio.run(self._generate_via_bridge(list(prompts), self.bridge_control))
         return asyncio.run(self._generate(list(prompts)))
+
+    def _body(self, prompt: Any, model: str) -> dict[str, Any]:
+        generation = self.spec.generation
+        body: dict[str, Any] = {"model": model, "input": prompt, "stream": False}
+        if generation.temperature is not None:
+            body["temperature"] = generation.temperature
+        if generation.max_output_tokens is not None:
+            body["max_output_tokens"] = generation.max_output_tokens
+        return body
+
+    async def _generate_via_bridge(self, prompts: list[Any], endpoint: str) -> list[Candidate]:
+        """The same requests through the proxy (it retries upstream failures itself)."""
+        import httpx
+
+        semaphore = asyncio.Semaphore(self.spec.generation.concurrency)
+        uds = endpoint.removeprefix("unix:") if endpoint.startswith("unix:") else None
+        transport = httpx.AsyncHTTPTransport(uds=uds) if uds else None
+        base = "http://bridge" if uds else endpoint
+        async with httpx.AsyncClient(base_url=base, transport=transport, timeout=None) as client:
+
+            async def one(prompt: Any) -> Candidate:
+                if prompt is None:
+                    return Candidate(error="no prompt rendered")
+                async with semaphore:
+                    started = time.perf_counter()
+                    try:
+                        response = await client.post(
+                            "/v1/responses",
+                            json=self._body(prompt, self.model),
+                            headers={"X-Evalkube-Purpose": "candidate"},
+                        )
+                    except httpx.HTTPError as exc:
+                        return Candidate(error=f"model bridge unreachable: {exc}")
+                    ms = (time.perf_counter() - started) * 1000
+                data = response.json() if response.content else {}
+                if response.status_code >= 400:
+                    error = data.get("error") if isinstance(data, dict) else None
+                    message = error.get("message") if isinstance(error, dict) else None
+                    return Candidate(
+                        error=message or f"model bridge answered HTTP {response.status_code}",
+                        model_calls={"candidate": 1},
+                    )
+                return _from_response(data, ms)
+
+            return list(await asyncio.gather(*(one(p) for p in prompts)))
 
     async def _generate(self, prompts: list[Any]) -> list[Candidate]:
         generation = self.spec.generation
@@ -133,11 +188,7 @@ class GeneratedSource:
             async def one(prompt: Any) -> Candidate:
                 if prompt is None:
                     return Candidate(error="no prompt rendered")
-                body: dict[str, Any] = {"model": self.model_name, "input": prompt, "stream": False}
-                if generation.temperature is not None:
-                    body["temperature"] = generation.temperature
-                if generation.max_output_tokens is not None:
-                    body["max_output_tokens"] = generation.max_output_tokens
+                body = self._body(prompt, self.model_name)
                 async with semaphore:
                     started = time.perf_counter()
                     try:
@@ -145,25 +196,35 @@ class GeneratedSource:
                     except UpstreamError as exc:
                         return Candidate(error=str(exc), model_calls={"candidate": 1})
                     ms = (time.perf_counter() - started) * 1000
-                response_id = response.get("id") if isinstance(response.get("id"), str) else None
-                return Candidate(
-                    output_text=response_output_text(response),
-                    response_id=response_id,
-                    ms=round(ms, 3),
-                    model_calls={
-                        "candidate": 1,
-                        "response_ids": [response_id] if response_id else [],
-                    },
-                )
+                return _from_response(response, ms)
 
             return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
+def _from_response(response: Any, ms: float) -> Candidate:
+    """A candidate from a Responses API object (its text, id and the call it cost)."""
+    if not isinstance(response, dict):
+        return Candidate(
+            error="the provider answered with a non-object", model_calls={"candidate": 1}
+        )
+    response_id = response.get("id") if isinstance(response.get("id"), str) else None
+    return Candidate(
+        output_text=response_output_text(response),
+        response_id=response_id,
+        ms=round(ms, 3),
+        model_calls={"candidate": 1, "response_ids": [response_id] if response_id else []},
+    )
+
+
 def candidate_source(
-    model: str, task: TaskSpec, spec: EvalRunSpec, base_dir: Path
+    model: str,
+    task: TaskSpec,
+    spec: EvalRunSpec,
+    base_dir: Path,
+    bridge_control: str | None = None,
 ) -> CandidateSource:
     """The source of candidates for ``model`` on ``task``."""
     provider, _, label = model.partition(":")
     if provider == "precomputed":
         return PrecomputedSource(task, label or None, base_dir)
-    return GeneratedSource(model, spec)
+    return GeneratedSource(model, spec, bridge_control)

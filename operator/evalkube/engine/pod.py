@@ -90,6 +90,7 @@ def run_pod_unit(
     backend: SandboxBackend,
     model_endpoint: str | None = None,
     take_usage: UsageTaker | None = None,
+    bridge_control: str | None = None,
 ) -> UnitReport:
     """Run ``unit_id`` and report it done to the operator."""
     unit = snapshot.unit(unit_id)
@@ -99,7 +100,9 @@ def run_pod_unit(
         runtime=runtime,
         store=store,
         backend=backend,
-        source=candidate_source(unit.model, runtime.task, snapshot.spec, snapshot.loaded.base_dir),
+        source=candidate_source(
+            unit.model, runtime.task, snapshot.spec, snapshot.loaded.base_dir, bridge_control
+        ),
         model_endpoint=model_endpoint,
         take_usage=take_usage,
         resuming=True,  # a retried Job skips what an earlier attempt recorded
