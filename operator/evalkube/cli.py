@@ -47,7 +47,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console()
+# Piped or captured output has no terminal to fit: keep tables whole rather than at 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
 errors = Console(stderr=True)
 
 DbOption = Annotated[
@@ -109,10 +110,11 @@ class _RichProgress:
 
 def _results_table(summary: RunSummary) -> Table:
     table = Table(title=f"{summary.suite} · run {summary.run_id}", title_justify="left")
-    for column in ("task", "model", "metrics"):
-        table.add_column(column, no_wrap=True)
+    table.add_column("task", overflow="fold")
+    table.add_column("model", overflow="fold")
+    table.add_column("metrics", overflow="fold")
     for column in ("samples", "valid", "invalid", "errored"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", min_width=len(column), no_wrap=True)
     for result in summary.results:
         metrics = (
             "\n".join(f"{escape(name)} = {value:.4f}" for name, value in result.metrics.items())
