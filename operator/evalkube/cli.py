@@ -331,7 +331,11 @@ def _api_samples(
     params = {"status": status, "task": task, "model": model, "limit": str(limit)}
     url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/evalruns/{name}/samples"
     try:
-        response = httpx.get(url, params={k: v for k, v in params.items() if v}, timeout=30)
+        token = os.environ.get("EVALKUBE_API_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        response = httpx.get(
+            url, params={k: v for k, v in params.items() if v}, headers=headers, timeout=30
+        )
     except httpx.HTTPError as exc:
         _fail(f"cannot reach the samples API at {api}: {exc}", EXIT_RUNTIME)
     if response.status_code != 200:

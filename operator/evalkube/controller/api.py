@@ -9,6 +9,7 @@ Store calls run in threads so the event loop (shared with kopf) never blocks.
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +45,9 @@ class ApiServer:
         registry: RunRegistry,
         metrics: OperatorMetrics,
         on_unit_done: Callable[[RunEntry, str], None] | None = None,
+        read_token: str | None = None,
     ) -> None:
+        self.read_token = read_token
         self.store = store
         self.registry = registry
         self.metrics = metrics
@@ -107,7 +110,20 @@ class ApiServer:
         await asyncio.to_thread(self.store.record_samples, records)
         return _json({"recorded": len(records)})
 
+    def _may_read(self, request: web.Request) -> bool:
+        """With a read token configured, the samples view requires it (or the run's token)."""
+        if self.read_token is None:
+            return True
+        header = request.headers.get("Authorization", "")
+        token = header[7:] if header.startswith("Bearer ") else ""
+        if token and hmac.compare_digest(token.encode(), self.read_token.encode()):
+            return True
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        return self.registry.authorize(namespace, name, token) is not None
+
     async def list_samples(self, request: web.Request) -> web.Response:
+        if not self._may_read(request):
+            return _error(401, "this operator requires a read token (EVALKUBE_API_TOKEN)")
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         entry = self.registry.get(namespace, name)
         if entry is None:

@@ -32,6 +32,9 @@ class OperatorSettings(BaseSettings):
     """Results store: SQLite on a PersistentVolume, or a PostgreSQL URL."""
     ingest_url: str = "http://evalkube.evalkube-system.svc:8080"
     """URL work-unit pods post samples to (the operator's HTTP server, via its Service)."""
+    api_token: str | None = None
+    """When set, ``GET .../samples`` requires ``Authorization: Bearer <token>`` (prompts and
+    outputs are data worth protecting); unset, anyone who reaches the port may read them."""
     listen: str = "0.0.0.0:8080"
     """Address of the operator's HTTP server: ingest, samples API, /metrics, /healthz."""
     namespace: str | None = None

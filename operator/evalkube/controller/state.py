@@ -39,7 +39,7 @@ class OperatorState:
         metrics = OperatorMetrics()
         kube = Kube()
         reconciler = RunReconciler(kube, store, registry, metrics, settings, event)
-        api = ApiServer(store, registry, metrics)
+        api = ApiServer(store, registry, metrics, read_token=settings.api_token)
         runner = web.AppRunner(api.app, access_log=None)
         await runner.setup()
         host, _, port = settings.listen.rpartition(":")

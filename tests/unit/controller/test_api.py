@@ -425,3 +425,22 @@ def test_health_and_metrics(harness: Harness) -> None:
             assert name in text
 
     harness.serve(body)
+
+
+def test_samples_view_requires_the_read_token_when_configured(harness: Harness) -> None:
+    """With EVALKUBE_API_TOKEN set, prompts and outputs are not served to anyone on the port."""
+    harness.api.read_token = "read-secret"
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        await client.post(f"{BASE}/samples", json={"samples": [sample(0)]}, headers=AUTH)
+        assert (await client.get(f"{BASE}/samples")).status == 401
+        wrong = {"Authorization": "Bearer nope"}
+        assert (await client.get(f"{BASE}/samples", headers=wrong)).status == 401
+        other_run = {"Authorization": f"Bearer {OTHER_TOKEN}"}
+        assert (await client.get(f"{BASE}/samples", headers=other_run)).status == 401
+        reader = {"Authorization": "Bearer read-secret"}
+        page = await (await client.get(f"{BASE}/samples", headers=reader)).json()
+        assert len(page["samples"]) == 1
+        assert (await client.get(f"{BASE}/samples", headers=AUTH)).status == 200
+
+    harness.serve(body)
