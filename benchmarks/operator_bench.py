@@ -61,6 +61,7 @@ from tests.cluster.ctrlplane import (  # noqa: E402
     find_bin_dir,
     free_port,
 )
+from tests.integration.cluster.operator_support import run_unit_command  # noqa: E402
 
 ROOT = Path(_ROOT)
 EVALKUBE = str(Path(sys.executable).parent / "evalkube")
@@ -325,24 +326,7 @@ def play(
 
     def play_one(job: str) -> None:
         unit = client.get(Job, job, namespace=ns).metadata.annotations["evalkube.io/unit-id"]  # type: ignore[union-attr,index]
-        done = subprocess.run(
-            [
-                EVALKUBE,
-                "unit",
-                "--snapshot",
-                str(snapshot),
-                "--unit",
-                unit,
-                "--ingest-url",
-                operator.url,
-                "--sandbox",
-                sandbox,
-            ],
-            env={**os.environ, "EVALKUBE_INGEST_TOKEN": token},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        done = run_unit_command(snapshot, unit, operator.url, token, sandbox, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"unit {unit} failed: {done.stderr[-2000:]}")
         pods = cp.kubectl_json("get", "pods", "-n", ns, "-l", f"job-name={job}")["items"]

@@ -106,6 +106,30 @@ def _jobs(cp: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
     return {j["metadata"]["annotations"]["evalkube.io/unit-id"]: j for j in items}
 
 
+def run_unit_command(
+    snapshot: Path, unit: str, ingest: str, token: str, sandbox: str, *, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """What a work-unit pod's runner container runs, with the Pod's token."""
+    return subprocess.run(
+        [
+            EVALKUBE,
+            "unit",
+            "--snapshot",
+            str(snapshot),
+            "--unit",
+            unit,
+            "--ingest-url",
+            ingest,
+            "--sandbox",
+            sandbox,
+        ],
+        env={**os.environ, "EVALKUBE_INGEST_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def _play_unit(
     cp: ControlPlane, namespace: str, job: dict[str, Any], ingest: str, tmp: Path
 ) -> None:
@@ -125,24 +149,7 @@ def _play_unit(
     ]
     snapshot = tmp / "snapshot.json"
     snapshot.write_text(data["snapshot.json"])
-    done = subprocess.run(
-        [
-            EVALKUBE,
-            "unit",
-            "--snapshot",
-            str(snapshot),
-            "--unit",
-            unit,
-            "--ingest-url",
-            ingest,
-            "--sandbox",
-            "auto",
-        ],
-        env={**os.environ, "EVALKUBE_INGEST_TOKEN": token},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_unit_command(snapshot, unit, ingest, token, "auto", timeout=120)
     assert done.returncode == 0, done.stderr + done.stdout
     pods = cp.kubectl_json(
         "get", "pods", "-n", namespace, "-l", f"job-name={job['metadata']['name']}"
