@@ -2,9 +2,18 @@
 
 Answers leave in batches (one write per flush), yet the host always knows which execution
 is in flight: the worker flushes pending answers at least every ``FLUSH_INTERVAL`` seconds
-or ``FLUSH_COUNT`` answers, and a heartbeat thread announces an execution that has been
-running for longer than ``FLUSH_INTERVAL`` (``{"t": "running", "i": k}``). The host holds
-the deadline of each execution from that knowledge and kills the sandbox when it passes.
+or ``FLUSH_COUNT`` answers, and a heartbeat thread announces an execution that is still
+running on two of its consecutive ticks (``{"t": "running", "i": k}``). The host holds the
+deadline of each execution from that knowledge and kills the sandbox when it passes.
+
+The loop reads no clock and takes no lock per execution: under gVisor's ptrace platform
+``clock_gettime`` is a trapped syscall of about 6 µs (more than an exact-match grader
+costs), and CPython 3.11 reads that clock in every ``Lock.acquire``. The heartbeat's ticks
+drive the time-based flush; durations (``"ms"``) are measured per execution only where the
+clock is cheap or the executions are slow enough for it not to matter, and fast executions
+otherwise report the mean of their flush group. The main thread and the heartbeat share
+the channel through a two-flag handshake (``_current`` / ``_announcing``, see
+:meth:`Worker._heartbeat`), taking the lock only when the heartbeat is really announcing.
 
 User output never reaches the protocol channel: the channel uses private duplicates of the
 original stdin/stdout descriptors; fd 0 becomes /dev/null, fd 1 is pointed at stderr (which
@@ -38,6 +47,11 @@ from evalkube_sandbox.rlimits import CpuBudget, apply_fixed
 
 FLUSH_INTERVAL = 0.02
 FLUSH_COUNT = 256
+#: A clock read cheaper than this (vDSO) is taken around every execution.
+CHEAP_CLOCK_SECONDS = 1e-6
+#: With an expensive clock, executions are timed one by one once their mean duration is at
+#: least this many clock reads (timing then costs under 1% of the work).
+TIMED_FACTOR = 100
 DEFAULT_CAPTURE_CHARS = 8_192
 DEFAULT_PAYLOAD_BYTES = 1_000_000
 
@@ -65,11 +79,22 @@ class Worker:
         # State shared with the heartbeat thread (plain attributes: single writers).
         self._pending: list[dict[str, Any]] = []
         self._pending_start = 0
+        #: Executions started so far: the heartbeat's identity for the one in flight.
+        self._ordinal = 0
+        #: Batch position of the execution in flight (-1 between executions).
         self._current = -1
-        self._current_since = 0.0
         self._announced = -1
-        self._last_flush = 0.0
+        #: Set on every heartbeat tick that announced nothing: flush at the next answer.
+        self._flush_due = False
+        #: True while the heartbeat holds the lock to flush and announce.
+        self._announcing = False
         self._batch: Any = None
+        self._clock_cost = _clock_cost()
+        self._timed = self._clock_cost < CHEAP_CLOCK_SECONDS
+        #: Clock at the last flush: untimed answers share the time since then.
+        self._group_start = 0.0
+        #: The heartbeat's clock on the tick that first saw the execution in flight.
+        self._seen_at = 0.0
         self._in_user = False
         self._cpu = CpuBudget(lambda: self._in_user)
 
@@ -83,14 +108,29 @@ class Worker:
             written = os.write(self._answer_fd, view)
             view = view[written:]
 
-    def _flush_locked(self) -> None:
+    def _flush(self, until: float | None = None) -> None:
+        """Send pending answers (main thread between executions, or the heartbeat)."""
+        now = time.monotonic() if until is None else until
         if self._pending:
             answers, self._pending = self._pending, []
+            self._share_group_time(answers, now - self._group_start)
             start = self._pending_start
             self._pending_start += len(answers)
             self._write_bytes(self._encode_results(start, answers))
-        self._last_flush = time.monotonic()
+        self._group_start = now
+        self._flush_due = False
         self._cpu.arm()
+
+    def _share_group_time(self, answers: list[dict[str, Any]], elapsed: float) -> None:
+        """Give untimed answers the group's mean duration; choose how to time the next group."""
+        untimed = [answer for answer in answers if "ms" not in answer]
+        if not untimed:
+            return
+        mean = elapsed / len(untimed)
+        ms = round(mean * 1000, 3)
+        for answer in untimed:
+            answer["ms"] = ms
+        self._timed = mean >= TIMED_FACTOR * self._clock_cost
 
     def _encode_results(self, start: int, answers: list[dict[str, Any]]) -> bytes:
         """Encode a results frame; check answers one by one only when the fast path fails."""
@@ -128,19 +168,31 @@ class Worker:
 
     # -- heartbeat ---------------------------------------------------------------------------
     def _heartbeat(self) -> None:
+        seen = -1
         while True:
             time.sleep(FLUSH_INTERVAL)
-            current = self._current
-            if current < 0 or current == self._announced:
-                continue
-            if time.monotonic() - self._current_since < FLUSH_INTERVAL:
-                continue
-            with self._lock:
-                if self._current != current:
-                    continue
-                self._flush_locked()
-                self._write({"t": "running", "b": self._batch, "i": current})
-                self._announced = current
+            ordinal = self._ordinal
+            if ordinal != seen:
+                self._seen_at = time.monotonic()
+            if self._current >= 0 and ordinal == seen and ordinal != self._announced:
+                # The same execution on two ticks: running for at least FLUSH_INTERVAL.
+                # Handshake with the main thread, which sets ``_current = -1`` and then reads
+                # ``_announcing``: this thread sets ``_announcing`` and then reads
+                # ``_current``, so (the GIL orders both) at least one sees the other and the
+                # two never touch the pending answers or the channel at the same time.
+                with self._lock:
+                    self._announcing = True
+                    try:
+                        if self._ordinal == ordinal and self._current >= 0:
+                            self._flush(until=self._seen_at)
+                            self._write({"t": "running", "b": self._batch, "i": self._current})
+                            self._announced = ordinal
+                            self._timed = True
+                    finally:
+                        self._announcing = False
+            else:
+                self._flush_due = True
+            seen = ordinal
 
     # -- requests ----------------------------------------------------------------------------
     def serve(self) -> int:
@@ -208,14 +260,19 @@ class Worker:
             self._batch = request.get("batch")
             self._pending = []
             self._pending_start = 0
-            self._last_flush = time.monotonic()
+            self._group_start = time.monotonic()
+            self._flush_due = False
             self._cpu.set(float(cpu_seconds) if isinstance(cpu_seconds, int | float) else None)
         monotonic = time.monotonic
+        started = 0.0
         for index, args in enumerate(items):
             if program.wants_ctx:
                 exec_id = exec_ids[index] if index < len(exec_ids) else f"exec-{index}"
                 args = [*args, Context(self._endpoint, exec_id, self._task_id)]
-            self._current_since = started = monotonic()
+            timed = self._timed
+            if timed:
+                started = monotonic()
+            ordinal = self._ordinal = self._ordinal + 1
             self._current = index
             sys.stdout, sys.stderr = out, err
             try:
@@ -229,22 +286,36 @@ class Worker:
                 answer = {"ok": False, "error": describe(exc)}
             finally:
                 sys.stdout, sys.stderr = real_out, real_err
-            ended = monotonic()
-            answer["ms"] = round((ended - started) * 1000, 3)
+            if timed:
+                answer["ms"] = round((monotonic() - started) * 1000, 3)
             if out.kept or out.dropped:
                 answer["stdout"] = out.text()
                 out.reset()
             if err.kept or err.dropped:
                 answer["stderr"] = err.text()
                 err.reset()
-            with self._lock:
-                self._current = -1
-                self._pending.append(answer)
-                if len(self._pending) >= FLUSH_COUNT or ended - self._last_flush >= FLUSH_INTERVAL:
-                    self._flush_locked()
+            self._current = -1
+            if self._announcing:
+                with self._lock:  # the heartbeat is announcing this execution: let it finish
+                    pass
+            if not timed and self._announced == ordinal:
+                # Slow enough to be announced: worth a clock read (exact to one tick).
+                answer["ms"] = round((monotonic() - self._seen_at) * 1000, 3)
+            self._pending.append(answer)
+            if self._flush_due or len(self._pending) >= FLUSH_COUNT:
+                self._flush()
         with self._lock:
-            self._flush_locked()
+            self._flush()
             self._write({"t": "done", "b": self._batch, "n": len(items)})
+
+
+def _clock_cost(reads: int = 200) -> float:
+    """Seconds one ``time.monotonic()`` takes here (a vDSO read, or a trapped syscall)."""
+    monotonic = time.monotonic
+    began = time.perf_counter()
+    for _ in range(reads):
+        monotonic()
+    return (time.perf_counter() - began) / reads
 
 
 def _repr(value: Any, limit: int = 2_000) -> str:

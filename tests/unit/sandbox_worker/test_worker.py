@@ -360,3 +360,40 @@ def test_user_output_never_reaches_the_protocol_channel() -> None:
     assert b"raw fd 1" in done.stderr
     assert b"raw fd 2" in done.stderr
     assert b"junk!" in done.stderr
+
+
+# -- durations where the clock is expensive -------------------------------------------------------
+
+
+def test_expensive_clock_fast_answers_share_their_group_mean(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Under gVisor's ptrace platform a clock read is a trapped syscall: the worker stops
+    # timing fast executions one by one and gives each the mean of its flush group.
+    monkeypatch.setattr("evalkube_sandbox.worker._clock_cost", lambda: 1.0)
+    answers = grade_all(
+        "def grade(s, i):\n    return s['n']\n", [[{"n": n}, {}] for n in range(600)]
+    )
+    assert [a["value"] for a in answers] == list(range(600))
+    assert all(isinstance(a["ms"], float) and a["ms"] >= 0 for a in answers)
+    assert len({a["ms"] for a in answers[:256]}) == 1  # one flush group, one mean
+
+
+def test_expensive_clock_slow_execution_is_still_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("evalkube_sandbox.worker._clock_cost", lambda: 1.0)
+    source = "import time\ndef grade(s, i):\n    time.sleep(s['sleep'])\n    return 1\n"
+    items = [[{"sleep": 0}, {}]] * 3 + [[{"sleep": 0.3}, {}]] + [[{"sleep": 0}, {}]] * 3
+    frames = serve(load_request(program(source)), run_request(items))
+    running = [f for f in frames if f.get("t") == "running"]
+    assert [f["i"] for f in running] == [3]
+    answers = answers_of(frames)
+    # Counted from the heartbeat tick that first saw it: at most one tick (20 ms) short.
+    assert answers[3]["ms"] >= 250
+    assert max(a["ms"] for i, a in enumerate(answers) if i != 3) < answers[3]["ms"]
+
+
+def test_lone_surrogates_in_results_are_escaped_not_fatal() -> None:
+    answers = grade_all(
+        "def grade(s, i):\n    return {'score': 1.0, 'judge': '\\ud800x'}\n", [[{}, {}]] * 2
+    )
+    assert [a["value"] for a in answers] == [{"score": 1.0, "judge": "\ud800x"}] * 2
