@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 
 _OPTIONS = orjson.OPT_NON_STR_KEYS
-_std_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=repr)
+# ASCII output: strings with lone surrogates (which orjson refuses) become \udxxx escapes.
+_std_encoder = json.JSONEncoder(separators=(",", ":"), default=repr)
 
 
 def dumps(value: Any) -> bytes:
@@ -22,7 +23,7 @@ def dumps(value: Any) -> bytes:
     try:
         return orjson.dumps(value, option=_OPTIONS)
     except TypeError:
-        return _std_encoder.encode(value).encode("utf-8")
+        return _std_encoder.encode(value).encode("ascii")
 
 
 def dumps_str(value: Any) -> str:

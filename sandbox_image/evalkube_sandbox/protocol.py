@@ -21,7 +21,10 @@ class ProtocolError(Exception):
 
 def encode(message: Any) -> bytes:
     """Serialize one message as a frame (NaN/Infinity allowed: the host rejects them)."""
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    try:
+        body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate in a user string: escape it as \udxxx
+        body = json.dumps(message, separators=(",", ":")).encode("ascii")
     return HEADER.pack(len(body)) + body
 
 
