@@ -43,6 +43,28 @@ units = Table(
     Column("finished_at", DateTime(timezone=True)),
 )
 
+#: Version of the samples table's layout; a store written with another layout is refused
+#: with a clear message instead of failing on a missing column in the middle of a run.
+SAMPLES_LAYOUT = 2
+#: Keys of a sample's ``detail`` column (what the debugging view shows, never filtered on).
+DETAIL_KEYS = (
+    "row_id",
+    "prompt",
+    "target",
+    "output_text",
+    "extracted_output",
+    "judge",
+    "error",
+    "response_id",
+    "dataset_row",
+    "timings",
+    "stdout",
+    "stderr",
+)
+
+# Columns that queries filter or aggregate on stay columns; the rest of a sample is one JSON
+# object in ``detail``. One encode and ten values per sample instead of six encodes and 21
+# values keeps the store from pacing the engine (see ``evalkube.store.store``).
 samples = Table(
     "evalkube_samples",
     metadata,
@@ -52,21 +74,10 @@ samples = Table(
     Column("model", String(253), nullable=False),
     Column("seq", BigInteger, nullable=False),
     Column("status", String(16), nullable=False),
-    Column("row_id", String(253)),
-    Column("prompt", Text),
-    Column("target", Text),
-    Column("output_text", Text),
-    Column("extracted_output", Text),
-    Column("scores", Text, nullable=False),
-    Column("judge", Text),
-    Column("error", Text),
     Column("error_stage", String(16)),
+    Column("scores", Text, nullable=False),
     Column("model_calls", Text),
-    Column("response_id", String(253)),
-    Column("dataset_row", Text),
-    Column("timings", Text),
-    Column("stdout", Text),
-    Column("stderr", Text),
+    Column("detail", Text, nullable=False),
     Index("ix_evalkube_samples_order", "run_id", "task_id", "model", "seq"),
 )
 

@@ -441,3 +441,56 @@ def test_bad_urls_are_store_errors(tmp_path: Any) -> None:
         ResultStore.open("not a url at all ::")
     with pytest.raises(StoreError, match="cannot open the results store"):
         ResultStore.open(f"sqlite:///{tmp_path}/missing-dir/x/results.db")
+
+
+def test_deeply_nested_judge_is_stored(store: ResultStore) -> None:
+    # Deeper than orjson encodes (255) and near what the worker can send (about 1,000):
+    # the chunk falls back to slower encoders, it is never lost.
+    judge: Any = "bottom"
+    for _ in range(900):
+        judge = [judge]
+    store.record_samples([sample(0, judge=judge), sample(1, judge={"ok": True})])
+    stored = {r.sample_id: r.judge for r in store.iter_samples(RUN)}
+    depth, value = 0, stored["s_t1_precomputed_0"]
+    while isinstance(value, list):
+        depth, value = depth + 1, value[0]
+    assert (depth, value) == (900, "bottom")
+    assert stored["s_t1_precomputed_1"] == {"ok": True}
+
+
+def test_chunk_values_keep_their_types(store: ResultStore) -> None:
+    record = sample(
+        0,
+        prompt=[{"role": "user", "content": 'say "null"'}],
+        target="null",
+        output_text="1e999",
+        extracted_output="",
+        scores={"m": 0.1 + 0.2, "big": 1e300},
+        judge={"n": 2**62, "f": -0.0, "s": "\u2028\x00\n"},
+        model_calls={"judge": 2},
+        dataset_row={"id": 7, "nested": {"a": [1, None, True]}},
+        timings={"grade_ms": 0.001},
+    )
+    store.record_samples([record])
+    [back] = list(store.iter_samples(RUN))
+    assert back == record
+
+
+def test_store_of_an_older_layout_is_refused_clearly(tmp_path: Any) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE evalkube_samples (run_id TEXT, sample_id TEXT, prompt TEXT, "
+            "PRIMARY KEY (run_id, sample_id))"
+        )
+    with pytest.raises(StoreError, match=r"earlier evalkube .*layout 1.*new file"):
+        ResultStore.open(f"sqlite:///{path}")
+
+
+def test_lone_surrogates_are_stored(store: ResultStore) -> None:
+    record = sample(0, judge={"why": "\ud800x"}, output_text="ok")
+    store.record_samples([record])
+    [back] = list(store.iter_samples(RUN))
+    assert back.judge == {"why": "\ud800x"}
