@@ -66,6 +66,12 @@ class UnitContext:
     observe: Callable[[list[SampleRecord]], None] | None = None
     """Sees every chunk of records as it is submitted (live aggregates of a local run)."""
     resuming: bool = False
+    writer: SampleWriter | None = None
+    """A writer that units share (a local run); the unit then only submits its samples and
+    whoever marks it done queues that behind them. ``None``: each unit waits for its own."""
+    sandbox: GraderSandbox | None = None
+    """A started sandbox of this task's programs that shard units share (a local run: one
+    cold start per task, not per shard). ``None``: each shard starts and closes its own."""
 
 
 @dataclass
@@ -117,7 +123,8 @@ class _Buffer:
         self.ctx, self.unit = ctx, unit
         self.records: list[SampleRecord] = []
         self.written = 0
-        self.writer = SampleWriter(ctx.store)
+        self.shared = ctx.writer is not None
+        self.writer = ctx.writer if ctx.writer is not None else SampleWriter(ctx.store)
 
     def add(self, record: SampleRecord) -> None:
         self.records.append(record)
@@ -137,7 +144,10 @@ class _Buffer:
         self.records = []
 
     def close(self) -> None:
-        """Submit what is left and wait until every sample is committed."""
+        """Submit what is left; with its own writer, wait until every sample is committed."""
+        if self.shared:
+            self.submit()
+            return
         try:
             self.submit()
         finally:
@@ -165,17 +175,9 @@ def run_shard(ctx: UnitContext, unit: Unit, rows: list[dict[str, Any]]) -> UnitR
     runtime = ctx.runtime
     report = UnitReport(unit)
     buffer = _Buffer(ctx, unit)
-    sandbox = GraderSandbox(
-        ctx.backend,
-        runtime.programs,
-        task_id=runtime.task.id,
-        model_endpoint=ctx.model_endpoint,
-        load_timeout=float(runtime.task.grader.timeout_seconds),
-    )
-    try:
-        sandbox.start()
-    except ProgramLoadError as exc:
-        raise UnitFailed(_load_message(runtime, exc)) from None
+    shared = ctx.sandbox is not None
+    sandbox = ctx.sandbox if ctx.sandbox is not None else task_sandbox(ctx)
+    restarts_before = sandbox.restarts
     try:
         prepared = _preprocess(ctx, sandbox, unit, rows, buffer)
         if ctx.resuming:
@@ -194,11 +196,29 @@ def run_shard(ctx: UnitContext, unit: Unit, rows: list[dict[str, Any]]) -> UnitR
         try:
             buffer.close()
         finally:
-            report.restarts = sandbox.restarts
-            sandbox.close()
+            report.restarts = sandbox.restarts - restarts_before
+            if not shared:
+                sandbox.close()
     report.samples = buffer.written
     report.seconds = time.perf_counter() - started
     return report
+
+
+def task_sandbox(ctx: UnitContext) -> GraderSandbox:
+    """Start a sandbox with the task's programs; :class:`UnitFailed` when they do not load."""
+    runtime = ctx.runtime
+    sandbox = GraderSandbox(
+        ctx.backend,
+        runtime.programs,
+        task_id=runtime.task.id,
+        model_endpoint=ctx.model_endpoint,
+        load_timeout=float(runtime.task.grader.timeout_seconds),
+    )
+    try:
+        sandbox.start()
+    except ProgramLoadError as exc:
+        raise UnitFailed(_load_message(runtime, exc)) from None
+    return sandbox
 
 
 def _load_message(runtime: TaskRuntime, exc: ProgramLoadError) -> str:
@@ -216,16 +236,18 @@ def _load_message(runtime: TaskRuntime, exc: ProgramLoadError) -> str:
 def _base_record(
     ctx: UnitContext, unit: Unit, seq: int, row: dict[str, Any], row_id: str
 ) -> SampleRecord:
-    return SampleRecord(
-        run_id=ctx.run_id,
-        sample_id=sample_id(ctx.run_id, unit.task_id, unit.model, seq),
-        task_id=unit.task_id,
-        model=unit.model,
-        seq=seq,
-        status="valid",
-        row_id=row_id,
-        dataset_row=row,
+    # positional: built for every sample (run_id, sample_id, task_id, model, seq, status, row_id)
+    record = SampleRecord(
+        ctx.run_id,
+        sample_id(ctx.run_id, unit.task_id, unit.model, seq),
+        unit.task_id,
+        unit.model,
+        seq,
+        "valid",
+        row_id,
     )
+    record.dataset_row = row
+    return record
 
 
 def _row_id(runtime: TaskRuntime, row: dict[str, Any], fallback: int | str) -> str:
@@ -384,14 +406,14 @@ def _grade_samples(
                 "run_id": record.run_id,
                 "sample_id": record.sample_id,
             }
-            item = dict(p.row)
-            item.update(
-                prompt=record.prompt,
-                target=record.target,
-                reference_answer=record.target,
-                choices=p.choices,
-                task_id=record.task_id,
-            )
+            item = {
+                **p.row,
+                "prompt": record.prompt,
+                "target": record.target,
+                "reference_answer": record.target,
+                "choices": p.choices,
+                "task_id": record.task_id,
+            }
             in_flight.append(p)
             yield [sample, item], record.sample_id
 

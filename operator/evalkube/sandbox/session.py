@@ -159,11 +159,8 @@ class _Live:
         return detail + (": " + " | ".join(tail) if tail else "")
 
 
-@dataclass(slots=True)
-class _Item:
-    index: int
-    args: list[Any]
-    exec_id: str | None
+#: One execution to run: ``(index, args, exec_id)`` (a tuple: built for every sample).
+_Item = tuple[int, list[Any], str | None]
 
 
 @dataclass(slots=True)
@@ -328,7 +325,7 @@ class GraderSandbox:
                 fresh = list(itertools.islice(source, size - len(batch)))
                 exhausted = len(batch) + len(fresh) < size
                 batch += [
-                    _Item(next_index + n, args, exec_id) for n, (args, exec_id) in enumerate(fresh)
+                    (next_index + n, args, exec_id) for n, (args, exec_id) in enumerate(fresh)
                 ]
                 next_index += len(fresh)
             return batch
@@ -351,8 +348,8 @@ class GraderSandbox:
                         "program": program,
                         "batch": batch.token,
                         "cpu_seconds": cpu_seconds,
-                        "items": [item.args for item in batch_items],
-                        "exec_ids": [item.exec_id for item in batch_items],
+                        "items": [item[1] for item in batch_items],
+                        "exec_ids": [item[2] for item in batch_items],
                     }
                 )
 
@@ -371,7 +368,7 @@ class GraderSandbox:
                     if isinstance(outcome, list):
                         mark = arrived
                         for local, answer in outcome:
-                            yield from_answer(head.items[local].index, answer)
+                            yield from_answer(head.items[local][0], answer)
                         continue
                     if outcome == "running":
                         announced = expected
@@ -434,7 +431,7 @@ class GraderSandbox:
         """The failure of the head batch's first unanswered execution (``None``: all answered)."""
         if head.answered >= len(head.items):
             return None
-        return Execution(head.items[head.answered].index, status, error=host_error(kind, message))
+        return Execution(head.items[head.answered][0], status, error=host_error(kind, message))
 
     @staticmethod
     def _accept(head: _Batch, frame: Any) -> list[tuple[int, Any]] | str:

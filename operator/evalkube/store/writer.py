@@ -5,13 +5,17 @@ runner's thread lets the store, the runner and the grader worker overlap. Rows a
 on the caller's thread; at most ``depth`` chunks wait, so memory stays bounded. ``flush``
 returns only when everything submitted is committed, and re-raises any write error: a
 unit counts as done only after its samples are stored.
+
+A local run shares one writer across its units and queues "mark the unit done" behind the
+unit's samples (:meth:`SampleWriter.then`): the next unit starts grading while the last
+chunks of the previous one are committed, instead of every unit ending in a pause.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from evalkube.store.protocol import SampleStore
@@ -32,12 +36,15 @@ class SampleWriter:
 
     def _run(self) -> None:
         while True:
-            rows = self._queue.get()
+            item = self._queue.get()
             try:
-                if rows is None:
+                if item is None:
                     return
                 if self._error is None:
-                    self._store.write_encoded(rows)
+                    if callable(item):
+                        item()
+                    else:
+                        self._store.write_encoded(item)
             except BaseException as exc:  # surfaced to the runner by flush()/submit()
                 self._error = exc
             finally:
@@ -52,6 +59,12 @@ class SampleWriter:
         """Queue ``records`` for writing (blocks while ``depth`` chunks are pending)."""
         self._raise()
         self._queue.put(self._store.encode_samples(records))
+
+    def then(self, action: Callable[[], None]) -> None:
+        """Run ``action`` on the writer thread once everything submitted so far is committed
+        (skipped after a write error, which the next call or :meth:`flush` raises)."""
+        self._raise()
+        self._queue.put(action)
 
     def flush(self) -> None:
         """Wait until everything submitted is committed; raise the first write error."""

@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 
 from evalkube.sandbox import ProcessBackend
-from evalkube.sandbox.session import GraderSandbox, _Batch, _Item
+from evalkube.sandbox.session import GraderSandbox, _Batch
 
 
 def _batch(size: int = 3) -> _Batch:
-    return _Batch("grader", [_Item(i, [i], None) for i in range(size)], os.urandom(8).hex())
+    return _Batch("grader", [(i, [i], None) for i in range(size)], os.urandom(8).hex())
 
 
 def test_answers_in_sequence_are_accepted() -> None:
