@@ -154,6 +154,17 @@ def run(
     ] = None,
     db: DbOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars")] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            "-j",
+            min=1,
+            help="Processes grading shard units at once [default: one per core when each "
+            "gets 10,000+ samples, else 1]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run every task x model of a suite on this machine and print the scores."""
     if (suite is None) == (resume is None):
@@ -173,7 +184,11 @@ def run(
         transient=False,
     )
     engine = LocalEngine(
-        store, backend, progress=_RichProgress(progress), bridge_factory=_bridge_factory()
+        store,
+        backend,
+        progress=_RichProgress(progress),
+        bridge_factory=_bridge_factory(),
+        workers=workers,
     )
     run_id = resume
     try:

@@ -88,13 +88,36 @@ def recorded(db: Path) -> list[str]:
         return []
 
 
+def wait_for_no_unit_processes(directory: Path, seconds: float = 60) -> None:
+    """Unit processes of a killed run stop on their own (their cwd is the test's folder)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if (
+                    os.readlink(f"/proc/{pid}/cwd") == str(directory)
+                    and "evalkube" in Path(f"/proc/{pid}/cmdline").read_text()
+                ):
+                    left.append(pid)
+        if not left:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"unit processes still running: {left}")
+
+
 def run_id_of(db: Path) -> str:
     with sqlite3.connect(db, timeout=5) as conn:
         (row,) = conn.execute("SELECT run_id FROM evalkube_runs").fetchall()
     return str(row[0])
 
 
-def start_and_interrupt(directory: Path, sig: int, at_least: int) -> tuple[int, str, Path]:
+def start_and_interrupt(
+    directory: Path, sig: int, at_least: int, workers: int = 1, group: bool = False
+) -> tuple[int, str, Path]:
+    """Start a run, signal it (its whole process group: a terminal's Ctrl-C) mid-way."""
     suite, run, _ = make_suite(directory)
     db = directory / "results.db"
     process = subprocess.Popen(
@@ -107,6 +130,7 @@ def start_and_interrupt(directory: Path, sig: int, at_least: int) -> tuple[int, 
             "process",
             "--db",
             f"sqlite:///{db}",
+            f"--workers={workers}",
         ],
         cwd=directory,
         env=env(),
@@ -128,7 +152,10 @@ def start_and_interrupt(directory: Path, sig: int, at_least: int) -> tuple[int, 
             # user would, but only a few times.
             time.sleep(0.3)
             for _ in range(5):
-                process.send_signal(sig)
+                if group:
+                    os.killpg(process.pid, sig)
+                else:
+                    process.send_signal(sig)
                 try:
                     _, stderr = process.communicate(timeout=3)
                     break
@@ -143,15 +170,18 @@ def start_and_interrupt(directory: Path, sig: int, at_least: int) -> tuple[int, 
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
+        if workers > 1 and sig == signal.SIGKILL:
+            # unit processes outlive a killed parent only as long as their cleanup takes
+            wait_for_no_unit_processes(directory)
         with contextlib.suppress(ProcessLookupError):  # a worker the run left behind
             os.killpg(process.pid, signal.SIGKILL)
     return process.returncode, stderr, db
 
 
-def resume(directory: Path, db: Path, run_id: str) -> dict[str, object]:
+def resume(directory: Path, db: Path, run_id: str, workers: int = 1) -> dict[str, object]:
     done = subprocess.run(
         [str(EVALKUBE), "run", "--resume", run_id, "--sandbox", "process",
-         "--db", f"sqlite:///{db}", "--output", "resumed.json"],
+         "--db", f"sqlite:///{db}", "--output", "resumed.json", f"--workers={workers}"],
         cwd=directory,
         env=env(),
         capture_output=True,
@@ -173,14 +203,18 @@ def assert_complete(db: Path, output: dict[str, object]) -> None:
     assert output["phase"] == "Succeeded"
 
 
-def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
-    returncode, _, db = start_and_interrupt(tmp_path, signal.SIGKILL, at_least=2 * SHARD)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigkill_mid_run_then_resume(tmp_path: Path, workers: int) -> None:
+    # With unit processes, only the parent is killed: they stop as on Ctrl-C.
+    returncode, _, db = start_and_interrupt(
+        tmp_path, signal.SIGKILL, at_least=2 * SHARD, workers=workers
+    )
     assert returncode == -signal.SIGKILL
     before = set(recorded(db))
     assert 2 * SHARD <= len(before) < ROWS, "kill the run mid-way, not after it finished"
     run_id = run_id_of(db)
 
-    output = resume(tmp_path, db, run_id)
+    output = resume(tmp_path, db, run_id, workers)
     assert output["run_id"] == run_id
     assert_complete(db, output)
 
@@ -189,18 +223,22 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     redone = sorted(sample for sample in before if graded[sample] != 1)
     assert redone == [], f"{len(redone)} samples recorded before the kill were graded again"
     # at most the samples in flight when the process died are graded twice
-    assert sum(graded.values()) - ROWS <= SHARD
+    assert sum(graded.values()) - ROWS <= workers * SHARD
 
 
-def test_ctrl_c_exits_130_and_resumes(tmp_path: Path) -> None:
-    returncode, stderr, db = start_and_interrupt(tmp_path, signal.SIGINT, at_least=SHARD)
+@pytest.mark.parametrize(("workers", "group"), [(1, False), (2, False), (2, True)])
+def test_ctrl_c_exits_130_and_resumes(tmp_path: Path, workers: int, group: bool) -> None:
+    returncode, stderr, db = start_and_interrupt(
+        tmp_path, signal.SIGINT, at_least=SHARD, workers=workers, group=group
+    )
     assert returncode == 130, stderr
     assert "--resume" in stderr
+    assert "Traceback" not in stderr
     before = set(recorded(db))
     assert SHARD <= len(before) < ROWS
     run_id = run_id_of(db)
 
-    output = resume(tmp_path, db, run_id)
+    output = resume(tmp_path, db, run_id, workers)
     assert_complete(db, output)
     graded = collections.Counter((tmp_path / "graded.log").read_text().split())
     assert [s for s in before if graded[s] != 1] == []

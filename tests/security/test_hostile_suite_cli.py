@@ -181,13 +181,24 @@ CTRL_C_SUITE = {
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("name", BACKENDS)
-def test_ctrl_c_of_evalkube_run_leaves_nothing(name: str, tmp_path: Path) -> None:
+def test_ctrl_c_of_evalkube_run_leaves_nothing(name: str, workers: int, tmp_path: Path) -> None:
     backend(name)
     (tmp_path / "suite.yaml").write_text(json.dumps(CTRL_C_SUITE))
+    # one row per unit: with two unit processes, two sandboxes are up when Ctrl-C comes
+    (tmp_path / "run.yaml").write_text(
+        json.dumps(
+            {
+                "kind": "EvalRun",
+                "metadata": {"name": "r"},
+                "spec": {"models": ["precomputed"], "shardSize": 1},
+            }
+        )
+    )
     env = _env("unused")
-    command = [str(EVALKUBE), "run", "suite.yaml", "--sandbox", name, "-q"]
-    command += ["--db", f"sqlite:///{tmp_path / 'r.db'}"]
+    command = [str(EVALKUBE), "run", "suite.yaml", "run.yaml", "--sandbox", name, "-q"]
+    command += ["--db", f"sqlite:///{tmp_path / 'r.db'}", f"--workers={workers}"]
     with subprocess.Popen(
         command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as run:
@@ -209,4 +220,5 @@ def test_ctrl_c_of_evalkube_run_leaves_nothing(name: str, tmp_path: Path) -> Non
     while alive(processes) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert alive(processes) == set()
-    assert leftovers(run.pid).empty, leftovers(run.pid)
+    for pid in {run.pid} | {pid for pid, _ in processes}:  # unit processes own sandboxes too
+        assert leftovers(pid).empty, leftovers(pid)

@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -182,14 +183,16 @@ def resolve_run_spec(
     return spec
 
 
-def iter_dataset(loaded: LoadedSuite, task: TaskSpec) -> Iterator[dict[str, Any]]:
-    """Stream a task's rows (inline rows or a JSONL / JSON-array file)."""
+def iter_dataset(loaded: LoadedSuite, task: TaskSpec, skip: int = 0) -> Iterator[dict[str, Any]]:
+    """Stream a task's rows (inline rows or a JSONL / JSON-array file) from row ``skip`` on."""
     dataset = task.dataset
     if dataset.rows is not None:
-        yield from (dict(row) for row in dataset.rows)
+        yield from (dict(row) for row in islice(dataset.rows, skip, None))
         return
     if task.id in loaded.dataset_paths:
-        yield from iter_json_rows(loaded.dataset_paths[task.id], f"tasks[{task.id}].dataset")
+        yield from iter_json_rows(
+            loaded.dataset_paths[task.id], f"tasks[{task.id}].dataset", skip=skip
+        )
         return
     if dataset.config_map_ref is not None:
         raise ConfigError(
@@ -197,11 +200,50 @@ def iter_dataset(loaded: LoadedSuite, task: TaskSpec) -> Iterator[dict[str, Any]
         )
     assert dataset.path is not None
     path = loaded.base_dir / dataset.path
-    yield from iter_json_rows(path, f"tasks[{task.id}].dataset.path")
+    yield from iter_json_rows(path, f"tasks[{task.id}].dataset.path", skip=skip)
 
 
-def iter_json_rows(path: Path, where: str) -> Iterator[dict[str, Any]]:
-    """Rows of a JSONL file (or a ``.json`` array); bad lines name file and line."""
+def shard_rows(loaded: LoadedSuite, task: TaskSpec, start: int, stop: int) -> list[dict[str, Any]]:
+    """Rows ``start`` to ``stop`` of a task (one shard unit; earlier rows are not parsed)."""
+    return list(islice(iter_dataset(loaded, task, skip=start), stop - start))
+
+
+def count_dataset_rows(loaded: LoadedSuite, task: TaskSpec) -> int:
+    """How many rows a task has, to plan its shards before any is run.
+
+    A JSONL file is counted line by line without parsing (a run reads it again anyway), and
+    a line that is not an object at all fails here already, naming file and line; a
+    malformed object fails when its unit reads it.
+    """
+    dataset = task.dataset
+    path = loaded.dataset_paths.get(task.id)
+    if path is None and dataset.path is not None and dataset.rows is None:
+        path = loaded.base_dir / dataset.path
+    if path is None or path.suffix == ".json":
+        return sum(1 for _ in iter_dataset(loaded, task))
+    where = f"tasks[{task.id}].dataset" + ("" if task.id in loaded.dataset_paths else ".path")
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {path} ({exc.strerror})") from None
+    count = 0
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            text = line.lstrip()
+            if not text:
+                continue
+            if not text.startswith(b"{"):
+                raise ConfigError(f"{where}: {path} line {number}: a row must be a JSON object")
+            count += 1
+    return count
+
+
+def iter_json_rows(path: Path, where: str, skip: int = 0) -> Iterator[dict[str, Any]]:
+    """Rows of a JSONL file (or a ``.json`` array); bad lines name file and line.
+
+    The first ``skip`` rows of a JSONL file are passed over without parsing them (a unit
+    starting in the middle of a dataset that planning has already read once).
+    """
     try:
         handle = path.open(encoding="utf-8")
     except OSError as exc:
@@ -214,10 +256,14 @@ def iter_json_rows(path: Path, where: str) -> Iterator[dict[str, Any]]:
             for index, row in enumerate(data):
                 if not isinstance(row, dict):
                     raise ConfigError(f"{where}: {path} item {index} is not an object")
-                yield row
+                if index >= skip:
+                    yield row
             return
         for number, line in enumerate(handle, start=1):
             if not line.strip():
+                continue
+            if skip:
+                skip -= 1
                 continue
             try:
                 row = jsonfast.loads(line)

@@ -9,7 +9,6 @@ units and already-recorded samples.
 from __future__ import annotations
 
 import functools
-import itertools
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -21,22 +20,30 @@ from typing import Any
 
 from evalkube.engine.candidates import candidate_source
 from evalkube.engine.gctune import relaxed_gc
-from evalkube.engine.loading import ConfigError, LoadedSuite, iter_dataset, suite_version
+from evalkube.engine.loading import (
+    ConfigError,
+    LoadedSuite,
+    count_dataset_rows,
+    iter_dataset,
+    suite_version,
+)
+from evalkube.engine.parallel import ParallelRun, choose_workers, run_parallel
 from evalkube.engine.plan import Unit, plan_units
 from evalkube.engine.runner import (
     NoProgress,
     Progress,
+    TaskSandboxes,
     UnitContext,
     UsageTaker,
+    observe_into,
     run_aggregate,
     run_shard,
-    task_sandbox,
 )
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.engine.validate import check_programs
 from evalkube.grading import TaskAggregate
 from evalkube.models import EvalRunSpec, EvalSuite, SampleCounts, TaskModelResult, validate_spec
-from evalkube.sandbox import GraderSandbox, SandboxBackend
+from evalkube.sandbox import SandboxBackend
 from evalkube.store import ResultStore, RunRecord, SampleWriter
 
 
@@ -95,7 +102,7 @@ def new_run_id(suite_name: str) -> str:
 
 
 def count_rows(loaded: LoadedSuite, task_id: str) -> int:
-    return sum(1 for _ in iter_dataset(loaded, loaded.task(task_id)))
+    return count_dataset_rows(loaded, loaded.task(task_id))
 
 
 class LocalEngine:
@@ -108,11 +115,17 @@ class LocalEngine:
         *,
         progress: Progress | None = None,
         bridge_factory: BridgeFactory | None = None,
+        workers: int | None = 1,
     ) -> None:
         self.store = store
         self.backend = backend
         self.progress = progress or NoProgress()
         self.bridge_factory = bridge_factory
+        #: Unit processes for shard units (``None``: as many as pay off, see
+        #: :func:`evalkube.engine.parallel.choose_workers`).
+        self.workers = workers
+        #: How many the last run used.
+        self.last_workers = 1
 
     def start(
         self, loaded: LoadedSuite, spec: EvalRunSpec, run_id: str | None = None
@@ -178,25 +191,35 @@ class LocalEngine:
         # Aggregates computed while samples stream by: exact when this process graded every
         # sample once (a fresh run without grade_batch updates); otherwise read back.
         live: dict[tuple[str, str], TaskAggregate] = {}
-
-        def observe(records: list[Any]) -> None:
-            # A chunk comes from one unit: one task x model (``add`` skips response ids).
-            for key, group in itertools.groupby(records, key=lambda r: (r.task_id, r.model)):
-                aggregate = live.get(key)
-                if aggregate is None:
-                    aggregate = live[key] = TaskAggregate()
-                add = aggregate.add
-                for record in group:
-                    add(record.status, record.scores, record.model_calls)
-
+        observe = functools.partial(observe_into, live)
         use_live = not resuming and not any(unit.kind == "aggregate" for unit in units)
         needs_bridge = any(
             t.grader.resolved_model_access == "gateway" for t in loaded.suite.spec.tasks
         )
+        pending = [
+            i for i, unit in enumerate(units) if unit.kind == "shard" and unit.unit_id not in done
+        ]
+        workers = (
+            1
+            if needs_bridge
+            else choose_workers(
+                self.workers,
+                sum(units[i].stop - units[i].start for i in pending),
+                len(pending),
+            )
+        )
+        self.last_workers = workers
+        if workers > 1:
+            job = ParallelRun(
+                run_id, loaded, spec, self.store, self.backend, runtimes, units, resuming, use_live
+            )
+            for key, aggregate in run_parallel(job, pending, workers, self.progress).items():
+                live.setdefault(key, TaskAggregate()).merge(aggregate)
+            done |= {units[i].unit_id for i in pending}
         bridge = self.bridge_factory(spec) if needs_bridge and self.bridge_factory else None
         # One sandbox per task, shared by its shards and models: a gVisor cold start costs
         # about as much as grading ten thousand exact-match samples.
-        sandboxes = _TaskSandboxes()
+        sandboxes = TaskSandboxes()
         writer = SampleWriter(self.store)
         try:
             for (task_id, model), group in _group(units):
@@ -214,8 +237,8 @@ class LocalEngine:
                     observe=observe if use_live else None,
                     writer=writer,
                 )
-                rows = iter_dataset(loaded, runtime.task)
-                position = 0
+                rows: Iterator[dict[str, Any]] = iter(())
+                position = -1
                 for unit in group:
                     if unit.kind == "aggregate":
                         if unit.unit_id not in done:
@@ -227,10 +250,12 @@ class LocalEngine:
                             run_aggregate(ctx, unit)
                             self.store.mark_unit_done(run_id, unit.unit_id)
                         continue
-                    shard = list(islice(rows, unit.stop - unit.start))
-                    position += len(shard)
                     if unit.unit_id in done:
                         continue
+                    if position != unit.start:  # a shard after skipped ones: seek
+                        rows = iter_dataset(loaded, runtime.task, skip=unit.start)
+                    shard = list(islice(rows, unit.stop - unit.start))
+                    position = unit.start + len(shard)
                     if bridge:
                         bridge.configure_unit(
                             unit.unit_id, runtime.task.grader.max_model_calls, len(shard)
@@ -266,26 +291,6 @@ class LocalEngine:
         )
         self.store.finish_run(run_id, summary.phase, summary.to_json())
         return summary
-
-
-class _TaskSandboxes:
-    """The started sandbox of the task being run; the previous task's closes when it ends."""
-
-    def __init__(self) -> None:
-        self._task_id: str | None = None
-        self._sandbox: GraderSandbox | None = None
-
-    def get(self, ctx: UnitContext) -> GraderSandbox:
-        task_id = ctx.runtime.task.id
-        if self._sandbox is None or self._task_id != task_id:
-            self.close()
-            self._sandbox, self._task_id = task_sandbox(ctx), task_id
-        return self._sandbox
-
-    def close(self) -> None:
-        if self._sandbox is not None:
-            sandbox, self._sandbox = self._sandbox, None
-            sandbox.close()
 
 
 def _group(units: list[Unit]) -> Iterator[tuple[tuple[str, str], list[Unit]]]:

@@ -74,12 +74,10 @@ def load_snapshot(path: Path, datasets_dir: Path | None = None) -> Snapshot:
 
 def rows_of(snapshot: Snapshot, unit: Unit) -> list[dict[str, Any]]:
     """The dataset rows of a shard unit."""
-    from itertools import islice
-
-    from evalkube.engine.loading import iter_dataset
+    from evalkube.engine.loading import shard_rows
 
     task = snapshot.loaded.task(unit.task_id)
-    return list(islice(iter_dataset(snapshot.loaded, task), unit.start, unit.stop))
+    return shard_rows(snapshot.loaded, task, unit.start, unit.stop)
 
 
 def run_pod_unit(

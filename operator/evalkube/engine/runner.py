@@ -8,6 +8,7 @@ counts as done. The same function runs inside a work-unit pod and in ``evalkube 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -21,6 +22,7 @@ from evalkube.engine.runtime import TaskRuntime
 from evalkube.grading import (
     ExtractionMiss,
     GradeOutcome,
+    TaskAggregate,
     TemplateError,
     apply_stop,
     capped_repr,
@@ -219,6 +221,38 @@ def task_sandbox(ctx: UnitContext) -> GraderSandbox:
     except ProgramLoadError as exc:
         raise UnitFailed(_load_message(runtime, exc)) from None
     return sandbox
+
+
+def observe_into(live: dict[tuple[str, str], TaskAggregate], records: list[SampleRecord]) -> None:
+    """Count ``records`` into per task x model aggregates (``add`` skips response ids)."""
+    for key, group in itertools.groupby(records, key=lambda r: (r.task_id, r.model)):
+        aggregate = live.get(key)
+        if aggregate is None:
+            aggregate = live[key] = TaskAggregate()
+        add = aggregate.add
+        for record in group:
+            add(record.status, record.scores, record.model_calls)
+
+
+class TaskSandboxes:
+    """The started sandbox of the task being run (shard units share it); the previous
+    task's sandbox closes when another task starts."""
+
+    def __init__(self) -> None:
+        self._task_id: str | None = None
+        self._sandbox: GraderSandbox | None = None
+
+    def get(self, ctx: UnitContext) -> GraderSandbox:
+        task_id = ctx.runtime.task.id
+        if self._sandbox is None or self._task_id != task_id:
+            self.close()
+            self._sandbox, self._task_id = task_sandbox(ctx), task_id
+        return self._sandbox
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            sandbox, self._sandbox = self._sandbox, None
+            sandbox.close()
 
 
 def _load_message(runtime: TaskRuntime, exc: ProgramLoadError) -> str:

@@ -47,6 +47,18 @@ class TaskAggregate:
             if isinstance(count, int) and not isinstance(count, bool):
                 self.model_calls[purpose] = self.model_calls.get(purpose, 0) + count
 
+    def merge(self, other: TaskAggregate) -> None:
+        """Add the samples ``other`` counted (units run in other processes)."""
+        self.samples += other.samples
+        self.valid += other.valid
+        self.invalid += other.invalid
+        self.errored += other.errored
+        self.pending += other.pending
+        for name, total in other.sums.items():
+            self.sums[name] = self.sums.get(name, 0.0) + total
+        for purpose, count in other.model_calls.items():
+            self.model_calls[purpose] = self.model_calls.get(purpose, 0) + count
+
     def metrics(self, batch_metrics: Mapping[str, float] | None = None) -> dict[str, float]:
         """Per-sample means (missing counts 0) plus batch metrics, sorted by name."""
         out = (

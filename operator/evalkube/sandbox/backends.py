@@ -279,6 +279,14 @@ class ChildSetup:
             os._exit(1)
 
 
+def signal_on_parent_death(signum: int, parent: int) -> bool:
+    """Have the kernel send ``signum`` to this process when ``parent`` dies; False when
+    ``parent`` is already gone (or the platform cannot do it and it is gone)."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    return os.getppid() == parent
+
+
 def spawn_pipes(
     argv: list[str], setup: ChildSetup, *, cwd: Path | str = "/", env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
