@@ -7,10 +7,12 @@ and hand the runner each sample's call count and response ids.
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import http.client
 
 EXECUTION_HEADER = "X-Evalkube-Execution"
 
@@ -29,20 +31,30 @@ class ModelCallError(RuntimeError):
         self.status = status
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
+@cache
+def _http() -> tuple[Any, type[Any]]:
+    """``http.client`` and a unix-socket connection class, imported on the first model call:
+    most graders never make one, and every worker start pays for the import otherwise
+    (``http.client`` pulls in the ``email`` package; slow under gVisor)."""
+    import http.client
+    import socket
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self._path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+    class UnixHTTPConnection(http.client.HTTPConnection):
+        def __init__(self, path: str, timeout: float) -> None:
+            super().__init__("localhost", timeout=timeout)
+            self._path = path
+
+        def connect(self) -> None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.timeout)
+                sock.connect(self._path)
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+
+    return http.client, UnixHTTPConnection
 
 
 class Context:
@@ -100,7 +112,7 @@ class Context:
                 f"the model bridge did not answer within {self._timeout:g} s",
                 kind="bridge_unreachable",
             ) from None
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, _http()[0].HTTPException) as exc:
             raise ModelCallError(
                 f"model bridge unreachable at {self._endpoint}: {exc or type(exc).__name__}",
                 kind="bridge_unreachable",
@@ -125,11 +137,12 @@ class Context:
         return decoded
 
     def _connection(self) -> http.client.HTTPConnection:
+        client, unix_connection = _http()
         endpoint = self._endpoint or ""
         if endpoint.startswith("unix:"):
-            return _UnixHTTPConnection(endpoint[len("unix:") :], self._timeout)
+            return unix_connection(endpoint[len("unix:") :], self._timeout)  # type: ignore[no-any-return]
         host = endpoint.split("://", 1)[-1].rstrip("/")
-        return http.client.HTTPConnection(host, timeout=self._timeout)
+        return client.HTTPConnection(host, timeout=self._timeout)  # type: ignore[no-any-return]
 
 
 def output_text(response: dict[str, Any]) -> str:

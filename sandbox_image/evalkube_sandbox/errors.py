@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 MESSAGE_CHARS = 2_000
@@ -16,6 +15,8 @@ def describe(exc: BaseException) -> dict[str, Any]:
     except BaseException:  # a hostile __str__
         message = "<unprintable exception>"
     try:
+        import traceback  # first failure only: keeps the worker's start short
+
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
         tail = "".join(lines).splitlines()[-TRACEBACK_LINES:]
     except BaseException:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import sys
 import types
 from collections.abc import Callable
@@ -26,6 +25,13 @@ def wants_ctx(function: Callable[..., Any], data_params: int) -> bool:
     ``ctx`` is the next positional parameter *without a default*; a parameter with a default
     (``weights=[...]``) is the user's own and is left alone.
     """
+    if type(function) is types.FunctionType and not hasattr(function, "__wrapped__"):
+        # A plain ``def``: read its code object (``inspect`` is a slow import under gVisor).
+        count = function.__code__.co_argcount
+        first_default = count - len(function.__defaults__ or ())
+        return count > data_params and data_params < first_default
+    import inspect
+
     try:
         params = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):

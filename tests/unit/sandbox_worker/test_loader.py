@@ -230,3 +230,32 @@ def test_keyboard_interrupt_at_import_is_a_load_error() -> None:
     info = load_error("def grade(s, i):\n    return 1\nraise KeyboardInterrupt\n")
     assert info["type"] == "KeyboardInterrupt"
     assert info["line"] == 3
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("def grade(sample, item): ...", False),
+        ("def grade(sample, item, ctx): ...", True),
+        ("def grade(sample, item, weights=(1, 2)): ...", False),
+        ("def grade(sample, item, ctx, weights=(1, 2)): ...", True),
+        ("def grade(sample, item, /, ctx): ...", True),
+        ("def grade(sample, item, *, ctx=None): ...", False),
+        ("def grade(sample, item, *args): ...", False),
+        (
+            "import functools\n"
+            "def deco(f):\n"
+            "    @functools.wraps(f)\n"
+            "    def inner(*a):\n"
+            "        return f(*a)\n"
+            "    return inner\n"
+            "@deco\n"
+            "def grade(sample, item, ctx): ...",
+            True,
+        ),
+        ("class G:\n    def __call__(self, sample, item, ctx): ...\ngrade = G()", True),
+    ],
+)
+def test_ctx_detection_plain_functions_and_others(source: str, expected: bool) -> None:
+    _function, wants = load(source, "/graders/g.py", "grade", "evalkube_user_ctx_test")
+    assert wants is expected
