@@ -106,7 +106,7 @@ def role_evalkube(port: int, upstream_port: int) -> None:
     sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "sandbox_image")]
     from prometheus_client import CollectorRegistry
 
-    from evalkube.proxy.server import ProxyServer, build_service, run_until_stopped
+    from evalkube.proxy.server import ProxyServer, build_service, run, run_until_stopped
     from evalkube.proxy.upstream import Provider, Upstream
 
     os.environ["EVALKUBE_BENCH_KEY"] = KEY
@@ -125,7 +125,7 @@ def role_evalkube(port: int, upstream_port: int) -> None:
         )
         await run_until_stopped(ProxyServer(service, listen=f"127.0.0.1:{port}"))
 
-    asyncio.run(main())
+    run(main())  # uvloop when installed, as `evalkube proxy` does
 
 
 def role_client(port: int, concurrency: int, seconds: float, limit: int) -> None:

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from evalkube import limits
 from evalkube.models.run import EvalRunSpec
 from evalkube.proxy.providers import providers_from_spec
-from evalkube.proxy.server import ProxyServer, ProxyService, build_service
+from evalkube.proxy.server import ProxyServer, ProxyService, build_service, new_event_loop
 from evalkube.proxy.upstream import Provider, Upstream
 
 T = TypeVar("T")
@@ -105,7 +105,7 @@ class ModelBridge:
             listen = socket_path
         else:
             listen = f"unix:{socket_path}"
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop()
         ready: asyncio.Future[None] = loop.create_future()
         self._loop = loop
         self._thread = threading.Thread(
