@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -89,6 +90,8 @@ class _RichProgress:
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.bars: dict[tuple[str, str, str], Any] = {}
+        #: Samples each unit was expected to have, until it says how many it has.
+        self.expected: dict[str, int] = {}
 
     def _bar(self, unit: Unit) -> Any:
         key = (unit.task_id, unit.model, unit.kind)
@@ -99,10 +102,17 @@ class _RichProgress:
             self.bars[key] = self.progress.add_task(label, total=0)
         return self.bars[key]
 
+    def planned(self, units: Sequence[Unit]) -> None:
+        """Size every bar up front (units run in parallel would otherwise grow it)."""
+        for unit in units:
+            self.expected[unit.unit_id] = rows = unit.stop - unit.start
+            bar = self._bar(unit)
+            self.progress.update(bar, total=(self.progress.tasks[bar].total or 0) + rows)
+
     def unit_started(self, unit: Unit, total: int) -> None:
         bar = self._bar(unit)
         current = self.progress.tasks[bar].total or 0
-        self.progress.update(bar, total=current + total)
+        self.progress.update(bar, total=current + total - self.expected.pop(unit.unit_id, 0))
 
     def advance(self, unit: Unit, samples: int) -> None:
         self.progress.advance(self._bar(unit), samples)

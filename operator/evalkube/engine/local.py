@@ -196,6 +196,7 @@ class LocalEngine:
         needs_bridge = any(
             t.grader.resolved_model_access == "gateway" for t in loaded.suite.spec.tasks
         )
+        self.progress.planned([unit for unit in units if unit.unit_id not in done])
         pending = [
             i for i, unit in enumerate(units) if unit.kind == "shard" and unit.unit_id not in done
         ]

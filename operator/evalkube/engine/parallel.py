@@ -28,6 +28,7 @@ import os
 import queue
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from types import FrameType
@@ -97,6 +98,9 @@ class _EventProgress:
 
     def __init__(self, events: Any) -> None:
         self.events = events
+
+    def planned(self, units: Sequence[Unit]) -> None:
+        pass  # the parent announced the plan
 
     def unit_started(self, unit: Unit, total: int) -> None:
         self.events.put(("started", unit.unit_id, total))

@@ -40,12 +40,19 @@ UsageTaker = Callable[[list[str]], dict[str, dict[str, Any]]]
 class Progress(Protocol):
     """What a unit reports while it runs (the CLI draws progress bars from it)."""
 
-    def unit_started(self, unit: Unit, total: int) -> None: ...
+    def planned(self, units: Sequence[Unit]) -> None:
+        """The units a run is about to run (shard units sized by their rows)."""
+
+    def unit_started(self, unit: Unit, total: int) -> None:
+        """``unit`` has ``total`` samples to record (its exact size)."""
 
     def advance(self, unit: Unit, samples: int) -> None: ...
 
 
 class NoProgress:
+    def planned(self, units: Sequence[Unit]) -> None:
+        pass
+
     def unit_started(self, unit: Unit, total: int) -> None:
         pass
 
