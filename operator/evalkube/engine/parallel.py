@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -199,6 +200,8 @@ def run_parallel(
         )
         for n in range(workers)
     ]
+    sys.stdout.flush()  # or each child would print what the parent had buffered again
+    sys.stderr.flush()
     for child in children:
         child.start()
     merged: dict[tuple[str, str], TaskAggregate] = {}
