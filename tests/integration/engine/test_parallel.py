@@ -166,3 +166,59 @@ def test_auto_uses_a_process_per_core_only_where_it_pays() -> None:
     assert choose_workers(None, 10**7, 64) == min(cores, 64)
     assert choose_workers(3, 10, 2) == 2
     assert choose_workers(4, 10, 64) == 4
+
+
+BATCH_GRADER = """
+def grade_batch(samples):
+    hits = [s["extracted_output"] == s["target"] for s in samples]
+    return {
+        "metrics": {"accuracy": sum(hits) / len(hits), "graded": float(len(samples))},
+        "samples": [{"sample_id": s["sample_id"], "scores": {"hit": float(h)}}
+                    for s, h in zip(samples, hits)],
+    }
+"""
+
+
+def with_grader(suite: Path, **grader: Any) -> None:
+    data = yaml.safe_load(suite.read_text())
+    for task in data["spec"]["tasks"]:
+        task["grader"].update(grader)
+    suite.write_text(yaml.safe_dump(data))
+
+
+def test_grade_batch_runs_after_the_shards_of_every_process(tmp_path: Path) -> None:
+    suite, run = write_suite(tmp_path, 700)
+    with_grader(suite, source=BATCH_GRADER, contract="batch")
+    loaded, run_resource = load_files(suite, run)
+    store = ResultStore.open(f"sqlite:///{tmp_path / 'r.db'}")
+    try:
+        engine = LocalEngine(store, ProcessBackend(), workers=2)
+        summary = engine.start(loaded, resolve_run_spec(loaded, run_resource, None))
+        assert engine.last_workers == 2
+        for result in summary.results:
+            assert result.metrics["graded"] == 700.0  # grade_batch saw every shard's samples
+            assert result.counts.samples == 700
+            assert result.metrics["hit"] == pytest.approx(result.metrics["accuracy"])
+        statuses = {r.status for r in store.iter_samples(summary.run_id)}
+        assert statuses <= {"valid", "errored"}  # nothing left pending
+    finally:
+        store.close()
+
+
+def test_model_backed_suites_stay_in_one_process(tmp_path: Path) -> None:
+    # their model bridge (budgets, usage) lives in the parent process
+    suite, run = write_suite(tmp_path, 200)
+    with_grader(
+        suite,
+        source="def grade(sample, item, ctx):\n    return 1.0\n",
+        contract="model_backed",
+    )
+    loaded, run_resource = load_files(suite, run)
+    store = ResultStore.open(f"sqlite:///{tmp_path / 'r.db'}")
+    try:
+        engine = LocalEngine(store, ProcessBackend(), workers=2)
+        summary = engine.start(loaded, resolve_run_spec(loaded, run_resource, None))
+        assert engine.last_workers == 1
+        assert summary.phase == "Succeeded"
+    finally:
+        store.close()
