@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from evalkube.engine.candidates import candidate_source
-from evalkube.engine.gctune import relaxed_gc
 from evalkube.engine.loading import (
     ConfigError,
     LoadedSuite,
@@ -41,6 +40,7 @@ from evalkube.engine.runner import (
 )
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.engine.validate import check_programs
+from evalkube.gctune import relaxed_gc
 from evalkube.grading import TaskAggregate
 from evalkube.models import EvalRunSpec, EvalSuite, SampleCounts, TaskModelResult, validate_spec
 from evalkube.sandbox import SandboxBackend

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from evalkube.engine.candidates import candidate_source
-from evalkube.engine.gctune import relaxed_gc
 from evalkube.engine.loading import ConfigError, LoadedSuite
 from evalkube.engine.plan import Unit, plan_units
 from evalkube.engine.runner import UnitContext, UnitReport, UsageTaker, run_aggregate, run_shard
 from evalkube.engine.runtime import TaskRuntime
+from evalkube.gctune import relaxed_gc
 from evalkube.models import EvalRunSpec, EvalSuite, validate_spec
 from evalkube.sandbox import SandboxBackend
 from evalkube.store.remote import RemoteStore
