@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from evalkube.engine import LocalEngine, aggregate_results, load_files, resolve_run_spec
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore
+
+from .suites import write_two_task_suite
 
 GRADER = """
 def grade(sample, item):
@@ -24,36 +25,8 @@ def grade(sample, item):
 @pytest.mark.timeout(120)
 def test_live_aggregates_match_the_store(tmp_path: Path) -> None:
     rows = [{"n": i, "a": str(i % 3), "out": str(i % 4)} for i in range(250)]
-    suite = {
-        "apiVersion": "evalkube.io/v1alpha1",
-        "kind": "EvalSuite",
-        "metadata": {"name": "live"},
-        "spec": {
-            "tasks": [
-                {
-                    "id": task,
-                    "dataset": {"rows": rows},
-                    "prompt": "{{ item.n }}",
-                    "target": "{{ item.a }}",
-                    "extraction": {"type": "regex", "pattern": "([0-2])"},
-                    "outputs": {"column": "out"},
-                    "grader": {"type": "python", "source": GRADER, "metricId": "exact"},
-                }
-                for task in ("one", "two")
-            ]
-        },
-    }
-    path = tmp_path / "suite.yaml"
-    path.write_text(yaml.safe_dump(suite))
-    run = tmp_path / "run.yaml"
-    run.write_text(
-        yaml.safe_dump(
-            {
-                "kind": "EvalRun",
-                "metadata": {"name": "r"},
-                "spec": {"models": ["precomputed"], "shardSize": 60},
-            }
-        )
+    path, run = write_two_task_suite(
+        tmp_path, dataset={"rows": rows}, grader=GRADER, shard_size=60, name="live"
     )
     loaded, run_resource = load_files(path, run)
     store = ResultStore.open(f"sqlite:///{tmp_path / 'r.db'}")

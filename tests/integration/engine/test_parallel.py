@@ -22,6 +22,8 @@ from evalkube.engine.runner import UnitFailed
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore
 
+from .suites import write_two_task_suite
+
 pytestmark = pytest.mark.timeout(180)
 
 GRADER = """
@@ -46,38 +48,9 @@ def write_suite(
                 handle.write('{"n": oops}\n')
                 continue
             handle.write(json.dumps({"n": n, "a": str(n % 3), "out": str(n % 4)}) + "\n")
-    suite = {
-        "apiVersion": "evalkube.io/v1alpha1",
-        "kind": "EvalSuite",
-        "metadata": {"name": "parallel"},
-        "spec": {
-            "tasks": [
-                {
-                    "id": task,
-                    "dataset": {"path": "rows.jsonl"},
-                    "prompt": "{{ item.n }}",
-                    "target": "{{ item.a }}",
-                    "extraction": {"type": "regex", "pattern": "([0-2])"},
-                    "outputs": {"column": "out"},
-                    "grader": {"type": "python", "source": grader, "metricId": "exact"},
-                }
-                for task in ("one", "two")
-            ]
-        },
-    }
-    path = folder / "suite.yaml"
-    path.write_text(yaml.safe_dump(suite))
-    run = folder / "run.yaml"
-    run.write_text(
-        yaml.safe_dump(
-            {
-                "kind": "EvalRun",
-                "metadata": {"name": "r"},
-                "spec": {"models": ["precomputed"], "shardSize": 90},
-            }
-        )
+    return write_two_task_suite(
+        folder, dataset={"path": "rows.jsonl"}, grader=grader, shard_size=90, name="parallel"
     )
-    return path, run
 
 
 def run_suite(folder: Path, workers: int, db: str) -> tuple[Any, ResultStore, LocalEngine]:
