@@ -4,12 +4,16 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: setup demo test lint typecheck crds-check system-deps
+.PHONY: setup demo test lint typecheck crds-check system-deps native-proxy
 setup:
 	bash .ci/python.sh
 
 demo: setup
 	$(VENV)/evalkube run examples/recipes/suite.yaml --output results.json
+
+# The native model bridge proxy (needs Go); `evalkube proxy` uses it when it is on PATH.
+native-proxy: setup
+	cp "$$(bash .ci/proxy.sh | tail -1)" .venv/bin/evalkube-proxy
 
 system-deps:
 	bash .ci/postgres.sh

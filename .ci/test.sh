@@ -7,4 +7,8 @@ if [[ -f .ci/cluster.sh ]]; then
   EVALKUBE_CTRLPLANE_BIN=$(bash .ci/cluster.sh | tail -1)
   export EVALKUBE_CTRLPLANE_BIN
 fi
+# The native model bridge proxy (Go): its unit tests run here, and the proxy tests run every
+# case against it as well as against the Python proxy.
+EVALKUBE_PROXY_BIN=$(bash .ci/proxy.sh | tail -1)
+export EVALKUBE_PROXY_BIN
 exec .venv/bin/python -m pytest "$@"

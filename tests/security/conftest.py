@@ -13,6 +13,15 @@ from pathlib import Path
 
 import pytest
 
+# The model bridge fixtures (fake provider, both proxy engines) for the hostile-client tests.
+from tests.integration.proxy.conftest import (  # noqa: F401
+    engine,
+    key_file,
+    make_bridge,
+    proxy_log,
+    upstream,
+)
+
 SECRET = "evalkube-test-secret-7f3a9c"
 
 

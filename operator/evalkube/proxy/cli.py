@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from evalkube.proxy.native import NativeProxyUnavailable
 from evalkube.proxy.server import serve_forever
 from evalkube.proxy.settings import ProxySettings
 
@@ -62,6 +63,10 @@ def proxy(
         str | None, typer.Option(help="Override the run's embeddingModel.")
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="Logging level.")] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="auto (default), native (the compiled evalkube-proxy binary) or python."),
+    ] = None,
 ) -> None:
     """Serve until SIGTERM or Ctrl-C."""
     given: dict[str, Any] = {
@@ -77,6 +82,7 @@ def proxy(
             "judge_model": judge_model,
             "embedding_model": embedding_model,
             "log_level": log_level,
+            "engine": engine,
         }.items()
         if value is not None
     }
@@ -89,6 +95,6 @@ def proxy(
     )
     try:
         serve_forever(settings)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, NativeProxyUnavailable) as exc:
         typer.echo(f"evalkube proxy: {exc}", err=True)
         raise typer.Exit(2) from None

