@@ -38,6 +38,7 @@ def _http() -> tuple[Any, type[Any]]:
     (``http.client`` pulls in the ``email`` package; slow under gVisor)."""
     import http.client
     import socket
+    import time
 
     class UnixHTTPConnection(http.client.HTTPConnection):
         def __init__(self, path: str, timeout: float) -> None:
@@ -48,11 +49,26 @@ def _http() -> tuple[Any, type[Any]]:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.settimeout(self.timeout)
-                sock.connect(self._path)
+                self._connect(sock)
             except BaseException:
                 sock.close()
                 raise
             self.sock = sock
+
+        def _connect(self, sock: socket.socket) -> None:
+            # A unix socket whose listen backlog is momentarily full refuses at once with
+            # EAGAIN, where TCP would retry its SYN: retry the same way, within the timeout.
+            deadline = time.monotonic() + min(self.timeout or 30.0, 30.0)
+            pause = 0.001
+            while True:
+                try:
+                    sock.connect(self._path)
+                    return
+                except BlockingIOError:
+                    if time.monotonic() + pause > deadline:
+                        raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
 
     return http.client, UnixHTTPConnection
 
