@@ -3,8 +3,11 @@
 Not a test. Starts, each in its own process on loopback:
 
 - a fake OpenAI-compatible provider (raw asyncio, canned Responses API answer);
-- the evalkube proxy (the real :class:`~evalkube.proxy.server.ProxyServer`: budgets, usage
-  audit, metrics, key injection all on);
+- the evalkube proxy twice: ``native`` (the compiled ``evalkube-proxy``, exec'd exactly as
+  ``evalkube proxy --engine native`` does; built by ``.ci/proxy.sh``, found through
+  ``EVALKUBE_PROXY_BIN`` or ``PATH``) and ``python`` (the real
+  :class:`~evalkube.proxy.server.ProxyServer`); budgets, usage audit, metrics and key
+  injection all on in both;
 - LiteLLM's proxy (``litellm --config``), when ``--litellm`` points at its executable
   (install it in a separate venv, never as a project dependency:
   ``python -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install 'litellm[proxy]'``);
@@ -101,8 +104,28 @@ def role_upstream(port: int) -> None:
     asyncio.run(main())
 
 
-def role_evalkube(port: int, upstream_port: int) -> None:
-    """The evalkube proxy on TCP loopback, budgets and audit on."""
+def role_native(port: int, upstream_port: int) -> None:
+    """The native proxy on TCP loopback, configured and exec'd as the sidecar does."""
+    sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "sandbox_image")]
+    from evalkube.proxy.native import exec_native, native_config, require_native_binary
+    from evalkube.proxy.upstream import Provider
+
+    os.environ["EVALKUBE_BENCH_KEY"] = KEY
+    provider = Provider(
+        "fake", f"http://127.0.0.1:{upstream_port}/v1", api_key_env="EVALKUBE_BENCH_KEY"
+    )
+    config = native_config(
+        {"fake": provider},
+        listen=f"127.0.0.1:{port}",
+        judge_model="fake:m",
+        max_calls=10**9,
+        planned_executions=10**6,
+    )
+    exec_native(require_native_binary(), config)
+
+
+def role_python(port: int, upstream_port: int) -> None:
+    """The Python proxy on TCP loopback, budgets and audit on."""
     sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "sandbox_image")]
     from prometheus_client import CollectorRegistry
 
@@ -265,21 +288,25 @@ def start_litellm(
     return process, port
 
 
+#: The evalkube proxies measured: the sidecar's default engine first.
+PROXIES = ("native", "python")
+
+
 def orchestrate(options: argparse.Namespace) -> int:
     processes: list[subprocess.Popen[bytes]] = []
     workdir = Path(tempfile.mkdtemp(prefix="evalkube-bench-"))
     try:
-        upstream_port, proxy_port = free_port(), free_port()
+        upstream_port = free_port()
         upstream = spawn("upstream", str(upstream_port))
         processes.append(upstream)
         wait_port(upstream_port, upstream, 30)
-        proxy = spawn("evalkube", str(proxy_port), str(upstream_port))
-        processes.append(proxy)
-        wait_port(proxy_port, proxy, 60)
-        targets: list[tuple[str, int, int | None]] = [
-            ("direct", upstream_port, None),
-            ("evalkube", proxy_port, proxy.pid),
-        ]
+        targets: list[tuple[str, int, int | None]] = [("direct", upstream_port, None)]
+        for role in PROXIES:
+            port = free_port()
+            proxy = spawn(role, str(port), str(upstream_port))
+            processes.append(proxy)
+            wait_port(port, proxy, 60)
+            targets.append((role, port, proxy.pid))
         if options.litellm:
             litellm, litellm_port = start_litellm(options.litellm, upstream_port, workdir)
             processes.append(litellm)
@@ -334,32 +361,39 @@ def print_table(
     if "litellm" in names:
         print()
         for concurrency in levels:
-            ours, theirs = results[("evalkube", concurrency)], results[("litellm", concurrency)]
-            print(
-                f"c={concurrency}: evalkube/litellm throughput = "
-                f"{ours['rps'] / theirs['rps']:.1f}x; added p50 evalkube "
-                f"{ours['p50'] - results[('direct', concurrency)]['p50']:.3f} ms, litellm "
-                f"{theirs['p50'] - results[('direct', concurrency)]['p50']:.3f} ms"
+            theirs = results[("litellm", concurrency)]
+            direct_p50 = results[("direct", concurrency)]["p50"]
+            ratios = ", ".join(
+                f"{name} {results[(name, concurrency)]['rps'] / theirs['rps']:.1f}x"
+                for name in PROXIES
             )
-    c1, c64 = ("evalkube", 1), ("evalkube", 64)
-    if c1 in results and c64 in results:
+            print(
+                f"c={concurrency}: throughput against litellm: {ratios}; added p50 litellm "
+                f"{theirs['p50'] - direct_p50:.3f} ms"
+            )
+    for name in PROXIES:
+        c1, c64 = (name, 1), (name, 64)
+        if c1 not in results or c64 not in results:
+            continue
         added = results[c1]["p50"] - results[("direct", 1)]["p50"]
         kept = results[c64]["rps"] / results[("direct", 64)]["rps"]
         print()
-        print(f"target added p50 at c=1 <= 1 ms: {added:.3f} ms")
-        print(f"target >= 25% of direct at c=64: {kept:.1%}")
+        print(f"{name}: target added p50 at c=1 <= 1 ms: {added:.3f} ms")
+        print(f"{name}: target >= 25% of direct at c=64: {kept:.1%}")
         if ("litellm", 64) in results:
             times = results[c64]["rps"] / results[("litellm", 64)]["rps"]
-            print(f"target >= 25x litellm at c=64: {times:.1f}x")
+            print(f"{name}: target >= 25x litellm at c=64: {times:.1f}x")
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] in ("upstream", "evalkube", "client"):
+    if len(sys.argv) > 1 and sys.argv[1] in ("upstream", "native", "python", "client"):
         role, *args = sys.argv[1:]
         if role == "upstream":
             role_upstream(int(args[0]))
-        elif role == "evalkube":
-            role_evalkube(int(args[0]), int(args[1]))
+        elif role == "native":
+            role_native(int(args[0]), int(args[1]))
+        elif role == "python":
+            role_python(int(args[0]), int(args[1]))
         else:
             role_client(int(args[0]), int(args[1]), float(args[2]), int(args[3]))
         return 0

@@ -53,7 +53,7 @@ func marshal(value any) []byte {
 
 // readBody reads a client's body, refusing more than requestBodyBytes.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, requestBodyBytes))
+	raw, err := readAll(http.MaxBytesReader(w, r.Body, requestBodyBytes), r.ContentLength, requestBodyBytes)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -288,4 +288,17 @@ func newServer(handler http.Handler) *http.Server {
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          nil,
 	}
+}
+
+// readAll reads body, sized up front when its length is announced: net/http's body reader
+// stops at the announced Content-Length, and io.ReadAll would grow its buffer from 512 bytes.
+func readAll(body io.Reader, announced int64, limit int64) ([]byte, error) {
+	if announced <= 0 || announced > limit {
+		return io.ReadAll(body)
+	}
+	buffer := make([]byte, announced)
+	if _, err := io.ReadFull(body, buffer); err != nil {
+		return nil, err
+	}
+	return buffer, nil
 }

@@ -166,7 +166,7 @@ func (s *Service) ModelCall(kind Kind, raw []byte, executionID, purpose string, 
 		}
 		return status, errorBody(errorKind, failure.Message, "provider", provider)
 	}
-	tokens := tokenUsage(parsed.Usage)
+	tokens := parsed.Usage.Counts()
 	responseID := ""
 	if kind == Responses && len(parsed.ID) > 0 && parsed.ID[0] == '"' {
 		_ = json.Unmarshal(parsed.ID, &responseID)

@@ -94,8 +94,18 @@ func TestValidExecutionID(t *testing.T) {
 }
 
 func TestTokenUsageIgnoresNonIntegers(t *testing.T) {
-	got := tokenUsage(json.RawMessage(`{"input_tokens": 3, "output_tokens": 1.5, "total_tokens": true, "prompt_tokens": "7"}`))
-	if len(got) != 1 || got[0] != (tokenCount{"input_tokens", 3}) {
+	var answer Answer
+	raw := `{"id": "r", "usage": {"input_tokens": 3, "output_tokens": 1.5, "total_tokens": true, "prompt_tokens": "7"}}`
+	if err := json.Unmarshal([]byte(raw), &answer); err != nil {
+		t.Fatal(err)
+	}
+	if got := answer.Usage.Counts(); len(got) != 1 || got[0] != (tokenCount{"input_tokens", 3}) {
 		t.Fatalf("%+v", got)
+	}
+	for _, odd := range []string{`{"usage": 5}`, `{"usage": null}`, `{"usage": [1]}`, `{}`} {
+		var answer Answer
+		if err := json.Unmarshal([]byte(odd), &answer); err != nil || len(answer.Usage.Counts()) != 0 {
+			t.Errorf("%s: %v %+v", odd, err, answer.Usage.Counts())
+		}
 	}
 }

@@ -197,7 +197,7 @@ func (u *Upstream) ProviderNames() []string {
 // Answer is what the proxy reads of a provider's answer: its id and token usage.
 type Answer struct {
 	ID    json.RawMessage `json:"id"`
-	Usage json.RawMessage `json:"usage"`
+	Usage Usage           `json:"usage"`
 }
 
 // Post sends payload to provider's path and returns the raw answer (a JSON object, passed on
@@ -278,7 +278,7 @@ func (u *Upstream) attempt(provider *Provider, target string, payload []byte) ([
 	response, err := u.client.Do(request)
 	var raw []byte
 	if err == nil {
-		raw, err = io.ReadAll(io.LimitReader(response.Body, responseBodyBytes))
+		raw, err = readAll(io.LimitReader(response.Body, responseBodyBytes), response.ContentLength, responseBodyBytes)
 		response.Body.Close()
 	}
 	if err != nil {

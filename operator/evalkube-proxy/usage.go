@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"strconv"
 	"sync"
 )
 
@@ -87,25 +88,31 @@ type tokenCount struct {
 	value int64
 }
 
-// tokenUsage reads the integer token counts of an API answer's "usage" object (floats,
-// booleans and strings are ignored, as the Python proxy does).
-func tokenUsage(usage json.RawMessage) []tokenCount {
-	usage = bytes.TrimSpace(usage)
-	if len(usage) == 0 || usage[0] != '{' {
+// Usage is the token counts of an API answer's "usage" object, as sent. Anything but an
+// object leaves it empty (a provider's odd usage never fails the call).
+type Usage struct {
+	InputTokens  json.RawMessage `json:"input_tokens"`
+	OutputTokens json.RawMessage `json:"output_tokens"`
+	TotalTokens  json.RawMessage `json:"total_tokens"`
+	PromptTokens json.RawMessage `json:"prompt_tokens"`
+}
+
+func (u *Usage) UnmarshalJSON(raw []byte) error {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '{' {
 		return nil
 	}
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(usage, &fields) != nil {
-		return nil
-	}
+	type plain Usage
+	return json.Unmarshal(raw, (*plain)(u))
+}
+
+// Counts are the integer token counts (floats, booleans and strings are ignored, as the
+// Python proxy does), in tokenFields order.
+func (u *Usage) Counts() []tokenCount {
 	var counts []tokenCount
-	for _, name := range tokenFields {
-		raw, ok := fields[name]
-		if !ok {
-			continue
-		}
+	for i, raw := range [...]json.RawMessage{u.InputTokens, u.OutputTokens, u.TotalTokens, u.PromptTokens} {
 		if value, ok := jsonInteger(raw); ok {
-			counts = append(counts, tokenCount{name, value})
+			counts = append(counts, tokenCount{tokenFields[i], value})
 		}
 	}
 	return counts
@@ -113,13 +120,6 @@ func tokenUsage(usage json.RawMessage) []tokenCount {
 
 // jsonInteger is raw's value when it is a JSON integer literal (no fraction, no exponent).
 func jsonInteger(raw json.RawMessage) (int64, bool) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.ContainsAny(raw, ".eE\"") || raw[0] == 't' || raw[0] == 'f' || raw[0] == 'n' {
-		return 0, false
-	}
-	var value int64
-	if json.Unmarshal(raw, &value) != nil {
-		return 0, false
-	}
-	return value, true
+	value, err := strconv.ParseInt(string(bytes.TrimSpace(raw)), 10, 64)
+	return value, err == nil
 }
