@@ -231,8 +231,20 @@ def unit_job(
             f"unix:{CONTROL_SOCKET}",
             "--run-spec",
             f"{SNAPSHOT_DIR}/snapshot.json",
+            "--engine",
+            settings.proxy_engine,
         ],
-        "env": provider_env,
+        "env": [
+            *provider_env,
+            # The native proxy's garbage collector works harder as it nears the container's
+            # memory limit instead of being OOM-killed (the Python proxy ignores it).
+            {
+                "name": "GOMEMLIMIT",
+                "valueFrom": {
+                    "resourceFieldRef": {"containerName": "proxy", "resource": "limits.memory"}
+                },
+            },
+        ],
         "volumeMounts": [
             {"name": "snapshot", "mountPath": SNAPSHOT_DIR, "readOnly": True},
             {"name": "bridge", "mountPath": BRIDGE_DIR},

@@ -5,6 +5,8 @@ The Helm chart sets these; each field's docstring is its documentation.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -61,6 +63,9 @@ class OperatorSettings(BaseSettings):
     """Memory limit of the runner container."""
     proxy_memory: str = "256Mi"
     """Memory limit of the proxy sidecar."""
+    proxy_engine: Literal["auto", "native", "python"] = "auto"
+    """Model bridge implementation in work-unit pods (``evalkube proxy --engine``): ``auto``
+    runs the compiled ``evalkube-proxy`` of the image unless the run uses a ``local:`` model."""
     active_deadline_slack_seconds: int = 300
     """Added to a unit's worst-case grading time for ``activeDeadlineSeconds``."""
     reconcile_interval: float = Field(default=2.0, gt=0)

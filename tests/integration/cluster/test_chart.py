@@ -30,6 +30,7 @@ ENV_NAMES = {
     "EVALKUBE_RUNTIME_CLASS",
     "EVALKUBE_SHARD_SIZE",
     "EVALKUBE_PARALLELISM",
+    "EVALKUBE_PROXY_ENGINE",
     "EVALKUBE_STORE_URL",
     "EVALKUBE_INGEST_URL",
     "EVALKUBE_LISTEN",
@@ -122,6 +123,7 @@ def test_defaults_render_a_locked_down_operator(control_plane: ControlPlane) -> 
     assert env["EVALKUBE_RUNNER_IMAGE"] == "ghcr.io/evalkube/evalkube:0.1.0"
     assert env["EVALKUBE_SANDBOX_IMAGE"] == "ghcr.io/evalkube/evalkube-sandbox:0.1.0"
     assert env["EVALKUBE_PEERING"] == "false"
+    assert env["EVALKUBE_PROXY_ENGINE"] == "auto"
     assert "EVALKUBE_NAMESPACE" not in env
     labels = json.loads(env["EVALKUBE_OPERATOR_POD_LABELS"])
     assert labels.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()

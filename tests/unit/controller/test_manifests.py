@@ -115,7 +115,7 @@ def test_provider_secrets_are_mounted_only_in_the_proxy() -> None:
     proxy = container(j, "proxy")
     assert {m["name"] for m in proxy["volumeMounts"]} >= provider_volumes
     assert all(m["readOnly"] for m in proxy["volumeMounts"] if m["name"] in provider_volumes)
-    assert {e["name"]: e["value"] for e in proxy["env"]} == {
+    assert {e["name"]: e["value"] for e in proxy["env"] if "value" in e} == {
         "EVALKUBE_PROVIDER_OPENAI_KEY_FILE": f"{manifests.PROVIDER_KEYS_DIR}/openai/key",
         "EVALKUBE_PROVIDER_LOCAL_VLLM_KEY_FILE": f"{manifests.PROVIDER_KEYS_DIR}/local-vllm/key",
     }
@@ -132,7 +132,19 @@ def test_a_provider_without_a_secret_mounts_nothing() -> None:
     )
     j = job(spec=spec)
     assert secret_volumes(j) == set()
-    assert container(j, "proxy")["env"] == []
+    assert [e["name"] for e in container(j, "proxy")["env"]] == ["GOMEMLIMIT"]
+
+
+@pytest.mark.parametrize("engine", ["auto", "native", "python"])
+def test_proxy_sidecar_engine_and_memory_limit(engine: str) -> None:
+    proxy = container(job(settings=OperatorSettings(proxy_engine=engine)), "proxy")
+    command = proxy["command"]
+    assert command[:2] == ["evalkube", "proxy"]
+    assert command[command.index("--engine") + 1] == engine
+    limit = {e["name"]: e for e in proxy["env"]}["GOMEMLIMIT"]
+    assert limit["valueFrom"] == {
+        "resourceFieldRef": {"containerName": "proxy", "resource": "limits.memory"}
+    }
 
 
 def test_the_runner_holds_the_ingest_token_and_no_provider_secret() -> None:
