@@ -24,6 +24,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -51,12 +52,17 @@ class NativeProxyUnavailable(RuntimeError):
 
 
 def native_binary(environ: Mapping[str, str] | None = None) -> str | None:
-    """The ``evalkube-proxy`` executable: ``$EVALKUBE_PROXY_BIN``, else the one on ``PATH``."""
+    """The ``evalkube-proxy`` executable: ``$EVALKUBE_PROXY_BIN``, else the one on ``PATH``,
+    else the one beside this Python (``make native-proxy`` puts it in ``.venv/bin``, found
+    even when the virtualenv is not activated)."""
     env = os.environ if environ is None else environ
     configured = env.get(BINARY_ENV)
     if configured:
         return configured if os.access(configured, os.X_OK) else None
-    return shutil.which(BINARY_NAME, path=env.get("PATH"))
+    found = shutil.which(BINARY_NAME, path=env.get("PATH"))
+    if found is None:
+        found = shutil.which(BINARY_NAME, path=str(Path(sys.executable).parent))
+    return found
 
 
 def require_native_binary() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,23 @@ def test_binary_from_the_environment_or_path(tmp_path: Path) -> None:
     binary.chmod(0o755)
     assert native_binary({"EVALKUBE_PROXY_BIN": str(binary), "PATH": ""}) == str(binary)
     assert native_binary({"PATH": str(tmp_path)}) == str(binary)
-    assert native_binary({"PATH": str(tmp_path / "elsewhere")}) is None
+    assert native_binary({"PATH": str(tmp_path / "elsewhere")}) in (None, beside_python())
+
+
+def beside_python() -> str | None:
+    candidate = Path(sys.executable).parent / "evalkube-proxy"
+    return str(candidate) if candidate.exists() else None
+
+
+def test_binary_beside_this_python_is_found_without_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    binary = tmp_path / "bin" / "evalkube-proxy"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(binary.parent / "python"))
+    assert native_binary({"PATH": str(tmp_path / "elsewhere")}) == str(binary)
 
 
 def test_local_models_are_recognised() -> None:
