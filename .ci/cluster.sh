@@ -10,13 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v go >/dev/null 2>&1 && [[ -x /usr/local/go/bin/go ]]; then
-  export PATH=/usr/local/go/bin:$PATH
-fi
-if ! command -v go >/dev/null 2>&1; then
-  echo "cluster.sh: no Go toolchain (expected /usr/local/go/bin/go); cannot build the control plane" >&2
-  exit 1
-fi
+source .ci/go-env.sh "cluster.sh (building the control plane)"
 missing=()
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v flock >/dev/null 2>&1 || missing+=(util-linux)

@@ -12,13 +12,7 @@ set -euo pipefail
 SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 cd "$(dirname "$SCRIPT")/../operator/evalkube-proxy"
 
-if ! command -v go >/dev/null 2>&1 && [[ -x /usr/local/go/bin/go ]]; then
-  export PATH=/usr/local/go/bin:$PATH
-fi
-if ! command -v go >/dev/null 2>&1; then
-  echo "proxy.sh: no Go toolchain (expected /usr/local/go/bin/go); cannot build evalkube-proxy" >&2
-  exit 1
-fi
+source "$(dirname "$SCRIPT")/go-env.sh" "proxy.sh (building evalkube-proxy)"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOWORK=off
 # -mod=readonly: the committed go.sum must be complete; a mismatch fails loudly.
 export GOFLAGS="-mod=readonly -trimpath -buildvcs=false"

@@ -17,24 +17,21 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Coroutine, Iterable, Mapping
-from pathlib import Path
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
 from evalkube import limits
 from evalkube.models.run import EvalRunSpec
+from evalkube.proxy.bridge_base import CONTROL_TIMEOUT, BridgeLifecycle, grader_listen
 from evalkube.proxy.providers import providers_from_spec
 from evalkube.proxy.server import ProxyServer, ProxyService, build_service, new_event_loop
 from evalkube.proxy.upstream import Provider, Upstream
 
 T = TypeVar("T")
-#: Seconds to wait for the bridge's loop to start, answer a control call, or stop.
-CONTROL_TIMEOUT = 30.0
-SOCKET_NAME = "model.sock"
 
 
-class ModelBridge:
+class ModelBridge(BridgeLifecycle):
     """The proxy in a background thread of this process (one per local run)."""
 
     def __init__(
@@ -100,11 +97,7 @@ class ModelBridge:
             raise RuntimeError("the model bridge is already started")
         if socket_path is None:
             self._tmpdir = tempfile.mkdtemp(prefix="evalkube-bridge-")
-            listen = f"unix:{Path(self._tmpdir) / SOCKET_NAME}"
-        elif socket_path.startswith(("unix:", "http://")) or ":" in socket_path:
-            listen = socket_path
-        else:
-            listen = f"unix:{socket_path}"
+        listen = grader_listen(socket_path, self._tmpdir or "")
         loop = new_event_loop()
         ready: asyncio.Future[None] = loop.create_future()
         self._loop = loop
@@ -179,15 +172,9 @@ class ModelBridge:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
 
-    close = stop
-
-    def __enter__(self) -> ModelBridge:
-        if self._thread is None:
-            self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
 
     # -- control -----------------------------------------------------------------------------
     def configure_unit(

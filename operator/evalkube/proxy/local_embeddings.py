@@ -19,6 +19,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+#: Provider name of the in-process models (``local:all-minilm-l6-v2``).
+LOCAL_PROVIDER = "local"
+
 #: Inputs accepted in one embeddings request (the OpenAI API's own limit).
 MAX_INPUTS = 2048
 #: Characters of one input accepted (the model truncates at 256 tokens anyway).

@@ -34,17 +34,15 @@ from typing import Any
 import httpx
 
 from evalkube import limits
+from evalkube.proxy.bridge_base import CONTROL_TIMEOUT, BridgeLifecycle, grader_listen
+from evalkube.proxy.local_embeddings import LOCAL_PROVIDER
 from evalkube.proxy.upstream import Provider
 from evalkube.sandbox.backends import signal_on_parent_death
 
 #: Path of the ``evalkube-proxy`` binary; else it is looked up on ``PATH``.
 BINARY_ENV = "EVALKUBE_PROXY_BIN"
 BINARY_NAME = "evalkube-proxy"
-#: Seconds to wait for the binary's ready line, a control call, or its exit.
-CONTROL_TIMEOUT = 30.0
-SOCKET_NAME = "model.sock"
 CONTROL_SOCKET_NAME = "control.sock"
-LOCAL_PROVIDER = "local"
 
 
 class NativeProxyUnavailable(RuntimeError):
@@ -138,7 +136,7 @@ def exec_native(binary: str, config: Mapping[str, Any]) -> None:
     os.execv(binary, [binary, "--config", "-"])
 
 
-class NativeBridge:
+class NativeBridge(BridgeLifecycle):
     """``evalkube-proxy`` as a child process, with :class:`~evalkube.proxy.bridge.ModelBridge`'s
     methods: control operations go to its control listener, a unix socket in a private
     directory (mode 0700), so no token is needed."""
@@ -180,12 +178,7 @@ class NativeBridge:
             raise RuntimeError("the model bridge is already started")
         binary = self.binary or require_native_binary()
         self._tmpdir = tempfile.mkdtemp(prefix="evalkube-native-bridge-")
-        if socket_path is None:
-            listen = f"unix:{Path(self._tmpdir) / SOCKET_NAME}"
-        elif socket_path.startswith(("unix:", "http://")) or ":" in socket_path:
-            listen = socket_path
-        else:
-            listen = f"unix:{socket_path}"
+        listen = grader_listen(socket_path, self._tmpdir)
         per_execution, planned = self._initial_budget
         control = Path(self._tmpdir) / CONTROL_SOCKET_NAME
         config = native_config(
@@ -269,15 +262,9 @@ class NativeBridge:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
 
-    close = stop
-
-    def __enter__(self) -> NativeBridge:
-        if self.process is None:
-            self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    @property
+    def started(self) -> bool:
+        return self.process is not None
 
     # -- control -----------------------------------------------------------------------------
     def configure_unit(

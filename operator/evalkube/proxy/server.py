@@ -45,7 +45,7 @@ from prometheus_client import CollectorRegistry
 from evalkube import limits
 from evalkube.gctune import relaxed_gc
 from evalkube.proxy.budgets import BudgetExhausted, Budgets
-from evalkube.proxy.local_embeddings import LocalEmbeddings, LocalModelError
+from evalkube.proxy.local_embeddings import LOCAL_PROVIDER, LocalEmbeddings, LocalModelError
 from evalkube.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
 from evalkube.proxy.settings import ProxySettings
 from evalkube.proxy.upstream import Provider, Upstream, UpstreamError
@@ -60,7 +60,6 @@ CONTROL_TOKEN_HEADER = "X-Evalkube-Control-Token"
 EXECUTION_ID_CHARS = 256
 #: Largest request body accepted from a client (bytes).
 REQUEST_BODY_BYTES = 8 * 1024 * 1024
-LOCAL_PROVIDER = "local"
 #: Pending connections each listener queues (a grader opening many at once must not make
 #: the next honest connect fail: unix sockets refuse at once when the queue is full).
 LISTEN_BACKLOG = 1024
