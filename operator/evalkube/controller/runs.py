@@ -162,6 +162,25 @@ class RunReconciler:
         await self._create_jobs(body, setup, decision)
         return await self._status(body, status, setup, decision)
 
+    async def resolve_run(self, namespace: str, name: str) -> RunEntry | None:
+        """A run from durable state (the EvalRun and its token Secret), for an API request
+        that reaches a replica which has not reconciled the run (a standby, or any replica
+        right after a restart). Finished runs are read-only: their entry accepts no token."""
+        body = await self.kube.run(namespace, name)
+        if body is None:
+            return None
+        meta = body["metadata"]
+        run_id = names.run_id(namespace, name, meta["uid"])
+        suite = ((body.get("spec") or {}).get("suiteRef") or {}).get("name", "")
+        if (body.get("status") or {}).get("phase") in FINAL_PHASES:
+            return RunEntry(namespace, name, run_id, suite, token_digest="")
+        token = await self.kube.secret_value(
+            namespace, names.token_secret_name(name), manifests.TOKEN_KEY
+        )
+        if token is None:
+            return None
+        return RunEntry(namespace, name, run_id, suite, digest(token))
+
     # -- setup: suite snapshot, token, network policy, store record ----------------------------
     def _register_finished(self, body: Mapping[str, Any]) -> None:
         """Serve a finished run's samples after a restart (read-only: no token is accepted)."""

@@ -262,7 +262,8 @@ def test_forged_tokens_are_refused_and_cost_the_honest_execution_nothing(
     # taking the usage closed the token: a grader that kept it cannot spend with it again
     with pytest.raises(ModelCallError) as reused:
         honest.responses_create(input="3")
-    assert reused.value.status == 403 and reused.value.kind == "unknown_execution"
+    assert reused.value.status == 403
+    assert reused.value.kind == "unknown_execution"
     assert len(upstream.received) == 2
     assert (
         metric(
