@@ -33,7 +33,7 @@ from evalkube.engine.runner import (
     BridgeControl,
     NoProgress,
     Progress,
-    TaskSandboxes,
+    TaskModelSandboxes,
     UnitContext,
     observe_into,
 )
@@ -208,9 +208,8 @@ class LocalEngine:
                 live.setdefault(key, TaskAggregate()).merge(aggregate)
             done |= {units[i].unit_id for i in pending}
         bridge = self.bridge_factory(spec) if needs_bridge and self.bridge_factory else None
-        # One sandbox per task, shared by its shards and models: a gVisor cold start costs
-        # about as much as grading ten thousand exact-match samples.
-        sandboxes = TaskSandboxes()
+        # One sandbox per task x model, shared by its shards only.
+        sandboxes = TaskModelSandboxes()
         writer = SampleWriter(self.store)
         try:
             for (task_id, model), group in _group(units):
@@ -241,9 +240,12 @@ class LocalEngine:
                         rows = iter_dataset(loaded, runtime.task, skip=unit.start)
                     shard = list(islice(rows, unit.stop - unit.start))
                     position = unit.start + len(shard)
-                    if has_model_access(runtime.task) and bridge is not None:
-                        ctx.model_endpoint = bridge.endpoint  # the task's shared sandbox
-                    ctx.sandbox = sandboxes.get(ctx)
+                    ctx.model_endpoint = (
+                        bridge.endpoint
+                        if bridge is not None and has_model_access(runtime.task)
+                        else None
+                    )
+                    ctx.sandbox = sandboxes.get(ctx, unit)
                     drive_unit(ctx, unit, shard, bridge)
                     writer.then(functools.partial(self.store.mark_unit_done, run_id, unit.unit_id))
             writer.flush()

@@ -41,7 +41,7 @@ from evalkube.engine.loading import ConfigError, LoadedSuite, shard_rows
 from evalkube.engine.plan import Unit
 from evalkube.engine.runner import (
     Progress,
-    TaskSandboxes,
+    TaskModelSandboxes,
     UnitContext,
     UnitFailed,
     observe_into,
@@ -126,7 +126,7 @@ def _child(job: ParallelRun, jobs: Any, events: Any, stop: Event, parent: int) -
         return
     job.store.engine.dispose(close=False)  # the parent's pooled connections are not ours
     writer = SampleWriter(job.store)
-    sandboxes = TaskSandboxes()
+    sandboxes = TaskModelSandboxes()
     sources: dict[tuple[str, str], CandidateSource] = {}
     try:
         while not stop.is_set():
@@ -152,9 +152,10 @@ def _child(job: ParallelRun, jobs: Any, events: Any, stop: Event, parent: int) -
                 observe=functools.partial(observe_into, live) if job.live else None,
                 writer=writer,
             )
-            ctx.sandbox = sandboxes.get(ctx)
+            ctx.sandbox = sandboxes.get(ctx, unit)
             # only suites without model access run in parallel: no bridge
-            drive_unit(ctx, unit, shard_rows(job.loaded, runtime.task, unit.start, unit.stop), None)
+            rows = shard_rows(job.loaded, runtime.task, unit.start, unit.stop)
+            drive_unit(ctx, unit, rows, None)
             writer.then(functools.partial(_unit_done, job, unit, live, events))
         writer.flush()
     except KeyboardInterrupt:
