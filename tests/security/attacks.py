@@ -211,6 +211,17 @@ ATTACKS = [
         Expect(("raised",), ("OSError",)),
     ),
     Attack(
+        "fill_dev_shm",
+        """
+        for i in range(1000):
+            with open(f"/dev/shm/fill-{{i}}", "wb") as f:
+                f.write(b"x" * (1 << 20))
+        return 1.0
+        """,
+        ISOLATING,
+        Expect(("raised",), ("OSError", "FileNotFoundError", "PermissionError")),
+    ),
+    Attack(
         "fork_bomb",
         """
         while True:
