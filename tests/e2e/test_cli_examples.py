@@ -231,7 +231,7 @@ def test_resuming_a_finished_run_is_a_config_error(sqlite_run: ExampleRun) -> No
         "run", "--resume", sqlite_run.output["run_id"], "--db", sqlite_run.db, cwd=sqlite_run.cwd
     )
     assert done.returncode == 2
-    assert "already finished" in done.stderr
+    assert "already succeeded" in done.stderr
 
 
 # -- configuration errors: exit 2, named precisely, nothing runs -------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -146,10 +147,8 @@ class LocalEngine:
         record = self.store.get_run(run_id)
         if record is None:
             raise ConfigError(f"run {run_id!r} is not in the store; list runs with `evalkube runs`")
-        if record.phase in ("Succeeded", "Failed"):
-            raise ConfigError(
-                f"run {run_id!r} already finished ({record.phase}); nothing to resume"
-            )
+        if record.phase == "Succeeded":
+            raise ConfigError(f"run {run_id!r} already succeeded; nothing to resume")
         snapshot = record.spec
         suite = validate_spec(EvalSuite, snapshot["suite"], prefix="")
         loaded = LoadedSuite(suite, Path(snapshot["base_dir"]))
@@ -169,8 +168,24 @@ class LocalEngine:
     def _execute(
         self, run_id: str, loaded: LoadedSuite, spec: EvalRunSpec, *, resuming: bool
     ) -> RunSummary:
-        with relaxed_gc():
-            return self._execute_units(run_id, loaded, spec, resuming=resuming)
+        """Run the units; whatever happens the run ends in a terminal phase: ``Succeeded``,
+        ``Interrupted`` (Ctrl-C: resume it) or ``Failed`` with the reason (resume it once the
+        cause is fixed). Recorded samples are kept in every case."""
+        try:
+            with relaxed_gc():
+                return self._execute_units(run_id, loaded, spec, resuming=resuming)
+        except KeyboardInterrupt:
+            self._end(run_id, "Interrupted", "interrupted; resume with --resume")
+            raise
+        except BaseException as exc:
+            self._end(run_id, "Failed", f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _end(self, run_id: str, phase: str, reason: str) -> None:
+        try:
+            self.store.finish_run(run_id, phase, {"reason": reason[:2000]})
+        except Exception as exc:  # the store itself may be what failed: keep the first error
+            print(f"evalkube: could not record the run as {phase}: {exc}", file=sys.stderr)
 
     def _execute_units(
         self, run_id: str, loaded: LoadedSuite, spec: EvalRunSpec, *, resuming: bool
