@@ -41,6 +41,8 @@ from evalkube_sandbox import PROTOCOL_VERSION
 from evalkube_sandbox.capture import CappedText
 from evalkube_sandbox.ctx import Context
 from evalkube_sandbox.errors import describe
+from evalkube_sandbox.hygiene import Hygiene
+from evalkube_sandbox.isolation import run_isolated
 from evalkube_sandbox.loader import LoadError, load
 from evalkube_sandbox.protocol import encode, read_frame
 from evalkube_sandbox.rlimits import CpuBudget, apply_fixed
@@ -97,6 +99,8 @@ class Worker:
         self._seen_at = 0.0
         self._in_user = False
         self._cpu = CpuBudget(lambda: self._in_user)
+        #: Cleans files and processes a sample left behind (set up at load time).
+        self._hygiene = Hygiene(None)
 
     # -- channel ---------------------------------------------------------------------------
     def _write(self, message: Any) -> None:
@@ -228,6 +232,9 @@ class Worker:
         self._task_id = request.get("task_id", "")
         self._capture_chars = int(request.get("capture_chars", DEFAULT_CAPTURE_CHARS))
         self._payload_bytes = int(request.get("payload_bytes", DEFAULT_PAYLOAD_BYTES))
+        scratch = request.get("scratch_dir")
+        self._hygiene.scratch = scratch if isinstance(scratch, str) and scratch else None
+        self._hygiene.install()  # before any user code runs (a module's import included)
         loaded: dict[str, Any] = {}
         for program in request.get("programs", []):
             name = program["name"]
@@ -251,6 +258,8 @@ class Worker:
         program = self._programs[request["program"]]
         items: list[list[Any]] = request["items"]
         exec_ids: list[str] = request.get("exec_ids") or []
+        isolated = request.get("isolation") == "sample"
+        hygiene = self._hygiene
         out = CappedText(self._capture_chars)
         err = CappedText(self._capture_chars)
         real_out, real_err = sys.stdout, sys.stderr
@@ -265,6 +274,7 @@ class Worker:
             self._cpu.set(float(cpu_seconds) if isinstance(cpu_seconds, int | float) else None)
         monotonic = time.monotonic
         started = 0.0
+        answer: dict[str, Any]
         for index, args in enumerate(items):
             if program.wants_ctx:
                 exec_id = exec_ids[index] if index < len(exec_ids) else f"exec-{index}"
@@ -274,18 +284,30 @@ class Worker:
                 started = monotonic()
             ordinal = self._ordinal = self._ordinal + 1
             self._current = index
-            sys.stdout, sys.stderr = out, err
-            try:
+            if isolated:
+                answer = run_isolated(
+                    function,
+                    args,
+                    hygiene=hygiene,
+                    channel_fds=(self._requests.fileno(), self._answer_fd),
+                    capture_chars=self._capture_chars,
+                    payload_bytes=self._payload_bytes,
+                )
+            else:
+                sys.stdout, sys.stderr = out, err
                 try:
-                    self._in_user = True
-                    value = function(*args)
+                    try:
+                        self._in_user = True
+                        value = function(*args)
+                    finally:
+                        self._in_user = False
+                    answer = {"ok": True, "value": value}
+                except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt
+                    answer = {"ok": False, "error": describe(exc)}
                 finally:
-                    self._in_user = False
-                answer: dict[str, Any] = {"ok": True, "value": value}
-            except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
-                answer = {"ok": False, "error": describe(exc)}
-            finally:
-                sys.stdout, sys.stderr = real_out, real_err
+                    sys.stdout, sys.stderr = real_out, real_err
+                if hygiene.dirty:  # a flag: cleaning costs syscalls only when needed
+                    hygiene.clean()
             if timed:
                 answer["ms"] = round((monotonic() - started) * 1000, 3)
             if out.kept or out.dropped:

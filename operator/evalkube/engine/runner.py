@@ -262,6 +262,7 @@ def _start_sandbox(
         batch_size=limits.WORKER_BATCH_SIZE_MODEL_ACCESS
         if model_endpoint
         else limits.WORKER_BATCH_SIZE,
+        isolation=runtime.task.grader.resolved_isolation,
     )
     try:
         sandbox.start()
@@ -566,6 +567,7 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         task_id=task.id,
         model_endpoint=ctx.model_endpoint,
         load_timeout=float(task.grader.timeout_seconds),
+        isolation=task.grader.resolved_isolation,
     )
     try:
         sandbox.start()

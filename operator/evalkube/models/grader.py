@@ -12,6 +12,7 @@ from evalkube.models.base import SpecModel
 Contract = Literal["sample", "batch", "model_backed"]
 Execution = Literal["per_sample", "aggregate"]
 ModelAccess = Literal["gateway", "none", "mka1"]
+Isolation = Literal["unit", "sample"]
 
 # strict: `timeoutSeconds: true` must not silently mean 1 second
 TimeoutSeconds = Annotated[
@@ -59,6 +60,12 @@ class GraderSpec(_CodeRef):
     """Wall-clock limit of one grader execution, 1..600 seconds."""
     max_model_calls: MaxModelCalls = limits.MAX_MODEL_CALLS_DEFAULT
     """Model bridge calls allowed from one grader execution, 0..500."""
+    isolation: Isolation | None = None
+    """``unit`` (default): one warm worker grades the unit's samples one after another (files and
+    processes a sample leaves are cleaned before the next). ``sample``: every execution in a
+    fresh process forked from the warm worker, its result encoded by the worker, its
+    processes killed and its scratch files wiped afterwards, so a sample can change only its
+    own result: for graders that run model output. Slower (a fork per sample)."""
 
     @field_validator("model_access")
     @classmethod
@@ -78,6 +85,11 @@ class GraderSpec(_CodeRef):
         if self.model_access is not None:
             return "gateway" if self.model_access != "none" else "none"
         return "gateway" if self.contract == "model_backed" else "none"
+
+    @property
+    def resolved_isolation(self) -> Isolation:
+        """Isolation after applying the default (``unit``)."""
+        return self.isolation or "unit"
 
     @property
     def entrypoint(self) -> Literal["grade", "grade_batch"]:

@@ -186,8 +186,15 @@ class GraderSandbox:
         load_timeout: float = float(limits.TIMEOUT_SECONDS_DEFAULT),
         batch_size: int = limits.WORKER_BATCH_SIZE,
         sandbox_limits: SandboxLimits | None = None,
+        isolation: str = "unit",
     ) -> None:
         self.backend = backend
+        #: ``sample``: the worker forks a process per execution; the worker then must never
+        #: hold another sample's data when it forks: one sample per request, one request at
+        #: a time.
+        self.isolation = isolation
+        if isolation == "sample":
+            batch_size = 1
         self.programs = list(programs)
         self.task_id = task_id
         self.model_endpoint = model_endpoint
@@ -236,6 +243,11 @@ class GraderSandbox:
                     "capture_chars": limits.CAPTURED_OUTPUT_CHARS,
                     "payload_bytes": limits.RESULT_PAYLOAD_BYTES,
                     "limits": process.rlimits,
+                    # wiped after a sample that left files: the sandbox's private /tmp, or
+                    # the plain process's own working directory
+                    "scratch_dir": "/tmp"
+                    if self.backend.isolating
+                    else (str(process.workdir) if process.workdir else None),
                     "programs": [
                         {
                             "name": p.name,
@@ -330,10 +342,12 @@ class GraderSandbox:
                 next_index += len(fresh)
             return batch
 
+        pipeline = 1 if self.isolation == "sample" else 2
+
         def fill() -> None:
             nonlocal probe_left
             assert self._live is not None
-            while len(in_flight) < 2:
+            while len(in_flight) < pipeline:
                 size = 1 if probe_left > 0 else self.batch_size
                 batch_items = take(size)
                 if not batch_items:
@@ -350,6 +364,7 @@ class GraderSandbox:
                         "cpu_seconds": cpu_seconds,
                         "items": [item[1] for item in batch_items],
                         "exec_ids": [item[2] for item in batch_items],
+                        "isolation": self.isolation,
                     }
                 )
 

@@ -80,9 +80,10 @@ def run(
     model_endpoint: str | None = None,
     limits: SandboxLimits | None = None,
     batch_size: int | None = None,
+    isolation: str = "unit",
 ) -> tuple[list[Execution], int]:
     """Grade ``grade(sample, item)`` over ``samples`` (item = the sample's position)."""
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"isolation": isolation}
     if batch_size is not None:
         kwargs["batch_size"] = batch_size
     sandbox = GraderSandbox(
