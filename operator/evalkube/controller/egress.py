@@ -38,7 +38,9 @@ __all__ = [
     "grant_hosts",
     "mint_grant",
     "read_signing_key",
+    "service_of",
     "url_authority",
+    "with_host",
 ]
 
 GRANT_PREFIX = "v1."
@@ -93,6 +95,24 @@ def url_authority(url: str) -> str:
 def grant_hosts(spec: EvalRunSpec) -> list[str]:
     """Every authority the run's proxy may reach: its providers' ``baseURL`` hosts, sorted."""
     return sorted({url_authority(provider.base_url) for provider in spec.providers.values()})
+
+
+def service_of(url: str) -> tuple[str, str] | None:
+    """``(namespace, service)`` when ``url``'s host is a Service name
+    (``<service>.<namespace>.svc`` or ``...svc.cluster.local``), else ``None``."""
+    host = (urlsplit(url).hostname or "").rstrip(".")
+    labels = host.split(".")
+    if labels[2:] not in (["svc"], ["svc", "cluster", "local"]) or not all(labels[:2]):
+        return None
+    return labels[1], labels[0]
+
+
+def with_host(url: str, ip: str) -> str:
+    """``url`` with its host replaced by ``ip`` (the port and path kept)."""
+    parts = urlsplit(url)
+    host = f"[{ip}]" if ":" in ip else ip
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return parts._replace(netloc=netloc).geturl()
 
 
 def read_signing_key(path: Path) -> bytes:

@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from evalkube.controller.egress import grant_hosts, mint_grant, read_signing_key, url_authority
+from evalkube.controller.egress import (
+    grant_hosts,
+    mint_grant,
+    read_signing_key,
+    service_of,
+    url_authority,
+    with_host,
+)
 from evalkube.models import EvalRunSpec
 
 VECTORS: dict[str, Any] = json.loads(
@@ -92,3 +99,26 @@ def test_read_signing_key_takes_the_first_key(tmp_path: Path) -> None:
     path.write_text("too-short\n")
     with pytest.raises(ValueError, match="shorter than 32"):
         read_signing_key(path)
+
+
+@pytest.mark.parametrize(
+    ("url", "service"),
+    [
+        ("http://evalkube.evalkube-system.svc:8080", ("evalkube-system", "evalkube")),
+        ("http://evalkube-egress.ops.svc.cluster.local:3128/", ("ops", "evalkube-egress")),
+        ("http://10.96.0.10:8080", None),
+        ("http://evalkube:8080", None),
+        ("http://evalkube.evalkube-system:8080", None),
+        ("http://api.example.com:443", None),
+    ],
+)
+def test_service_of_names_only_cluster_service_hosts(
+    url: str, service: tuple[str, str] | None
+) -> None:
+    assert service_of(url) == service
+
+
+def test_with_host_keeps_scheme_port_and_path() -> None:
+    url = "http://evalkube.evalkube-system.svc:8080/api"
+    assert with_host(url, "10.96.0.7") == "http://10.96.0.7:8080/api"
+    assert with_host("http://gw.ops.svc", "fd00::7") == "http://[fd00::7]"
