@@ -57,6 +57,12 @@ type GatewayOptions struct {
 	DialTimeout   time.Duration
 	IdleTimeout   time.Duration
 	MaxConns      int
+	// MaxConnsPerClient bounds one client address (one pod): a hostile pod cannot take the
+	// slots of every other run.
+	MaxConnsPerClient int
+	// DenyNets are destinations refused whatever the grant says, checked on the address
+	// actually dialed (after name resolution): loopback and link-local (cloud metadata).
+	DenyNets []*net.IPNet
 }
 
 // GatewayMetrics are the gateway's series (evalkube_egress_*), on a registry of their own.
@@ -73,7 +79,7 @@ func NewGatewayMetrics() *GatewayMetrics {
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "evalkube_egress_requests_total",
 		Help: "Requests to the egress gateway by kind (connect, http) and outcome " +
-			"(ok, unauthorized, forbidden, bad_request, upstream_error, busy).",
+			"(ok, unauthorized, forbidden, denied, bad_request, upstream_error, unavailable).",
 	}, []string{"kind", "outcome"})
 	m.bytes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "evalkube_egress_bytes_total",
@@ -98,14 +104,18 @@ type Gateway struct {
 	dialer      *net.Dialer
 }
 
-func NewGateway(keyFile string, dialTimeout, idleTimeout time.Duration, metrics *GatewayMetrics) *Gateway {
+func NewGateway(keyFile string, dialTimeout, idleTimeout time.Duration, metrics *GatewayMetrics, deny []*net.IPNet) *Gateway {
 	g := &Gateway{
 		Keys:        &watchedFile{path: keyFile},
 		DialTimeout: dialTimeout,
 		IdleTimeout: idleTimeout,
 		Metrics:     metrics,
 		Now:         time.Now,
-		dialer:      &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
+		dialer: &net.Dialer{
+			Timeout:   dialTimeout,
+			KeepAlive: 30 * time.Second,
+			Control:   denyControl(deny),
+		},
 	}
 	transport := &http.Transport{
 		Proxy:                 nil,
@@ -127,8 +137,17 @@ func NewGateway(keyFile string, dialTimeout, idleTimeout time.Duration, metrics 
 		},
 		Transport:     transport,
 		FlushInterval: -1,
-		ErrorLog:      log.New(io.Discard, "", 0),
+		ModifyResponse: func(*http.Response) error {
+			g.Metrics.requests.WithLabelValues("http", "ok").Inc()
+			return nil
+		},
+		ErrorLog: log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, errDenied) {
+				g.Metrics.requests.WithLabelValues("http", "denied").Inc()
+				g.refuse(w, http.StatusForbidden, "the destination resolves to a denied network")
+				return
+			}
 			g.Metrics.requests.WithLabelValues("http", "upstream_error").Inc()
 			g.refuse(w, http.StatusBadGateway, "the destination could not be reached")
 		},
@@ -220,7 +239,6 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.tunnel(w, r, authority)
 		return
 	}
-	g.Metrics.requests.WithLabelValues(kind, "ok").Inc()
 	g.forward.ServeHTTP(w, r)
 }
 
@@ -235,6 +253,11 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, authority strin
 	ctx, cancel := context.WithTimeout(r.Context(), g.DialTimeout)
 	upstream, err := g.dialer.DialContext(ctx, "tcp", authority)
 	cancel()
+	if errors.Is(err, errDenied) {
+		g.Metrics.requests.WithLabelValues("connect", "denied").Inc()
+		g.refuse(w, http.StatusForbidden, authority+" resolves to a denied network")
+		return
+	}
 	if err != nil {
 		g.Metrics.requests.WithLabelValues("connect", "upstream_error").Inc()
 		g.refuse(w, http.StatusBadGateway, authority+" could not be reached")
@@ -270,6 +293,43 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, authority strin
 	relays.Wait()
 }
 
+// errDenied: the destination resolved to a denied network.
+var errDenied = errors.New("the destination is in a denied network")
+
+// denyControl refuses, at connect time, addresses inside deny (a granted name that resolves
+// to loopback or to the metadata service is refused too).
+func denyControl(deny []*net.IPNet) func(network, address string, _ syscall.RawConn) error {
+	return func(network, address string, _ syscall.RawConn) error {
+		host, _, err := net.SplitHostPort(address)
+		if err != nil {
+			return err
+		}
+		ip := net.ParseIP(host)
+		for _, block := range deny {
+			if ip == nil || block.Contains(ip) {
+				return errDenied
+			}
+		}
+		return nil
+	}
+}
+
+// parseNets reads a comma-separated list of CIDRs ("" is none).
+func parseNets(list string) ([]*net.IPNet, error) {
+	var nets []*net.IPNet
+	for _, item := range strings.Split(list, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		_, block, err := net.ParseCIDR(item)
+		if err != nil {
+			return nil, fmt.Errorf("--deny-cidrs: %w", err)
+		}
+		nets = append(nets, block)
+	}
+	return nets, nil
+}
+
 // idleReader reads through reader (which may hold bytes already buffered from conn), pushing
 // conn's read deadline forward by idle before every read.
 type idleReader struct {
@@ -293,20 +353,54 @@ func (w *idleWriter) Write(p []byte) (int, error) {
 	return w.conn.Write(p)
 }
 
-// limitListener accepts at most n connections at a time; the next waits for one to close.
+// limitListener accepts at most cap(slots) connections at a time (the next waits for one to
+// close) and at most perClient from one address (more are closed at once).
 type limitListener struct {
 	net.Listener
-	slots chan struct{}
+	slots     chan struct{}
+	perClient int
+	mu        sync.Mutex
+	clients   map[string]int
+}
+
+func newLimitListener(inner net.Listener, total, perClient int) *limitListener {
+	return &limitListener{
+		Listener:  inner,
+		slots:     make(chan struct{}, total),
+		perClient: perClient,
+		clients:   map[string]int{},
+	}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
-	l.slots <- struct{}{}
-	conn, err := l.Listener.Accept()
-	if err != nil {
-		<-l.slots
-		return nil, err
+	for {
+		l.slots <- struct{}{}
+		conn, err := l.Listener.Accept()
+		if err != nil {
+			<-l.slots
+			return nil, err
+		}
+		client, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
+		l.mu.Lock()
+		admitted := l.clients[client] < l.perClient
+		if admitted {
+			l.clients[client]++
+		}
+		l.mu.Unlock()
+		if !admitted {
+			conn.Close()
+			<-l.slots
+			continue
+		}
+		return &limitedConn{Conn: conn, release: func() {
+			l.mu.Lock()
+			if l.clients[client]--; l.clients[client] <= 0 {
+				delete(l.clients, client)
+			}
+			l.mu.Unlock()
+			<-l.slots
+		}}, nil
 	}
-	return &limitedConn{Conn: conn, release: func() { <-l.slots }}, nil
 }
 
 type limitedConn struct {
@@ -331,16 +425,21 @@ func parseGatewayFlags(args []string) (GatewayOptions, error) {
 	flags.DurationVar(&options.DialTimeout, "dial-timeout", 10*time.Second, "bound on connecting to a destination")
 	flags.DurationVar(&options.IdleTimeout, "idle-timeout", 15*time.Minute, "a tunnel or forwarded call with no traffic for this long is closed")
 	flags.IntVar(&options.MaxConns, "max-conns", 4096, "client connections (tunnels included) served at once")
+	flags.IntVar(&options.MaxConnsPerClient, "max-conns-per-client", 512, "client connections from one address (one pod) at once")
+	deny := flags.String("deny-cidrs", "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10,0.0.0.0/32,::/128",
+		"destinations refused whatever a grant says (checked on the resolved address); \"\" for none")
 	if err := flags.Parse(args); err != nil {
 		return options, err
 	}
 	if options.GrantKeyFile == "" {
 		return options, errors.New("--grant-key-file is required")
 	}
-	if options.DialTimeout <= 0 || options.IdleTimeout <= 0 || options.MaxConns <= 0 {
-		return options, errors.New("--dial-timeout, --idle-timeout and --max-conns must be positive")
+	if options.DialTimeout <= 0 || options.IdleTimeout <= 0 || options.MaxConns <= 0 || options.MaxConnsPerClient <= 0 {
+		return options, errors.New("--dial-timeout, --idle-timeout, --max-conns and --max-conns-per-client must be positive")
 	}
-	return options, nil
+	nets, err := parseNets(*deny)
+	options.DenyNets = nets
+	return options, err
 }
 
 // gatewayMain runs the gateway until SIGTERM or SIGINT; its exit code.
@@ -364,7 +463,7 @@ func gatewayMain(args []string) int {
 
 func serveGateway(options GatewayOptions) error {
 	metrics := NewGatewayMetrics()
-	gateway := NewGateway(options.GrantKeyFile, options.DialTimeout, options.IdleTimeout, metrics)
+	gateway := NewGateway(options.GrantKeyFile, options.DialTimeout, options.IdleTimeout, metrics, options.DenyNets)
 	if _, err := grantKeys(gateway.Keys); err != nil {
 		return err
 	}
@@ -379,7 +478,7 @@ func serveGateway(options GatewayOptions) error {
 		MaxHeaderBytes:    gatewayHeaderBytes,
 		ErrorLog:          log.New(io.Discard, "", 0),
 	}}
-	listeners := []net.Listener{&limitListener{proxyListener, make(chan struct{}, options.MaxConns)}}
+	listeners := []net.Listener{newLimitListener(proxyListener, options.MaxConns, options.MaxConnsPerClient)}
 	ready := map[string]string{"endpoint": proxyListener.Addr().String()}
 	if options.MetricsListen != "" {
 		metricsListener, err := net.Listen("tcp", options.MetricsListen)

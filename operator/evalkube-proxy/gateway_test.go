@@ -39,7 +39,8 @@ func startGateway(t *testing.T) *gatewayFixture {
 	if err := os.WriteFile(keyFile, []byte(testKey+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	gateway := NewGateway(keyFile, 2*time.Second, 5*time.Second, NewGatewayMetrics())
+	// Nothing denied: the destinations of these tests are loopback servers.
+	gateway := NewGateway(keyFile, 2*time.Second, 5*time.Second, NewGatewayMetrics(), nil)
 	server := httptest.NewServer(gateway)
 	t.Cleanup(server.Close)
 	return &gatewayFixture{gateway, server, keyFile}
@@ -387,4 +388,89 @@ func value(collector prometheus.Collector) float64 {
 		return out.Counter.GetValue()
 	}
 	return out.Gauge.GetValue()
+}
+
+func TestGatewayDeniesNetworksWhateverTheGrant(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "grant-key")
+	os.WriteFile(keyFile, []byte(testKey), 0o600)
+	deny, err := parseNets("127.0.0.0/8,::1/128,169.254.0.0/16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gateway := NewGateway(keyFile, 2*time.Second, 5*time.Second, NewGatewayMetrics(), deny)
+	server := httptest.NewServer(gateway)
+	defer server.Close()
+	fixture := &gatewayFixture{gateway, server, keyFile}
+	target, accepted := countingListener(t)
+	_, port, _ := net.SplitHostPort(target)
+	byName := "localhost:" + port // a granted name that resolves into a denied network
+	grant := basic(mint(testKey, []string{target, byName}, time.Now().Add(time.Hour)))
+	for _, authority := range []string{target, byName} {
+		if status, _, _ := connectStatus(t, server.URL, authority, grant); status != http.StatusForbidden {
+			t.Errorf("CONNECT %s: %d, want 403", authority, status)
+		}
+		request, _ := http.NewRequest(http.MethodGet, "http://"+authority+"/", nil)
+		request.Header.Set("Proxy-Authorization", grant)
+		if response := forward(t, fixture, request); response.StatusCode != http.StatusForbidden {
+			t.Errorf("HTTP %s: %d, want 403", authority, response.StatusCode)
+		}
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Fatalf("a denied destination was dialed %d times", n)
+	}
+	if got := value(gateway.Metrics.requests.WithLabelValues("connect", "denied")); got != 2 {
+		t.Fatalf("connect denied = %v", got)
+	}
+}
+
+func TestGatewayLimitsConnectionsPerClient(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listener := newLimitListener(inner, 100, 2)
+	defer listener.Close()
+	accepted := make(chan net.Conn, 10)
+	go func() {
+		for {
+			conn, err := listener.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- conn
+		}
+	}()
+	var clients []net.Conn
+	for range 3 {
+		conn, err := net.Dial("tcp", inner.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		clients = append(clients, conn)
+	}
+	first, second := <-accepted, <-accepted
+	// The third connection from the same address is closed by the listener.
+	clients[2].SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := clients[2].Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("the third connection was not closed: %v", err)
+	}
+	select {
+	case conn := <-accepted:
+		t.Fatalf("a third connection was served: %v", conn.RemoteAddr())
+	default:
+	}
+	// A slot frees when a served connection closes.
+	first.Close()
+	conn, err := net.Dial("tcp", inner.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	select {
+	case <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no connection served after one closed")
+	}
+	second.Close()
 }

@@ -83,7 +83,8 @@ def gateway(tmp_path: Path) -> Iterator[dict[str, Any]]:
     with open(tmp_path / "gateway.log", "wb") as log:
         process = subprocess.Popen(
             [binary, "gateway", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-             "--grant-key-file", str(key_file), "--dial-timeout", "2s"],
+             "--grant-key-file", str(key_file), "--dial-timeout", "2s",
+             "--deny-cidrs", ""],  # the fake provider is on loopback, denied by default
             stdout=subprocess.PIPE,
             stderr=log,
         )  # fmt: skip
