@@ -60,10 +60,7 @@ class OperatorSettings(BaseSettings):
     """The gateway's Service URL; a ``<service>.<namespace>.svc`` host is resolved to the
     Service's ClusterIP, since work-unit pods have no DNS."""
     egress_gateway_pod_labels: dict[str, str] = Field(
-        default_factory=lambda: {
-            "app.kubernetes.io/name": "evalkube",
-            "app.kubernetes.io/component": "egress-gateway",
-        }
+        default_factory=lambda: {"app.kubernetes.io/name": "evalkube-egress"}
     )
     """Labels of the gateway pods (in ``operator_namespace``): the NetworkPolicy's target."""
     egress_grant_key_file: str = "/var/run/secrets/evalkube/egress/key"
