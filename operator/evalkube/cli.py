@@ -456,6 +456,7 @@ def unit_command(
 ) -> None:
     """Run one work unit of an EvalRun (the runner container of a work-unit pod)."""
     from evalkube.engine.pod import load_snapshot, run_pod_unit
+    from evalkube.proxy.control import ControlClient
     from evalkube.sandbox.remote import PodSocketBackend
     from evalkube.store.remote import RemoteStore
 
@@ -468,41 +469,25 @@ def unit_command(
         _fail(f"cannot read the snapshot {snapshot}: {exc}", EXIT_CONFIG)
     backend = PodSocketBackend(worker.removeprefix("unix:")) if worker else resolve_backend(sandbox)
     store = RemoteStore(ingest_url, loaded.namespace, loaded.name, token)
-    take_usage = _usage_taker(bridge_control) if bridge_control else None
+    # the control socket sits in a volume only the proxy and this container mount
+    control = ControlClient(bridge_control, grader_endpoint=bridge) if bridge_control else None
     try:
         report = run_pod_unit(
             loaded,
             unit,
             store=store,
             backend=backend,
-            model_endpoint=bridge,
-            take_usage=take_usage,
+            bridge=control,
             bridge_control=bridge_control,
         )
     except (ConfigError, UnitFailed) as exc:
         _fail(str(exc), EXIT_CONFIG)
     finally:
         store.close()
+        if control is not None:
+            control.close()
     console.print(
         f"unit {unit}: {report.samples} samples recorded, {report.skipped} already recorded, "
         f"{report.restarts} sandbox restarts, {report.seconds:.2f} s",
         highlight=False,
     )
-
-
-def _usage_taker(endpoint: str) -> Any:
-    """Take per-execution model-call usage from the bridge's control endpoint."""
-    import httpx
-
-    path = endpoint.removeprefix("unix:")
-    transport = httpx.HTTPTransport(uds=path) if endpoint.startswith("unix:") else None
-    base = "http://bridge" if transport else endpoint
-    client = httpx.Client(base_url=base, transport=transport, timeout=30)
-
-    def take(execution_ids: list[str]) -> dict[str, dict[str, Any]]:
-        response = client.post("/evalkube/v1/usage:take", json={"execution_ids": execution_ids})
-        response.raise_for_status()
-        data: dict[str, dict[str, Any]] = response.json()
-        return data
-
-    return take

@@ -28,6 +28,9 @@ TRACEBACK_TAIL_LINES: Final = 12
 ERROR_MESSAGE_CHARS: Final = 2_000
 #: Characters of stdout and of stderr kept per grader execution for the debugging view.
 CAPTURED_OUTPUT_CHARS: Final = 8_192
+#: Execution tokens the model bridge keeps open at once (the runner opens a batch's tokens
+#: before sending it and closes them when it stores the samples).
+OPEN_EXECUTIONS_MAX: Final = 50_000
 #: Bytes of one serialized grader answer (scores + judge) accepted from the worker; larger
 #: answers become invalid samples ("judge payload too large").
 RESULT_PAYLOAD_BYTES: Final = 1_000_000

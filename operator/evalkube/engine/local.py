@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from evalkube.engine.candidates import candidate_source
+from evalkube.engine.driver import drive_unit, has_model_access, plan_run
 from evalkube.engine.loading import (
     ConfigError,
     LoadedSuite,
@@ -27,16 +28,14 @@ from evalkube.engine.loading import (
     suite_version,
 )
 from evalkube.engine.parallel import ParallelRun, choose_workers, run_parallel
-from evalkube.engine.plan import Unit, plan_units
+from evalkube.engine.plan import Unit
 from evalkube.engine.runner import (
+    BridgeControl,
     NoProgress,
     Progress,
     TaskSandboxes,
     UnitContext,
-    UsageTaker,
     observe_into,
-    run_aggregate,
-    run_shard,
 )
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.engine.validate import check_programs
@@ -83,14 +82,10 @@ class RunSummary:
         }
 
 
-@dataclass
-class ModelAccess:
-    """The model bridge a run's graders reach through ``ctx`` (endpoint + usage taker)."""
+class ModelAccess(BridgeControl, Protocol):
+    """The model bridge a run's graders reach through ``ctx``, closed when the run ends."""
 
-    endpoint: str
-    take_usage: UsageTaker
-    configure_unit: Callable[[str, int, int], None]
-    close: Callable[[], None]
+    def close(self) -> None: ...
 
 
 BridgeFactory = Callable[[EvalRunSpec], ModelAccess]
@@ -182,20 +177,15 @@ class LocalEngine:
     ) -> RunSummary:
         started = time.perf_counter()
         runtimes = {task.id: TaskRuntime.build(loaded, task) for task in loaded.suite.spec.tasks}
-        tasks = [
-            (task.id, count_rows(loaded, task.id), task.grader.resolved_execution == "aggregate")
-            for task in loaded.suite.spec.tasks
-        ]
-        units = plan_units(tasks, spec.models, spec.shard_size)
+        row_counts = {task.id: count_rows(loaded, task.id) for task in loaded.suite.spec.tasks}
+        units = plan_run(loaded.suite.spec, row_counts, spec)
         done = self.store.done_units(run_id) if resuming else set()
         # Aggregates computed while samples stream by: exact when this process graded every
         # sample once (a fresh run without grade_batch updates); otherwise read back.
         live: dict[tuple[str, str], TaskAggregate] = {}
         observe = functools.partial(observe_into, live)
         use_live = not resuming and not any(unit.kind == "aggregate" for unit in units)
-        needs_bridge = any(
-            t.grader.resolved_model_access == "gateway" for t in loaded.suite.spec.tasks
-        )
+        needs_bridge = any(has_model_access(t) for t in loaded.suite.spec.tasks)
         self.progress.planned([unit for unit in units if unit.unit_id not in done])
         pending = [
             i for i, unit in enumerate(units) if unit.kind == "shard" and unit.unit_id not in done
@@ -231,8 +221,6 @@ class LocalEngine:
                     store=self.store,
                     backend=self.backend,
                     source=candidate_source(model, runtime.task, spec, loaded.base_dir),
-                    model_endpoint=bridge.endpoint if bridge else None,
-                    take_usage=bridge.take_usage if bridge else None,
                     progress=self.progress,
                     resuming=resuming,
                     observe=observe if use_live else None,
@@ -243,12 +231,8 @@ class LocalEngine:
                 for unit in group:
                     if unit.kind == "aggregate":
                         if unit.unit_id not in done:
-                            if bridge:
-                                bridge.configure_unit(
-                                    unit.unit_id, runtime.task.grader.max_model_calls, 1
-                                )
                             writer.flush()  # grade_batch reads the task's samples back
-                            run_aggregate(ctx, unit)
+                            drive_unit(ctx, unit, None, bridge)
                             self.store.mark_unit_done(run_id, unit.unit_id)
                         continue
                     if unit.unit_id in done:
@@ -257,12 +241,10 @@ class LocalEngine:
                         rows = iter_dataset(loaded, runtime.task, skip=unit.start)
                     shard = list(islice(rows, unit.stop - unit.start))
                     position = unit.start + len(shard)
-                    if bridge:
-                        bridge.configure_unit(
-                            unit.unit_id, runtime.task.grader.max_model_calls, len(shard)
-                        )
+                    if has_model_access(runtime.task) and bridge is not None:
+                        ctx.model_endpoint = bridge.endpoint  # the task's shared sandbox
                     ctx.sandbox = sandboxes.get(ctx)
-                    run_shard(ctx, unit, shard)
+                    drive_unit(ctx, unit, shard, bridge)
                     writer.then(functools.partial(self.store.mark_unit_done, run_id, unit.unit_id))
             writer.flush()
         finally:

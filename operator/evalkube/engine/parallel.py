@@ -36,6 +36,7 @@ from types import FrameType
 from typing import Any
 
 from evalkube.engine.candidates import CandidateSource, candidate_source
+from evalkube.engine.driver import drive_unit
 from evalkube.engine.loading import ConfigError, LoadedSuite, shard_rows
 from evalkube.engine.plan import Unit
 from evalkube.engine.runner import (
@@ -44,7 +45,6 @@ from evalkube.engine.runner import (
     UnitContext,
     UnitFailed,
     observe_into,
-    run_shard,
 )
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.grading import TaskAggregate
@@ -153,7 +153,8 @@ def _child(job: ParallelRun, jobs: Any, events: Any, stop: Event, parent: int) -
                 writer=writer,
             )
             ctx.sandbox = sandboxes.get(ctx)
-            run_shard(ctx, unit, shard_rows(job.loaded, runtime.task, unit.start, unit.stop))
+            # only suites without model access run in parallel: no bridge
+            drive_unit(ctx, unit, shard_rows(job.loaded, runtime.task, unit.start, unit.stop), None)
             writer.then(functools.partial(_unit_done, job, unit, live, events))
         writer.flush()
     except KeyboardInterrupt:

@@ -9,9 +9,10 @@ counts as done. The same function runs inside a work-unit pod and in ``evalkube 
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,7 +35,30 @@ from evalkube.sandbox import Execution, GraderSandbox, ProgramLoadError, Sandbox
 from evalkube.store import SampleRecord, SampleWriter, TaskResultRecord
 from evalkube.store.protocol import SampleStore
 
-UsageTaker = Callable[[list[str]], dict[str, dict[str, Any]]]
+
+class BridgeControl(Protocol):
+    """The runner's handle on a model bridge (in-process, child process or pod sidecar)."""
+
+    @property
+    def endpoint(self) -> str | None:
+        """Where graders reach the bridge (``unix:/path`` or ``http://host:port``)."""
+
+    def configure_unit(
+        self, unit_id: str, max_calls_per_execution: int, planned_executions: int
+    ) -> None:
+        """Serve ``unit_id`` with fresh counters (closing every open execution token)."""
+
+    def open_executions(self, tokens: Iterable[str]) -> None:
+        """Let graders call models with ``tokens`` until their usage is taken."""
+
+    def take_usage(self, execution_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Remove and return the usage of ``execution_ids``, closing those tokens."""
+
+
+def execution_token() -> str:
+    """A fresh, unguessable execution token (128 bits): the only id a grader's model calls
+    are charged to, so a grader can neither guess nor forge another execution's."""
+    return secrets.token_urlsafe(16)
 
 
 class Progress(Protocol):
@@ -70,7 +94,9 @@ class UnitContext:
     backend: SandboxBackend
     source: CandidateSource | None = None
     model_endpoint: str | None = None
-    take_usage: UsageTaker | None = None
+    bridge: BridgeControl | None = None
+    """The model bridge of a task with model access (set by
+    :func:`evalkube.engine.driver.drive_unit`): executions get tokens, samples their usage."""
     progress: Progress = field(default_factory=NoProgress)
     observe: Callable[[list[SampleRecord]], None] | None = None
     """Sees every chunk of records as it is submitted (live aggregates of a local run)."""
@@ -134,6 +160,8 @@ class _Buffer:
         self.written = 0
         self.shared = ctx.writer is not None
         self.writer = ctx.writer if ctx.writer is not None else SampleWriter(ctx.store)
+        #: The execution token of each graded sample whose usage is not taken yet.
+        self.tokens: dict[str, str] = {}
 
     def add(self, record: SampleRecord) -> None:
         self.records.append(record)
@@ -143,7 +171,7 @@ class _Buffer:
     def submit(self) -> None:
         if not self.records:
             return
-        if self.ctx.take_usage is not None:
+        if self.ctx.bridge is not None:
             self._attach_usage()
         self.writer.submit(self.records)
         if self.ctx.observe is not None:
@@ -163,10 +191,14 @@ class _Buffer:
             self.writer.close()
 
     def _attach_usage(self) -> None:
-        assert self.ctx.take_usage is not None
-        usage = self.ctx.take_usage([r.sample_id for r in self.records])
-        for record in self.records:
-            calls = usage.get(record.sample_id)
+        assert self.ctx.bridge is not None
+        tokens = self.tokens
+        owned = [(r, tokens.pop(r.sample_id)) for r in self.records if r.sample_id in tokens]
+        if not owned:
+            return
+        usage = self.ctx.bridge.take_usage([token for _, token in owned])
+        for record, token in owned:
+            calls = usage.get(token)
             if not calls:
                 continue
             merged = dict(record.model_calls)
@@ -434,9 +466,24 @@ def _grade_samples(
     task = runtime.task
     metric_id = task.grader.metric_id
     in_flight: deque[_Prepared] = deque()
+    bridge = ctx.bridge
+
+    def tokened() -> Iterator[tuple[_Prepared, str]]:
+        """Samples with their execution ids: fresh tokens, opened a batch at a time, when
+        the grader may call models; else the sample id (no bridge accepts it)."""
+        if bridge is None:
+            for p in ready:
+                yield p, p.sample_id
+            return
+        while chunk := list(itertools.islice(ready, limits.WORKER_BATCH_SIZE)):
+            tokens = [execution_token() for _ in chunk]
+            bridge.open_executions(tokens)
+            for p, token in zip(chunk, tokens, strict=True):
+                buffer.tokens[p.sample_id] = token
+                yield p, token
 
     def requests() -> Iterator[tuple[list[Any], str | None]]:
-        for p in ready:
+        for p, execution_id in tokened():
             record = p.record
             sample = {
                 "output_text": record.output_text,
@@ -456,7 +503,7 @@ def _grade_samples(
                 "task_id": record.task_id,
             }
             in_flight.append(p)
-            yield [sample, item], record.sample_id
+            yield [sample, item], execution_id
 
     for execution in sandbox.execute(
         "grader", requests(), timeout=float(task.grader.timeout_seconds)
@@ -510,18 +557,24 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         sandbox.start()
     except ProgramLoadError as exc:
         raise UnitFailed(_load_message(runtime, exc)) from None
+    token = unit.unit_id
+    if ctx.bridge is not None:
+        token = execution_token()
+        ctx.bridge.open_executions([token])
     try:
         payload = [batch_sample(r) for r in records]
         execution = next(
             iter(
                 sandbox.execute(
                     "grader",
-                    [([payload], f"{unit.unit_id}")],
+                    [([payload], token)],
                     timeout=float(task.grader.timeout_seconds),
                 )
             )
         )
     finally:
+        if ctx.bridge is not None:
+            ctx.bridge.take_usage([token])
         report.restarts = sandbox.restarts
         sandbox.close()
     metric_id = task.grader.metric_id

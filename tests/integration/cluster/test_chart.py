@@ -35,6 +35,8 @@ ENV_NAMES = {
     "EVALKUBE_STORE_URL",
     "EVALKUBE_INGEST_URL",
     "EVALKUBE_LISTEN",
+    "EVALKUBE_API_LISTEN",
+    "EVALKUBE_API_TOKEN",
 }
 
 
@@ -110,8 +112,8 @@ def test_defaults_render_a_locked_down_operator(control_plane: ControlPlane) -> 
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
-        "Deployment", "Deployment", "NetworkPolicy", "PersistentVolumeClaim", "Role",
-        "RoleBinding", "Secret", "Service", "Service", "ServiceAccount",
+        "Deployment", "Deployment", "NetworkPolicy", "NetworkPolicy", "PersistentVolumeClaim",
+        "Role", "RoleBinding", "Secret", "Secret", "Service", "Service", "ServiceAccount",
     ]  # fmt: skip
     [deploy] = by_kind(docs, "Deployment", "operator")
     pod = deploy["spec"]["template"]["spec"]
@@ -140,9 +142,51 @@ def test_defaults_render_a_locked_down_operator(control_plane: ControlPlane) -> 
     assert "EVALKUBE_NAMESPACE" not in env
     labels = json.loads(env["EVALKUBE_OPERATOR_POD_LABELS"])
     assert labels.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    assert env["EVALKUBE_API_LISTEN"] == "0.0.0.0:8081"
+    [secret] = by_kind(docs, "Secret", "api-token")
+    assert env["EVALKUBE_API_TOKEN"] == {
+        "secretKeyRef": {"name": secret["metadata"]["name"], "key": "token"}
+    }
+    assert len(secret["data"]["token"]) >= 48  # a random token, base64
+    assert container["readinessProbe"]["httpGet"]["port"] == "api"  # probes stay off ingest
     [service] = by_kind(docs, "Service", "operator")
-    assert service["spec"]["ports"][0]["port"] == 8080
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    assert ports == {"http": 8080, "api": 8081}
     assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+
+
+def test_operator_network_policy_keeps_work_pods_on_the_ingest_port(
+    control_plane: ControlPlane,
+) -> None:
+    """Work-unit pods (untrusted graders) may reach the ingest port only, never the samples
+    API; the API port is open to ``networkPolicy.apiFrom``."""
+    docs = render(
+        control_plane,
+        "evalkube-system",
+        "networkPolicy.apiFrom[0].namespaceSelector.matchLabels.team=observability",
+    )
+    [policy] = by_kind(docs, "NetworkPolicy", "operator")
+    [deploy] = by_kind(docs, "Deployment", "operator")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["podSelector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
+    ingest, api = spec["ingress"]
+    assert ingest["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert ingest["from"] == [
+        {
+            "namespaceSelector": {},
+            "podSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/component": "work-unit",
+                    "app.kubernetes.io/managed-by": "evalkube",
+                }
+            },
+        }
+    ]
+    assert api["ports"] == [{"protocol": "TCP", "port": 8081}]
+    assert api["from"] == [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]
+    assert not by_kind(render(control_plane, "evalkube-system", "networkPolicy.enabled=false"),
+                       "NetworkPolicy", "operator")  # fmt: skip
 
 
 def test_egress_gateway_renders_locked_down(control_plane: ControlPlane) -> None:
@@ -212,14 +256,15 @@ def test_egress_gateway_renders_locked_down(control_plane: ControlPlane) -> None
 def test_egress_can_be_turned_off_or_use_an_existing_key(control_plane: ControlPlane) -> None:
     docs = render(control_plane, "evalkube-system", "egress.enabled=false")
     assert not by_kind(docs, "Deployment", "egress-gateway")
-    assert not by_kind(docs, "Secret")
+    assert not by_kind(docs, "Secret", "egress-grant-key")
+    assert not by_kind(docs, "NetworkPolicy", "egress-gateway")
     [operator] = by_kind(docs, "Deployment", "operator")
     container = operator["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["EVALKUBE_EGRESS_VIA_GATEWAY"] == "false"
     assert "EVALKUBE_EGRESS_GATEWAY_URL" not in env
     docs = render(control_plane, "evalkube-system", "egress.grantKey.existingSecret=mine")
-    assert not by_kind(docs, "Secret")
+    assert not by_kind(docs, "Secret", "egress-grant-key")
     for deployment in by_kind(docs, "Deployment"):
         volumes = deployment["spec"]["template"]["spec"]["volumes"]
         assert "mine" in {v.get("secret", {}).get("secretName") for v in volumes}
