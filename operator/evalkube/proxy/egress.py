@@ -13,12 +13,12 @@ The native proxy does the same in ``operator/evalkube-proxy/egress.go``.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import aiohttp
 from yarl import URL
 
 __all__ = [
@@ -62,8 +62,14 @@ class EgressGateway:
         check_gateway_url(self.url)
         self.proxy = URL(self.url)
 
-    def auth(self) -> aiohttp.BasicAuth:
-        """The current grant as proxy credentials (re-read when the file changes)."""
+    def proxy_authorization(self) -> str:
+        """The current grant as a ``Proxy-Authorization`` value (the file is re-read when it
+        changes): ``Basic base64("evalkube:" + grant)``."""
+        raw = f"{GRANT_USER}:{self.grant()}".encode()
+        return "Basic " + base64.b64encode(raw).decode("ascii")
+
+    def grant(self) -> str:
+        """The current grant (re-read when the file changes)."""
         try:
             stat = self.grant_file.stat()
             stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
@@ -76,7 +82,7 @@ class EgressGateway:
             ) from None
         if not self._cached[1]:
             raise EgressUnavailable(f"egress grant {self.grant_file} unreadable: it is empty")
-        return aiohttp.BasicAuth(GRANT_USER, self._cached[1])
+        return self._cached[1]
 
 
 def refusal(headers: Mapping[str, str], status: int, reason: str) -> str | None:

@@ -264,17 +264,22 @@ class Upstream:
             wait: float | None = None
             headers = auth.headers()
             try:
-                proxy, proxy_auth = None, None
+                proxy, proxy_headers, sent = None, None, headers
                 if self.egress is not None:
-                    proxy, proxy_auth = self.egress.proxy, self.egress.auth()
+                    # The grant goes on CONNECT for https providers, on the request itself
+                    # (absolute-form, to the gateway, which strips it) for http ones.
+                    proxy = self.egress.proxy
+                    proxy_headers = {"Proxy-Authorization": self.egress.proxy_authorization()}
+                    if url.scheme == "http":
+                        sent = {**headers, **proxy_headers}
                 async with self._client().post(
                     url,
                     data=payload,
-                    headers=headers,
+                    headers=sent,
                     timeout=timeout,
                     allow_redirects=False,
                     proxy=proxy,
-                    proxy_auth=proxy_auth,
+                    proxy_headers=proxy_headers,
                 ) as response:
                     status = response.status
                     raw = await response.read()
