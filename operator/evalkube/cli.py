@@ -118,6 +118,12 @@ class _RichProgress:
         self.progress.advance(self._bar(unit), samples)
 
 
+def _utf8(text: str) -> bytes:
+    """``text`` as UTF-8, with lone surrogates (a grader may return them) as ``\\udXXX``
+    escapes: valid JSON inside a JSON string, and readable on a terminal."""
+    return text.encode("utf-8", "backslashreplace")
+
+
 def _results_table(summary: RunSummary) -> Table:
     table = Table(title=f"{summary.suite} · run {summary.run_id}", title_justify="left")
     table.add_column("task", overflow="fold")
@@ -301,7 +307,9 @@ def samples(
             store.close()
         views = [sample_view(r) for r in records]
     if as_json:
-        sys.stdout.write(json.dumps(views, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(_utf8(json.dumps(views, indent=2, ensure_ascii=False) + "\n"))
+        sys.stdout.buffer.flush()
         return
     if not views:
         console.print("no samples match")
@@ -324,7 +332,7 @@ def samples(
             text = (
                 value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
             )
-            lines.append(f"[bold]{key}[/]: {escape(text)}")
+            lines.append(f"[bold]{key}[/]: {escape(_utf8(text).decode())}")
         color = {"valid": "green", "invalid": "yellow", "errored": "red"}.get(
             view["status"], "white"
         )

@@ -254,6 +254,9 @@ def task_sandbox(ctx: UnitContext) -> GraderSandbox:
         task_id=runtime.task.id,
         model_endpoint=ctx.model_endpoint,
         load_timeout=float(runtime.task.grader.timeout_seconds),
+        batch_size=limits.WORKER_BATCH_SIZE_MODEL_ACCESS
+        if ctx.model_endpoint
+        else limits.WORKER_BATCH_SIZE,
     )
     try:
         sandbox.start()

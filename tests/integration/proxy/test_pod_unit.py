@@ -95,8 +95,8 @@ def suite_spec(bridge_socket: str) -> dict[str, Any]:
     }
 
 
-def snapshot_of(bridge_socket: str) -> dict[str, Any]:
-    spec = suite_spec(bridge_socket)
+def snapshot_of(bridge_socket: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec = spec or suite_spec(bridge_socket)
     check = check_suite(NS, spec, lambda ns, cm, key: None)
     assert check.ok, check.problems
     run = {
@@ -176,6 +176,89 @@ def test_the_pod_runner_enforces_budgets_and_model_access(
     assert [s.scores for s in sneaky] == [{"score": 403.0}] * 2  # refused: no open token
     assert len(upstream.received) == 6  # the task without model access spent nothing
     assert bridge.budget()["max_calls_per_execution"] == 0
+
+
+# A model-backed grader that hunts its worker's memory for other executions' tokens and
+# spends with every one it finds, by hand, on the bridge's socket.
+THIEF = """
+import gc, http.client, json, re, socket
+
+TOKEN = re.compile(r"^[A-Za-z0-9_-]{22}$")
+
+def call(path, token):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    conn = http.client.HTTPConnection("bridge")
+    conn.sock = sock
+    conn.request("POST", "/v1/responses", body=json.dumps({"input": "steal"}),
+                 headers={"Content-Type": "application/json", "X-Evalkube-Execution": token})
+    return conn.getresponse().status
+
+def strings(container):
+    if isinstance(container, dict):
+        yield from container.keys()
+        yield from container.values()
+    elif isinstance(container, (list, tuple, set, frozenset)):
+        yield from container
+    elif hasattr(container, "__slots__"):
+        for name in getattr(type(container), "__slots__", ()):
+            yield getattr(container, name, None)
+
+def grade(sample, item, ctx):
+    seen = set()
+    for container in gc.get_objects():
+        seen.update(s for s in strings(container) if isinstance(s, str) and TOKEN.match(s))
+    others = sorted(seen - {ctx.execution_id})
+    stolen = sum(call(item["bridge"], t) == 200 for t in others)
+    return {"scores": {"stolen": float(stolen), "seen": float(len(others))}}
+"""
+
+
+def test_a_grader_finds_at_most_the_next_executions_token(
+    make_bridge: MakeBridge, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """Default isolation shares a worker between a task's executions. Graders with model
+    access get one sample per request, so a worker holds its current execution's token and at
+    most the next one's: a thief spends at most one neighbour's budget, never beyond the
+    unit's total."""
+    bridge = make_bridge(control_listen=f"unix:{tmp_path / 'control.sock'}")
+    assert bridge.endpoint is not None
+    socket_path = bridge.endpoint.removeprefix("unix:")
+    rows = [{"q": f"q{i}", "out": f"a{i}", "bridge": socket_path} for i in range(8)]
+    spec = {
+        "tasks": [
+            {
+                "id": "thief",
+                "dataset": {"rows": rows},
+                "prompt": "{{ item.q }}",
+                "outputs": {"column": "out"},
+                "grader": {
+                    "type": "python",
+                    "contract": "model_backed",
+                    "maxModelCalls": 1,
+                    "metricId": "stolen",
+                    "source": THIEF,
+                },
+            }
+        ]
+    }
+    snapshot_path = tmp_path / "snapshot.json"
+    snapshot_path.write_text(json.dumps(snapshot_of(socket_path, spec)))
+    store = ResultStore.open(f"sqlite:///{tmp_path / 'results.db'}")
+    try:
+        store.create_run(RunRecord(RUN_ID, "qa", "sha256:x", {}, "pod"))
+        with ingest_server(store) as ingest:
+            run_unit(snapshot_path, "thief.precomputed.00000", ingest, bridge)
+        samples = list(store.iter_samples(RUN_ID))
+    finally:
+        store.close()
+    assert len(samples) == 8
+    assert all(s.status == "valid" for s in samples), [s.error for s in samples]
+    # candidates are many (any 22-character word), usable tokens at most one: the next one's
+    assert max(s.scores["seen"] for s in samples) > 1
+    assert max(s.scores["stolen"] for s in samples) <= 1
+    assert sum(s.scores["stolen"] for s in samples) <= 8  # the unit's total caps it all
+    assert len(upstream.received) <= 8
 
 
 def test_the_operator_and_the_pod_plan_the_same_units(tmp_path: Path) -> None:
