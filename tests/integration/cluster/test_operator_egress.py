@@ -9,7 +9,10 @@ Jobs whose proxy goes through the gateway at its Service's ClusterIP (the pods h
 from __future__ import annotations
 
 import base64
+import gc
 import json
+import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from tests.integration.cluster.operator_support import (
     _free_port,
     _jobs,
     install_crds,
+    run_status,
     running_operator,
     suite,
 )
@@ -94,8 +98,17 @@ def test_a_run_goes_through_the_gateway_or_waits_for_it(
             jobs: dict[str, dict[str, Any]] = cp.wait_for(
                 lambda: (j := _jobs(cp, ns)) and j, timeout=60, what="unit Jobs"
             )
+            # let the pass that created them finish before the operator stops
+            cp.wait_for(lambda: run_status(cp, ns).get("phase") == "Running", what="Running")
+            time.sleep(1.0)
     finally:
         cp.kubectl("delete", "namespace", system, "--wait=false", check=False)
+        # An operator stopped seconds after it started can drop an API connection that kopf
+        # cancelled mid-request; finalize it here, its ResourceWarning ignored, instead of
+        # as an "unraisable" error at the end of the session.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
 
     # the grant: signed with the key, for the providers' hosts, owned by the run
     evalrun = cp.kubectl_json("get", "evalrun", "nightly", "-n", ns)
