@@ -415,6 +415,18 @@ func (c *limitedConn) Close() error {
 	return err
 }
 
+// newGatewayServer applies the limits every client meets before its grant is checked:
+// header size and time, idle keep-alive.
+func newGatewayServer(handler http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    gatewayHeaderBytes,
+		ErrorLog:          log.New(io.Discard, "", 0),
+	}
+}
+
 // parseGatewayFlags reads the gateway's command line.
 func parseGatewayFlags(args []string) (GatewayOptions, error) {
 	flags := flag.NewFlagSet("evalkube-proxy gateway", flag.ContinueOnError)
@@ -471,13 +483,7 @@ func serveGateway(options GatewayOptions) error {
 	if err != nil {
 		return fmt.Errorf("cannot listen on %s: %w", options.Listen, err)
 	}
-	servers := []*http.Server{{
-		Handler:           gateway,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    gatewayHeaderBytes,
-		ErrorLog:          log.New(io.Discard, "", 0),
-	}}
+	servers := []*http.Server{newGatewayServer(gateway)}
 	listeners := []net.Listener{newLimitListener(proxyListener, options.MaxConns, options.MaxConnsPerClient)}
 	ready := map[string]string{"endpoint": proxyListener.Addr().String()}
 	if options.MetricsListen != "" {

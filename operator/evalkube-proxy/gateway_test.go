@@ -41,7 +41,9 @@ func startGateway(t *testing.T) *gatewayFixture {
 	}
 	// Nothing denied: the destinations of these tests are loopback servers.
 	gateway := NewGateway(keyFile, 2*time.Second, 5*time.Second, NewGatewayMetrics(), nil)
-	server := httptest.NewServer(gateway)
+	server := httptest.NewUnstartedServer(gateway)
+	server.Config = newGatewayServer(gateway) // the real server's limits
+	server.Start()
 	t.Cleanup(server.Close)
 	return &gatewayFixture{gateway, server, keyFile}
 }
@@ -473,4 +475,23 @@ func TestGatewayLimitsConnectionsPerClient(t *testing.T) {
 		t.Fatal("no connection served after one closed")
 	}
 	second.Close()
+}
+
+func TestGatewayRefusesOversizedHeaders(t *testing.T) {
+	fixture := startGateway(t)
+	target, accepted := countingListener(t)
+	huge := basic(strings.Repeat("x", gatewayHeaderBytes+1024))
+	conn, err := net.Dial("tcp", authority(t, fixture.server.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\nProxy-Authorization: "+huge+"\r\n\r\n")
+	response, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || response.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("oversized headers: %v %v, want 431", response, err)
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Fatalf("the destination was dialed %d times", n)
+	}
 }

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,8 @@ def _ready_line(process: subprocess.Popen[bytes]) -> dict[str, Any]:
     return ready
 
 
-@pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[dict[str, Any]]:
+@contextmanager
+def _running_gateway(tmp_path: Path, *flags: str) -> Iterator[dict[str, Any]]:
     """``evalkube-proxy gateway`` on loopback, with the grant key in a file."""
     binary = native_or_skip()
     key_file = tmp_path / "grant-key"
@@ -83,8 +84,7 @@ def gateway(tmp_path: Path) -> Iterator[dict[str, Any]]:
     with open(tmp_path / "gateway.log", "wb") as log:
         process = subprocess.Popen(
             [binary, "gateway", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-             "--grant-key-file", str(key_file), "--dial-timeout", "2s",
-             "--deny-cidrs", ""],  # the fake provider is on loopback, denied by default
+             "--grant-key-file", str(key_file), "--dial-timeout", "2s", *flags],
             stdout=subprocess.PIPE,
             stderr=log,
         )  # fmt: skip
@@ -96,6 +96,13 @@ def gateway(tmp_path: Path) -> Iterator[dict[str, Any]]:
         process.wait(10)
         assert process.stdout is not None
         process.stdout.close()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    # the fake provider is on loopback, which the gateway denies by default
+    with _running_gateway(tmp_path, "--deny-cidrs", "") as running:
+        yield running
 
 
 def _write_grant(path: Path, grant: str) -> None:
@@ -241,3 +248,24 @@ def test_a_client_without_the_grant_is_refused(
     metrics = httpx.get(f"http://{gateway['metrics']}/metrics", timeout=10).text
     assert 'evalkube_egress_requests_total{kind="connect",outcome="unauthorized"} 1' in metrics
     assert 'evalkube_egress_requests_total{kind="http",outcome="forbidden"} 1' in metrics
+
+
+def test_by_default_loopback_is_denied_even_when_granted(
+    tmp_path: Path, provider: FakeUpstream
+) -> None:
+    """A run whose provider URL names (or resolves to) loopback or the metadata address gets
+    nowhere: the default ``--deny-cidrs`` is checked on the address actually dialed."""
+    target = url_authority(provider.base_url)
+    grant = _grant([target])
+    with (
+        _running_gateway(tmp_path) as running,
+        httpx.Client(proxy=httpx.Proxy(running["url"], auth=("evalkube", grant)), timeout=10) as c,
+    ):
+        if provider.base_url.startswith("https"):
+            with pytest.raises(httpx.ProxyError, match="403"):
+                c.post(f"https://{target}/v1/responses", json={"input": "x"})
+        else:
+            assert c.post(f"http://{target}/v1/responses", json={"input": "x"}).status_code == 403
+        metrics = httpx.get(f"http://{running['metrics']}/metrics", timeout=10).text
+    assert provider.received == []
+    assert 'outcome="denied"} 1' in metrics
