@@ -27,6 +27,10 @@ type Config struct {
 	MaxConnections    int                       `json:"max_connections"`
 	LogLevel          string                    `json:"log_level"`
 	Providers         map[string]ProviderConfig `json:"providers"`
+	// EgressProxy is the egress gateway's URL (http://host:port); every upstream call goes
+	// through it with the grant of EgressGrantFile (egress.go). nil: direct.
+	EgressProxy     *string `json:"egress_proxy"`
+	EgressGrantFile *string `json:"egress_grant_file"`
 }
 
 // ProviderConfig is one OpenAI-compatible endpoint and where its key comes from.
@@ -102,6 +106,9 @@ func parseConfig(raw []byte) (Config, error) {
 			provider.Timeout = 60
 			config.Providers[name] = provider
 		}
+	}
+	if err := checkEgress(config); err != nil {
+		return Config{}, err
 	}
 	if config.Listen == nil && config.ControlListen == nil {
 		return Config{}, fmt.Errorf("invalid configuration: set listen, control_listen or both")

@@ -27,6 +27,10 @@ import (
 var version = "dev"
 
 func main() {
+	// `evalkube-proxy gateway ...`: the egress gateway (gateway.go), a separate Deployment.
+	if len(os.Args) > 1 && os.Args[1] == "gateway" {
+		os.Exit(gatewayMain(os.Args[2:]))
+	}
 	configPath := flag.String("config", "-", "JSON configuration file, - for standard input")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()

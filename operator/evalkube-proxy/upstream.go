@@ -172,6 +172,10 @@ func NewUpstream(config Config) *Upstream {
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}
+	if config.EgressProxy != nil {
+		transport.Proxy = egressProxy(*config.EgressProxy, deref(config.EgressGrantFile))
+		transport.OnProxyConnectResponse = egressConnectRefusal
+	}
 	return &Upstream{
 		Providers:   providers,
 		Retries:     config.Retries,
@@ -296,6 +300,13 @@ func (u *Upstream) attempt(provider *Provider, target string, payload []byte) ([
 		}
 	}
 	status := response.StatusCode
+	if refusal := egressRefusal(response); refusal != "" {
+		return nil, -1, &UpstreamError{
+			Message:  fmt.Sprintf("provider %s is unreachable at %s: connection failed (%s)", provider.Name, origin(provider.BaseURL), refusal),
+			Provider: provider.Name,
+			Kind:     "unreachable",
+		}
+	}
 	if status < 400 {
 		return raw, -1, nil
 	}
@@ -417,6 +428,10 @@ var errnoNames = map[syscall.Errno]string{
 }
 
 func transportReason(err error) string {
+	var egressErr *egressError
+	if errors.As(err, &egressErr) {
+		return "connection failed (" + egressErr.reason + ")"
+	}
 	var errno syscall.Errno
 	if errors.As(err, &errno) {
 		if name, ok := errnoNames[errno]; ok {

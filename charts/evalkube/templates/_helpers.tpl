@@ -72,3 +72,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- fail "work.parallelism must be between 1 and 1000" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The egress gateway's pods: never matched by the operator's selector. */}}
+{{- define "evalkube.egressSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-egress" (include "evalkube.name" .) }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "evalkube.egressKeySecret" -}}
+{{- default (printf "%s-egress-key" (include "evalkube.fullname" .)) .Values.egress.grantKey.existingSecret -}}
+{{- end -}}

@@ -14,7 +14,8 @@ from lightkube import ApiError, AsyncClient
 from lightkube.codecs import from_dict
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import ConfigMap, Secret
+from lightkube.resources.core_v1 import ConfigMap, Secret, Service
+from lightkube.types import PatchType
 
 from evalkube.controller import names
 
@@ -40,6 +41,27 @@ class Kube:
                 return False
             raise
         return True
+
+    async def create_or_update_secret(self, manifest: Mapping[str, Any]) -> None:
+        """Create the Secret ``manifest``, or merge its data into the existing one."""
+        if await self.create(manifest):
+            return
+        meta = manifest["metadata"]
+        await self.client.patch(
+            Secret,
+            meta["name"],
+            {"stringData": dict(manifest.get("stringData") or {})},
+            namespace=meta["namespace"],
+            patch_type=PatchType.MERGE,
+        )
+
+    async def service_cluster_ip(self, namespace: str, name: str) -> str | None:
+        """The Service's ClusterIP, or ``None`` when it does not exist or has none."""
+        service = await self._get(Service, namespace, name)
+        if service is None or service.spec is None:
+            return None
+        ip = service.spec.clusterIP
+        return None if not ip or ip == "None" else str(ip)
 
     async def _get(self, kind: Any, namespace: str, name: str) -> Any | None:
         """The object, or ``None`` when it does not exist (404)."""

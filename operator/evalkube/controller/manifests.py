@@ -28,6 +28,8 @@ BRIDGE_SOCKET = f"{BRIDGE_DIR}/bridge.sock"
 CONTROL_SOCKET = f"{CONTROL_DIR}/control.sock"
 WORKER_SOCKET = f"{WORKER_DIR}/worker.sock"
 TOKEN_KEY = "token"
+EGRESS_GRANT_DIR = "/var/run/secrets/evalkube/egress"
+EGRESS_GRANT_KEY = "grant"
 #: Where the sandbox image keeps ``evalkube_sandbox`` (isolated mode ignores PYTHONPATH).
 SANDBOX_PACKAGE_DIR = "/opt/evalkube"
 SANDBOX_BOOTSTRAP = (
@@ -99,16 +101,55 @@ def token_secret(owner: Mapping[str, Any], token: str) -> dict[str, Any]:
     }
 
 
+def egress_grant_secret(owner: Mapping[str, Any], grant: str) -> dict[str, Any]:
+    """The run's egress grant (:mod:`evalkube.controller.egress`): only the proxy container
+    mounts it, so only the proxy gets through the egress gateway."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(
+            owner, names.egress_grant_secret_name(owner["metadata"]["name"]), "egress-grant"
+        ),
+        "type": "Opaque",
+        "stringData": {EGRESS_GRANT_KEY: grant},
+    }
+
+
 def network_policy(
     owner: Mapping[str, Any], spec: EvalRunSpec, settings: OperatorSettings
 ) -> dict[str, Any]:
-    """No ingress; egress only to DNS, the operator's ingest port and provider endpoints.
+    """No ingress. Egress, with ``egress_via_gateway``: only the egress gateway's port on its
+    pods and the operator's ingest port, no DNS, no address block: the grader container
+    shares this policy with the proxy, and both destinations refuse it without credentials
+    only the proxy and runner containers mount (``docs/security.md``).
 
-    Provider endpoints are hostnames, which NetworkPolicy cannot name; egress to TCP 443/80
-    outside the cluster's private ranges is allowed for runs that use providers, and only
-    the proxy container holds credentials to use it.
+    Without the gateway (direct egress): DNS, the ingest port, and TCP 443/80 (the providers'
+    ports) outside the cluster's private ranges, which the grader inherits as well.
     """
-    run_name = owner["metadata"]["name"]
+    ingest_rule = {
+        "to": [
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
+                },
+                "podSelector": {"matchLabels": dict(settings.operator_pod_labels)},
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": settings.ingest_port}],
+    }
+    if settings.egress_via_gateway:
+        gateway_rule = {
+            "to": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
+                    },
+                    "podSelector": {"matchLabels": dict(settings.egress_gateway_pod_labels)},
+                }
+            ],
+            "ports": [{"protocol": "TCP", "port": _port(settings.egress_gateway_url)}],
+        }
+        return _work_unit_policy(owner, [gateway_rule, ingest_rule])
     egress: list[dict[str, Any]] = [
         {
             "to": [
@@ -116,17 +157,7 @@ def network_policy(
             ],
             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
         },
-        {
-            "to": [
-                {
-                    "namespaceSelector": {
-                        "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
-                    },
-                    "podSelector": {"matchLabels": dict(settings.operator_pod_labels)},
-                }
-            ],
-            "ports": [{"protocol": "TCP", "port": settings.ingest_port}],
-        },
+        ingest_rule,
     ]
     ports = sorted({_port(p.base_url) for p in spec.providers.values()})
     if ports:
@@ -148,6 +179,11 @@ def network_policy(
                 "ports": [{"protocol": "TCP", "port": port} for port in ports],
             }
         )
+    return _work_unit_policy(owner, egress)
+
+
+def _work_unit_policy(owner: Mapping[str, Any], egress: list[dict[str, Any]]) -> dict[str, Any]:
+    run_name = owner["metadata"]["name"]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -341,6 +377,8 @@ def unit_job(
         "containers": [runner, grader],
         "volumes": volumes,
     }
+    if settings.egress_via_gateway:
+        _through_egress_gateway(proxy, volumes, run_name, settings)
     if settings.runtime_class:
         pod_spec["runtimeClassName"] = settings.runtime_class
     if settings.node_selector:
@@ -361,6 +399,31 @@ def unit_job(
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
+
+
+def _through_egress_gateway(
+    proxy: dict[str, Any], volumes: list[dict[str, Any]], run_name: str, settings: OperatorSettings
+) -> None:
+    """The proxy container sends upstream calls through the gateway with the run's grant,
+    which it alone mounts."""
+    proxy["command"] += [
+        "--egress-proxy",
+        settings.egress_gateway_url,
+        "--egress-grant-file",
+        f"{EGRESS_GRANT_DIR}/{EGRESS_GRANT_KEY}",
+    ]
+    volumes.append(
+        {
+            "name": "egress-grant",
+            "secret": {
+                "secretName": names.egress_grant_secret_name(run_name),
+                "items": [{"key": EGRESS_GRANT_KEY, "path": EGRESS_GRANT_KEY}],
+            },
+        }
+    )
+    proxy["volumeMounts"].append(
+        {"name": "egress-grant", "mountPath": EGRESS_GRANT_DIR, "readOnly": True}
+    )
 
 
 def _provider_credentials(

@@ -48,3 +48,8 @@ def token_secret_name(run_name: str) -> str:
 
 def network_policy_name(run_name: str) -> str:
     return _fit(run_name, "egress", 253)
+
+
+def egress_grant_secret_name(run_name: str) -> str:
+    """The Secret holding the run's egress grant (mounted into proxy containers only)."""
+    return _fit(run_name, "egress-grant", 253)

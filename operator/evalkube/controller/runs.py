@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from evalkube.controller import manifests, names
+from evalkube.controller import egress, manifests, names
 from evalkube.controller.kube import Kube
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.reconcile import Decision, decide, job_state, summary_line
@@ -30,6 +32,8 @@ from evalkube.models import EvalRunSpec, SpecError, validate_spec
 from evalkube.store import ResultStore, RunRecord
 
 FINAL_PHASES = ("Succeeded", "Failed")
+#: Seconds a resolved ClusterIP of the ingest or gateway Service is reused.
+SERVICE_IP_CACHE_SECONDS = 300.0
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 
 
@@ -75,6 +79,8 @@ class _Setup:
     parsed: Snapshot
     units: list[Unit]
     """The run's plan: the very list the pod's runner plans from the same snapshot."""
+    grant_expires: int = 0
+    """When the run's egress grant expires (unix seconds; 0 without the egress gateway)."""
 
 
 class RunReconciler:
@@ -99,6 +105,9 @@ class RunReconciler:
         #: What ``_setup`` found per EvalRun uid: the snapshot and the token never change, so
         #: timer passes skip re-reading them (rebuilt from the cluster after a restart).
         self._setups: dict[str, _Setup] = {}
+        #: Settings of work-unit Jobs: the ingest and gateway URLs with ClusterIPs (the pods
+        #: have no DNS), and when they were resolved.
+        self._unit_settings_cache: tuple[float, OperatorSettings] | None = None
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted run from the ``evalkube_runs`` gauge and the setup cache."""
@@ -135,6 +144,8 @@ class RunReconciler:
         generation = meta.get("generation")
         try:
             setup = await self._setup(body)
+            await self._refresh_grant(body, setup)
+            unit_settings = await self._unit_settings()
         except _Blocked as blocked:
             new = {
                 **status,
@@ -159,7 +170,7 @@ class RunReconciler:
         decision = decide(
             units, {u: job_state(j) for u, j in jobs.items()}, done, self.settings.parallelism
         )
-        await self._create_jobs(body, setup, decision)
+        await self._create_jobs(body, setup, decision, unit_settings)
         return await self._status(body, status, setup, decision)
 
     async def resolve_run(self, namespace: str, name: str) -> RunEntry | None:
@@ -253,6 +264,9 @@ class RunReconciler:
                 assert token is not None
         entry = RunEntry(namespace, name, run_id, suite_name, digest(token))
         self.registry.register(entry)
+        grant_expires = (
+            await self._issue_grant(body, spec) if self.settings.egress_via_gateway else 0
+        )
         await self.kube.create(manifests.network_policy(body, spec, self.settings))
         if await asyncio.to_thread(self.store.get_run, run_id) is None:
             record = RunRecord(
@@ -268,10 +282,79 @@ class RunReconciler:
                 if await asyncio.to_thread(self.store.get_run, run_id) is None:
                     raise
         parsed = parse_snapshot(snapshot)
-        return _Setup(snapshot, spec, entry, parsed, parsed.units())
+        return _Setup(snapshot, spec, entry, parsed, parsed.units(), grant_expires)
+
+    # -- egress: the run's grant and the URLs pods use without DNS ------------------------------
+    async def _issue_grant(self, body: Mapping[str, Any], spec: EvalRunSpec) -> int:
+        """Mint the run's egress grant into its Secret (created, or updated in place: running
+        pods' proxies re-read the mounted file); when it expires."""
+        meta = body["metadata"]
+        try:
+            hosts = egress.grant_hosts(spec)
+        except ValueError as exc:
+            raise _Blocked("Failed", "InvalidSpec", f"spec.providers: {exc}") from None
+        path = Path(self.settings.egress_grant_key_file)
+        try:
+            key = await asyncio.to_thread(egress.read_signing_key, path)
+        except (OSError, ValueError) as exc:
+            raise _Blocked(
+                "Pending",
+                "EgressKeyUnavailable",
+                f"cannot sign the run's egress grant: {exc}; the operator needs the grant key "
+                f"Secret mounted at {path} (Helm: egress.*)",
+            ) from None
+        expires = int(time.time()) + self.settings.egress_grant_ttl_seconds
+        grant = egress.mint_grant(key, meta["namespace"], meta["name"], meta["uid"], hosts, expires)
+        await self.kube.create_or_update_secret(manifests.egress_grant_secret(body, grant))
+        return expires
+
+    async def _refresh_grant(self, body: Mapping[str, Any], setup: _Setup) -> None:
+        """A fresh grant once half of the current one's lifetime has passed."""
+        if not self.settings.egress_via_gateway:
+            return
+        left = setup.grant_expires - time.time()
+        if left > self.settings.egress_grant_ttl_seconds / 2:
+            return
+        try:
+            setup.grant_expires = await self._issue_grant(body, setup.spec)
+        except _Blocked as blocked:  # the current grant still serves until it expires
+            if left <= 0:
+                raise
+            self.event(body, "Warning", blocked.reason, blocked.message[:1000])
+
+    async def _unit_settings(self) -> OperatorSettings:
+        """The settings work-unit Jobs are built with: with the egress gateway, the ingest and
+        gateway URLs point at their Services' ClusterIPs (the pods cannot resolve names)."""
+        if not self.settings.egress_via_gateway:
+            return self.settings
+        cached = self._unit_settings_cache
+        if cached is not None and time.monotonic() - cached[0] < SERVICE_IP_CACHE_SECONDS:
+            return cached[1]
+        update: dict[str, str] = {}
+        for field in ("ingest_url", "egress_gateway_url"):
+            url = getattr(self.settings, field)
+            service = egress.service_of(url)
+            if service is None:
+                continue  # an IP already (or a name the pods cannot resolve: documented)
+            ip = await self.kube.service_cluster_ip(*service)
+            if ip is None:
+                raise _Blocked(
+                    "Pending",
+                    "ServiceNotFound",
+                    f"Service {service[0]}/{service[1]} (EVALKUBE_{field.upper()}={url}) has "
+                    "no ClusterIP; work-unit pods have no DNS, so it must exist first",
+                )
+            update[field] = egress.with_host(url, ip)
+        settings = self.settings.model_copy(update=update)
+        self._unit_settings_cache = (time.monotonic(), settings)
+        return settings
 
     async def _create_jobs(
-        self, body: Mapping[str, Any], setup: _Setup, decision: Decision
+        self,
+        body: Mapping[str, Any],
+        setup: _Setup,
+        decision: Decision,
+        unit_settings: OperatorSettings,
     ) -> None:
         for unit in decision.create:
             task = setup.parsed.loaded.task(unit.task_id)
@@ -280,7 +363,7 @@ class RunReconciler:
                 body,
                 unit,
                 spec=setup.spec,
-                settings=self.settings,
+                settings=unit_settings,
                 dataset_config_maps=[(dataset_ref.name, dataset_ref.key)] if dataset_ref else [],
                 timeout_seconds=task.grader.timeout_seconds,
                 preprocess_timeout=task.preprocess.timeout_seconds if task.preprocess else 0,

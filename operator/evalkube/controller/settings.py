@@ -52,6 +52,26 @@ class OperatorSettings(BaseSettings):
     """Labels of the operator pods (the NetworkPolicy's ingest egress target)."""
     ingest_port: int = 8080
     """The ingest port: the only port of the operator pods work-unit pods may reach."""
+    egress_via_gateway: bool = False
+    """Send work-unit pods' model calls through the egress gateway (``evalkube-proxy
+    gateway``; the chart turns it on). On: the pods' NetworkPolicy allows nothing but the
+    gateway's and the operator's ingest port, with no DNS (the operator passes both as
+    ClusterIP URLs), and each run gets an egress grant naming its providers' hosts. Off: the
+    policy allows DNS and the provider ports on the internet, which the grader container of
+    the pod inherits (``docs/security.md``)."""
+    egress_gateway_url: str = "http://evalkube-egress.evalkube-system.svc:3128"
+    """The gateway's Service URL; a ``<service>.<namespace>.svc`` host is resolved to the
+    Service's ClusterIP, since work-unit pods have no DNS."""
+    egress_gateway_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "evalkube-egress"}
+    )
+    """Labels of the gateway pods (in ``operator_namespace``): the NetworkPolicy's target."""
+    egress_grant_key_file: str = "/var/run/secrets/evalkube/egress/key"
+    """File with the grant signing keys, one per line: the first signs (the gateway, which
+    mounts the same Secret, accepts any), so a key is rotated by prepending the new one."""
+    egress_grant_ttl_seconds: int = Field(default=86_400, ge=600)
+    """Lifetime of a run's egress grant; the operator mints a fresh one into the run's Secret
+    when half of it has passed (a running pod's proxy re-reads the mounted file)."""
     job_backoff_limit: int = Field(default=2, ge=0, le=10)
     """Retries of a failed work unit before it counts as failed."""
     job_ttl_seconds: int = Field(default=3600, ge=0)

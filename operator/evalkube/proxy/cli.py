@@ -67,6 +67,14 @@ def proxy(
         str | None,
         typer.Option(help="auto (default), native (the compiled evalkube-proxy binary) or python."),
     ] = None,
+    egress_proxy: Annotated[
+        str | None,
+        typer.Option(help="Egress gateway http://host:port every upstream call goes through."),
+    ] = None,
+    egress_grant_file: Annotated[
+        Path | None,
+        typer.Option(help="File with the run's egress grant (re-read when it changes)."),
+    ] = None,
 ) -> None:
     """Serve until SIGTERM or Ctrl-C."""
     given: dict[str, Any] = {
@@ -83,6 +91,8 @@ def proxy(
             "embedding_model": embedding_model,
             "log_level": log_level,
             "engine": engine,
+            "egress_proxy": egress_proxy,
+            "egress_grant_file": egress_grant_file,
         }.items()
         if value is not None
     }

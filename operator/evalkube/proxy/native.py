@@ -92,6 +92,8 @@ def native_config(
     retries: int = limits.GENERATION_RETRIES_DEFAULT,
     backoff_base: float = 0.5,
     log_level: str = "INFO",
+    egress_proxy: str | None = None,
+    egress_grant_file: Path | str | None = None,
 ) -> dict[str, Any]:
     """The binary's configuration: the same choices the Python proxy would make."""
     return {
@@ -106,6 +108,8 @@ def native_config(
         "retries": retries,
         "backoff_base": backoff_base,
         "log_level": log_level,
+        "egress_proxy": egress_proxy,
+        "egress_grant_file": str(egress_grant_file) if egress_grant_file else None,
         "providers": {
             name: {
                 "base_url": p.base_url,

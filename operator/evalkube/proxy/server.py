@@ -632,12 +632,14 @@ def serve_forever(settings: ProxySettings, registry: CollectorRegistry | None = 
                 unit_id=settings.unit_id,
                 retries=retries,
                 log_level=settings.log_level,
+                egress_proxy=settings.egress_proxy,
+                egress_grant_file=settings.egress_grant_file,
             ),
         )
 
     async def main() -> None:
         service = build_service(
-            Upstream(providers, retries=retries),
+            Upstream(providers, retries=retries, egress=settings.egress()),
             judge_model=judge_model,
             embedding_model=embedding_model,
             registry=registry,

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from evalkube import limits
+from evalkube.proxy.egress import EgressGateway, check_gateway_url
 
 
 class ProxySettings(BaseSettings):
@@ -50,6 +51,26 @@ class ProxySettings(BaseSettings):
     """Which implementation serves: ``native`` (the compiled ``evalkube-proxy``, about three
     times the calls per core), ``python`` (aiohttp, in this process), or ``auto``: native
     when its binary is found and the run uses no ``local:`` model, else python."""
+
+    egress_proxy: str | None = None
+    """Egress gateway (``http://host:port``) every upstream call goes through, with the grant
+    of ``egress_grant_file`` (work-unit pods reach nothing else). Unset: calls go direct."""
+    egress_grant_file: Path | None = None
+    """File holding the run's egress grant (a mounted Secret, re-read when it changes)."""
+
+    @model_validator(mode="after")
+    def _egress_pair(self) -> ProxySettings:
+        if (self.egress_proxy is None) != (self.egress_grant_file is None):
+            raise ValueError("set egress_proxy and egress_grant_file together, or neither")
+        if self.egress_proxy is not None:
+            check_gateway_url(self.egress_proxy)
+        return self
+
+    def egress(self) -> EgressGateway | None:
+        """The gateway upstream calls go through, or None for direct calls."""
+        if self.egress_proxy is None or self.egress_grant_file is None:
+            return None
+        return EgressGateway(self.egress_proxy, self.egress_grant_file)
 
     def control_token(self) -> str | None:
         if self.control_token_file is None:

@@ -30,6 +30,8 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from evalkube.proxy.egress import EgressGateway, EgressUnavailable, refusal
+
 #: Shapes of API keys scrubbed from any provider text even when they are not the
 #: configured key (a provider echoing some other credential it saw).
 _KEY_PATTERNS = re.compile(r"(?:sk|pk|rk|key)-[A-Za-z0-9_\-]{8,}|Bearer\s+[A-Za-z0-9._\-~+/]{8,}=*")
@@ -191,13 +193,17 @@ class Upstream:
         backoff_max: float = 30.0,
         max_connections: int = 128,
         on_retry: Callable[[str, str], None] | None = None,
+        egress: EgressGateway | None = None,
     ) -> None:
+        """``egress``: send every call through the egress gateway with the run's grant
+        (:mod:`evalkube.proxy.egress`); ``None``: direct."""
         self.providers = dict(providers)
         self.retries = retries
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self.max_connections = max_connections
         self.on_retry = on_retry
+        self.egress = egress
         self._session: aiohttp.ClientSession | None = None
         self._auth = {name: ProviderAuth(p) for name, p in self.providers.items()}
         self._urls: dict[tuple[str, str], URL] = {}
@@ -258,13 +264,30 @@ class Upstream:
             wait: float | None = None
             headers = auth.headers()
             try:
+                proxy, proxy_headers, sent = None, None, headers
+                if self.egress is not None:
+                    # The grant goes on CONNECT for https providers, on the request itself
+                    # (absolute-form, to the gateway, which strips it) for http ones.
+                    proxy = self.egress.proxy
+                    proxy_headers = {"Proxy-Authorization": self.egress.proxy_authorization()}
+                    if url.scheme == "http":
+                        sent = {**headers, **proxy_headers}
                 async with self._client().post(
-                    url, data=payload, headers=headers, timeout=timeout, allow_redirects=False
+                    url,
+                    data=payload,
+                    headers=sent,
+                    timeout=timeout,
+                    allow_redirects=False,
+                    proxy=proxy,
+                    proxy_headers=proxy_headers,
                 ) as response:
                     status = response.status
                     raw = await response.read()
                     retry_after = response.headers.get("Retry-After")
                     reason = response.reason or ""
+                    refused = refusal(response.headers, status, reason)
+            except EgressUnavailable as exc:
+                failure = _egress_failure(provider_name, provider.base_url, str(exc))
             except TimeoutError:
                 failure = UpstreamError(
                     f"provider {provider_name} timed out after {provider.timeout:g} s",
@@ -279,9 +302,11 @@ class Upstream:
                     kind="unreachable",
                 )
             else:
-                if status < 400:
+                if refused is not None:
+                    failure = _egress_failure(provider_name, provider.base_url, refused)
+                elif status < 400:
                     return UpstreamReply(raw, _decode(raw, provider_name, status), attempt + 1)
-                if status in (401, 403):
+                elif status in (401, 403):
                     raise UpstreamError(
                         f"credentials rejected by provider {provider_name} (HTTP {status}); "
                         f"check its {provider.key_source() or 'API key'}",
@@ -289,15 +314,18 @@ class Upstream:
                         provider=provider_name,
                         kind="credentials",
                     )
-                message = scrub(_error_message(raw, reason), [headers.get("Authorization", "")[7:]])
-                failure = UpstreamError(
-                    f"provider {provider_name} answered HTTP {status}: {message}",
-                    status=status,
-                    provider=provider_name,
-                )
-                if status != 429 and status < 500:
-                    raise failure
-                wait = retry_after_seconds(retry_after)
+                else:
+                    message = scrub(
+                        _error_message(raw, reason), [headers.get("Authorization", "")[7:]]
+                    )
+                    failure = UpstreamError(
+                        f"provider {provider_name} answered HTTP {status}: {message}",
+                        status=status,
+                        provider=provider_name,
+                    )
+                    if status != 429 and status < 500:
+                        raise failure
+                    wait = retry_after_seconds(retry_after)
             if attempt >= self.retries:
                 if attempt:
                     failure.args = (f"{failure.args[0]} (after {attempt + 1} attempts)",)
@@ -334,6 +362,17 @@ def _decode(raw: bytes, provider_name: str, status: int) -> dict[str, Any]:
     return data
 
 
+def _egress_failure(provider_name: str, base_url: str, reason: str) -> UpstreamError:
+    """The gateway refused the call or the grant is unreadable: unreachable, retried (a
+    rotated grant or key may be mounted by the next attempt)."""
+    return UpstreamError(
+        f"provider {provider_name} is unreachable at {_origin(base_url)}: "
+        f"connection failed ({reason})",
+        provider=provider_name,
+        kind="unreachable",
+    )
+
+
 def _origin(base_url: str) -> str:
     scheme, _, rest = base_url.partition("://")
     host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
@@ -341,6 +380,8 @@ def _origin(base_url: str) -> str:
 
 
 def _transport_reason(exc: aiohttp.ClientError) -> str:
+    if isinstance(exc, aiohttp.ClientHttpProxyError):
+        return f"connection failed (egress gateway refused: {exc.message or exc.status})"
     if isinstance(exc, aiohttp.ClientConnectorError):
         error = exc.os_error
         reason = os.strerror(error.errno) if error.errno else type(error).__name__

@@ -8,6 +8,7 @@ that cannot work fail at render time; the chart's CRD copy matches the generator
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Iterator
@@ -54,8 +55,19 @@ def render(
     return [d for d in yaml.safe_load_all(helm(cp, *args)) if d]
 
 
-def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
+def by_kind(
+    docs: list[dict[str, Any]], kind: str, component: str | None = None
+) -> list[dict[str, Any]]:
+    """Documents of ``kind`` (with label ``app.kubernetes.io/component=component`` if given)."""
+    return [
+        d
+        for d in docs
+        if d["kind"] == kind
+        and (
+            component is None
+            or d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+        )
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +112,10 @@ def test_defaults_render_a_locked_down_operator(control_plane: ControlPlane) -> 
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
-        "Deployment", "NetworkPolicy", "PersistentVolumeClaim", "Secret", "Service",
-        "ServiceAccount",
+        "Deployment", "Deployment", "NetworkPolicy", "NetworkPolicy", "PersistentVolumeClaim",
+        "Role", "RoleBinding", "Secret", "Secret", "Service", "Service", "ServiceAccount",
     ]  # fmt: skip
-    [deploy] = by_kind(docs, "Deployment")
+    [deploy] = by_kind(docs, "Deployment", "operator")
     pod = deploy["spec"]["template"]["spec"]
     [container] = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -131,13 +143,13 @@ def test_defaults_render_a_locked_down_operator(control_plane: ControlPlane) -> 
     labels = json.loads(env["EVALKUBE_OPERATOR_POD_LABELS"])
     assert labels.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
     assert env["EVALKUBE_API_LISTEN"] == "0.0.0.0:8081"
-    [secret] = by_kind(docs, "Secret")
+    [secret] = by_kind(docs, "Secret", "api-token")
     assert env["EVALKUBE_API_TOKEN"] == {
         "secretKeyRef": {"name": secret["metadata"]["name"], "key": "token"}
     }
     assert len(secret["data"]["token"]) >= 48  # a random token, base64
     assert container["readinessProbe"]["httpGet"]["port"] == "api"  # probes stay off ingest
-    [service] = by_kind(docs, "Service")
+    [service] = by_kind(docs, "Service", "operator")
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
     assert ports == {"http": 8080, "api": 8081}
     assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
@@ -153,8 +165,8 @@ def test_operator_network_policy_keeps_work_pods_on_the_ingest_port(
         "evalkube-system",
         "networkPolicy.apiFrom[0].namespaceSelector.matchLabels.team=observability",
     )
-    [policy] = by_kind(docs, "NetworkPolicy")
-    [deploy] = by_kind(docs, "Deployment")
+    [policy] = by_kind(docs, "NetworkPolicy", "operator")
+    [deploy] = by_kind(docs, "Deployment", "operator")
     spec = policy["spec"]
     assert spec["policyTypes"] == ["Ingress"]
     assert spec["podSelector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
@@ -174,7 +186,88 @@ def test_operator_network_policy_keeps_work_pods_on_the_ingest_port(
     assert api["ports"] == [{"protocol": "TCP", "port": 8081}]
     assert api["from"] == [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]
     assert not by_kind(render(control_plane, "evalkube-system", "networkPolicy.enabled=false"),
-                       "NetworkPolicy")  # fmt: skip
+                       "NetworkPolicy", "operator")  # fmt: skip
+
+
+def test_egress_gateway_renders_locked_down(control_plane: ControlPlane) -> None:
+    docs = render(control_plane, "evalkube-system")
+    [operator] = by_kind(docs, "Deployment", "operator")
+    [gateway] = by_kind(docs, "Deployment", "egress-gateway")
+    [service] = by_kind(docs, "Service", "egress-gateway")
+    [operator_service] = by_kind(docs, "Service", "operator")
+    [key] = by_kind(docs, "Secret", "egress-grant-key")
+    [policy] = by_kind(docs, "NetworkPolicy", "egress-gateway")
+    pod = gateway["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    # same image as the operator, the gateway mode of the native binary
+    assert container["image"] == operator["spec"]["template"]["spec"]["containers"][0]["image"]
+    command = container["command"]
+    assert command[:2] == ["evalkube-proxy", "gateway"]
+    assert command[command.index("--listen") + 1] == "0.0.0.0:3128"
+    assert "169.254.0.0/16" in command[command.index("--deny-cidrs") + 1].split(",")
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert pod["automountServiceAccountToken"] is False
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["resources"]["limits"]["memory"]
+    # one key Secret, mounted into the operator (to sign) and the gateway (to verify)
+    key_name = key["metadata"]["name"]
+    assert len(base64.b64decode(key["data"]["key"])) == 64
+    for deployment in (operator, gateway):
+        volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        assert key_name in {v.get("secret", {}).get("secretName") for v in volumes}
+    # the operator's selectors never pick the gateway's pods, and the other way round
+    gateway_labels = gateway["spec"]["template"]["metadata"]["labels"]
+    operator_labels = operator["spec"]["template"]["metadata"]["labels"]
+    assert not operator_service["spec"]["selector"].items() <= gateway_labels.items()
+    assert not service["spec"]["selector"].items() <= operator_labels.items()
+    assert service["spec"]["selector"].items() <= gateway_labels.items()
+    # the operator's view of the gateway
+    env = {
+        e["name"]: e.get("value")
+        for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["EVALKUBE_EGRESS_VIA_GATEWAY"] == "true"
+    assert (
+        env["EVALKUBE_EGRESS_GATEWAY_URL"] == "http://ev-evalkube-egress.evalkube-system.svc:3128"
+    )
+    assert json.loads(env["EVALKUBE_EGRESS_GATEWAY_POD_LABELS"]).items() <= gateway_labels.items()
+    # its own policy: the proxy port from work-unit pods only; DNS and anywhere out
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= gateway_labels.items()
+    proxy_rule = next(
+        r for r in spec["ingress"] if r["ports"] == [{"protocol": "TCP", "port": 3128}]
+    )
+    [source] = proxy_rule["from"]
+    assert source["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "work-unit"
+    assert any(p["port"] == 53 for r in spec["egress"] for p in r.get("ports", []))
+    # the operator may read these two Services, nothing else
+    [role] = by_kind(docs, "Role")
+    [rule] = role["rules"]
+    assert rule["resources"] == ["services"]
+    assert rule["verbs"] == ["get"]
+    assert sorted(rule["resourceNames"]) == ["ev-evalkube", "ev-evalkube-egress"]
+
+
+def test_egress_can_be_turned_off_or_use_an_existing_key(control_plane: ControlPlane) -> None:
+    docs = render(control_plane, "evalkube-system", "egress.enabled=false")
+    assert not by_kind(docs, "Deployment", "egress-gateway")
+    assert not by_kind(docs, "Secret", "egress-grant-key")
+    assert not by_kind(docs, "NetworkPolicy", "egress-gateway")
+    [operator] = by_kind(docs, "Deployment", "operator")
+    container = operator["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["EVALKUBE_EGRESS_VIA_GATEWAY"] == "false"
+    assert "EVALKUBE_EGRESS_GATEWAY_URL" not in env
+    docs = render(control_plane, "evalkube-system", "egress.grantKey.existingSecret=mine")
+    assert not by_kind(docs, "Secret", "egress-grant-key")
+    for deployment in by_kind(docs, "Deployment"):
+        volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        assert "mine" in {v.get("secret", {}).get("secretName") for v in volumes}
 
 
 def test_rbac_is_least_privilege(control_plane: ControlPlane) -> None:
@@ -279,6 +372,10 @@ def test_install_and_rbac_with_can_i(chart_crds: ControlPlane, namespace: str) -
         assert not can("create", "deployments.apps")
         assert not can("delete", "evalruns.evalkube.io")
         assert not can("create", "rolebindings.rbac.authorization.k8s.io")
+        # the ClusterIPs of its own Service and the gateway's, and of no other Service
+        assert can("get", f"services/{release}-evalkube-egress", namespace)
+        assert not can("get", "services/kubernetes", "default")
+        assert not can("list", "services", namespace)
         status = helm(cp, "status", release, "--namespace", namespace, "-o", "json")
         assert json.loads(status)["info"]["status"] == "deployed"
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import ssl
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,7 +38,9 @@ class Scripted:
 class FakeUpstream:
     """``with FakeUpstream() as up: up.base_url`` -> ``http://127.0.0.1:PORT/v1``."""
 
-    def __init__(self) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        """``ssl_context``: serve https (the egress tests tunnel through the gateway)."""
+        self.ssl_context = ssl_context
         self.received: list[Received] = []
         self.script: deque[Scripted] = deque()
         self._ids = itertools.count(1)
@@ -67,7 +70,7 @@ class FakeUpstream:
             app, access_log=None, handle_signals=False, shutdown_timeout=0.5
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.ssl_context)
         await site.start()
         server = site._server
         assert server is not None
@@ -79,7 +82,8 @@ class FakeUpstream:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/v1"
 
     # -- behaviour ---------------------------------------------------------------------------
     def then(self, *replies: Scripted) -> None:

@@ -365,9 +365,12 @@ def test_owned_objects_carry_the_owner_reference_and_deterministic_names() -> No
         assert obj["metadata"]["labels"][names.LABEL_RUN] == RUN_NAME
 
 
-def test_network_policy_no_ingress_and_only_dns_ingest_and_provider_ports() -> None:
+def test_direct_egress_policy_no_ingress_and_only_dns_ingest_and_provider_ports() -> None:
     settings = OperatorSettings(
-        operator_namespace="evalkube-system", ingest_port=8443, operator_pod_labels={"app": "ek"}
+        operator_namespace="evalkube-system",
+        ingest_port=8443,
+        operator_pod_labels={"app": "ek"},
+        egress_via_gateway=False,
     )
     spec = run_spec(
         models=["openai:gpt-4.1-mini", "vllm:llama"],
@@ -404,12 +407,72 @@ def test_network_policy_no_ingress_and_only_dns_ingest_and_provider_ports() -> N
     assert set(block["ipBlock"]["except"]) >= {"10.0.0.0/8", "169.254.0.0/16"}
 
 
-def test_network_policy_without_providers_allows_only_dns_and_ingest() -> None:
+def test_direct_egress_policy_without_providers_allows_only_dns_and_ingest() -> None:
     spec = validate_spec(
         EvalRunSpec, {"suiteRef": {"name": "qa"}, "models": ["precomputed"]}, prefix="spec"
     )
-    egress = manifests.network_policy(owner(), spec, OperatorSettings())["spec"]["egress"]
+    settings = OperatorSettings(egress_via_gateway=False)
+    egress = manifests.network_policy(owner(), spec, settings)["spec"]["egress"]
     assert len(egress) == 2
     ports = sorted(p["port"] for rule in egress for p in rule["ports"])
     assert ports == [53, 53, OperatorSettings().ingest_port]
     assert not [rule for rule in egress for to in rule["to"] if "ipBlock" in to]
+
+
+# -- egress through the gateway ---------------------------------------------------------------
+GATEWAY = OperatorSettings(
+    egress_via_gateway=True,
+    operator_namespace="evalkube-system",
+    operator_pod_labels={"app": "ek"},
+    ingest_port=8443,
+    egress_gateway_url="http://10.96.0.40:3128",
+    egress_gateway_pod_labels={"app": "ek-egress"},
+)
+
+
+def test_gateway_policy_allows_only_the_gateway_and_ingest_no_dns_no_ip_block() -> None:
+    policy = manifests.network_policy(owner(), run_spec(), GATEWAY)["spec"]
+    assert policy["ingress"] == []
+    assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
+    system = {"matchLabels": {"kubernetes.io/metadata.name": "evalkube-system"}}
+    assert policy["egress"] == [
+        {
+            "to": [
+                {"namespaceSelector": system, "podSelector": {"matchLabels": {"app": "ek-egress"}}}
+            ],
+            "ports": [{"protocol": "TCP", "port": 3128}],
+        },
+        {
+            "to": [{"namespaceSelector": system, "podSelector": {"matchLabels": {"app": "ek"}}}],
+            "ports": [{"protocol": "TCP", "port": 8443}],
+        },
+    ]
+
+
+def test_egress_grant_secret_is_owned_and_deterministic() -> None:
+    secret = manifests.egress_grant_secret(owner(), "v1.payload.mac")
+    assert secret["kind"] == "Secret"
+    assert secret["metadata"]["name"] == f"{RUN_NAME}-egress-grant"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert secret["metadata"]["labels"][names.LABEL_RUN] == RUN_NAME
+    assert secret["metadata"]["labels"][names.LABEL_COMPONENT] == "egress-grant"
+    assert secret["stringData"] == {manifests.EGRESS_GRANT_KEY: "v1.payload.mac"}
+
+
+def test_only_the_proxy_mounts_the_grant_and_goes_through_the_gateway() -> None:
+    j = job(settings=GATEWAY)
+    proxy = container(j, "proxy")
+    command = proxy["command"]
+    assert command[command.index("--egress-proxy") + 1] == "http://10.96.0.40:3128"
+    grant_file = command[command.index("--egress-grant-file") + 1]
+    (mount,) = [m for m in proxy["volumeMounts"] if m["name"] == "egress-grant"]
+    assert mount["readOnly"] is True
+    assert grant_file == f"{mount['mountPath']}/{manifests.EGRESS_GRANT_KEY}"
+    (volume,) = [v for v in pod_spec(j)["volumes"] if v["name"] == "egress-grant"]
+    assert volume["secret"]["secretName"] == f"{RUN_NAME}-egress-grant"
+    for name in ("runner", "grader"):
+        other = container(j, name)
+        assert "egress-grant" not in {m["name"] for m in other["volumeMounts"]}
+        assert "egress" not in " ".join(other["command"])
+    assert "--egress-proxy" not in container(job(), "proxy")["command"]
+    assert "egress-grant" not in {v["name"] for v in pod_spec(job())["volumes"]}

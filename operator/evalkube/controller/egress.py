@@ -1,0 +1,128 @@
+"""Egress grants: what lets a work-unit pod's proxy sidecar through the egress gateway.
+
+Pure functions, called by the run reconciler (:mod:`evalkube.controller.runs`) when it sets a
+run up. A work-unit pod reaches nothing but the egress gateway (``evalkube-proxy gateway``)
+and the operator's ingest port; the gateway forwards only requests that carry a grant signed
+with the operator's grant key, and only to the ``host:port`` authorities the grant names: the
+run's providers. The grant lives in a Secret mounted into the ``proxy`` container only, so the
+grader container, which shares the pod's network, cannot use the gateway.
+
+Format (the Go side is ``operator/evalkube-proxy/grant.go``; the shared vectors in
+``tests/fixtures/egress_grants.json`` keep both byte-compatible)::
+
+    "v1." + b64url(payload) + "." + b64url(HMAC-SHA256(key, "v1." + b64url(payload)))
+
+with unpadded base64url and ``payload`` the compact JSON
+``{"v":1,"run":"ns/name","uid":"...","hosts":["api.openai.com:443"],"exp":<unix seconds>}``.
+
+The grant key file holds one key per line: the first signs, the gateway accepts any, so a key
+is rotated by prepending the new one and removing the old one once the grants it signed have
+expired.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from evalkube.models import EvalRunSpec
+
+__all__ = [
+    "GRANT_PREFIX",
+    "MIN_KEY_BYTES",
+    "grant_hosts",
+    "mint_grant",
+    "read_signing_key",
+    "service_of",
+    "url_authority",
+    "with_host",
+]
+
+GRANT_PREFIX = "v1."
+#: Shortest grant key accepted (as the gateway, ``minGrantKeyBytes``).
+MIN_KEY_BYTES = 32
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def mint_grant(
+    key: bytes,
+    namespace: str,
+    name: str,
+    uid: str,
+    hosts: Iterable[str],
+    expires_at: int,
+) -> str:
+    """The grant letting run ``namespace/name`` (``uid``) reach ``hosts`` until ``expires_at``
+    (unix seconds), signed with ``key``."""
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"the egress grant key must be at least {MIN_KEY_BYTES} bytes")
+    payload = {
+        "v": 1,
+        "run": f"{namespace}/{name}",
+        "uid": uid,
+        "hosts": sorted({host.lower() for host in hosts}),
+        "exp": int(expires_at),
+    }
+    signed = GRANT_PREFIX + _b64url(
+        json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    )
+    mac = hmac.new(key, signed.encode("ascii"), hashlib.sha256).digest()
+    return f"{signed}.{_b64url(mac)}"
+
+
+def url_authority(url: str) -> str:
+    """``host:port`` of an http(s) URL, the host lower-cased, the port explicit (80 for
+    http, 443 for https); IPv6 hosts in brackets, as the gateway compares them."""
+    parts = urlsplit(url)
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
+    port = parts.port or _DEFAULT_PORTS[parts.scheme]
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+def grant_hosts(spec: EvalRunSpec) -> list[str]:
+    """Every authority the run's proxy may reach: its providers' ``baseURL`` hosts, sorted."""
+    return sorted({url_authority(provider.base_url) for provider in spec.providers.values()})
+
+
+def service_of(url: str) -> tuple[str, str] | None:
+    """``(namespace, service)`` when ``url``'s host is a Service name
+    (``<service>.<namespace>.svc`` or ``...svc.cluster.local``), else ``None``."""
+    host = (urlsplit(url).hostname or "").rstrip(".")
+    labels = host.split(".")
+    if labels[2:] not in (["svc"], ["svc", "cluster", "local"]) or not all(labels[:2]):
+        return None
+    return labels[1], labels[0]
+
+
+def with_host(url: str, ip: str) -> str:
+    """``url`` with its host replaced by ``ip`` (the port and path kept)."""
+    parts = urlsplit(url)
+    host = f"[{ip}]" if ":" in ip else ip
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return parts._replace(netloc=netloc).geturl()
+
+
+def read_signing_key(path: Path) -> bytes:
+    """The signing key of a grant key file: its first non-empty line."""
+    for line in path.read_text().splitlines():
+        if line.strip():
+            key = line.strip().encode("utf-8")
+            if len(key) < MIN_KEY_BYTES:
+                raise ValueError(
+                    f"grant key file {path}: the key is shorter than {MIN_KEY_BYTES} bytes"
+                )
+            return key
+    raise ValueError(f"grant key file {path} holds no key")
