@@ -35,6 +35,8 @@ SANDBOX_BOOTSTRAP = (
     "runpy.run_module('evalkube_sandbox', run_name='__main__')"
 )
 NOBODY = 65534
+#: Prefix of gVisor's per-volume mount hints (``<prefix>.<volume>.share`` / ``.type``).
+GVISOR_MOUNT_ANNOTATION = "dev.gvisor.spec.mount"
 
 
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -329,9 +331,10 @@ def unit_job(
         pod_spec["runtimeClassName"] = settings.runtime_class
     if settings.node_selector:
         pod_spec["nodeSelector"] = dict(settings.node_selector)
-    template_meta: dict[str, Any] = {"labels": pod_labels}
-    if settings.pod_annotations:
-        template_meta["annotations"] = dict(settings.pod_annotations)
+    template_meta: dict[str, Any] = {
+        "labels": pod_labels,
+        "annotations": {**gvisor_mount_hints(pod_spec), **settings.pod_annotations},
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -345,6 +348,32 @@ def unit_job(
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
+
+
+def gvisor_mount_hints(pod_spec: Mapping[str, Any]) -> dict[str, str]:
+    """gVisor pod annotations that make each memory emptyDir shared by several containers one
+    tmpfs inside the sandbox.
+
+    Under runsc every container otherwise sees its own view of an emptyDir, so a unix socket
+    one container binds there (worker, bridge, control) is invisible to the others. The hints
+    reach runsc only when containerd passes them on (``pod_annotations = ["dev.gvisor.*"]`` on
+    the runsc runtime, docs/install.md); other runtimes ignore them.
+    """
+    containers = [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]
+    users: dict[str, int] = {}
+    for c in containers:
+        for mount in {m["name"] for m in c.get("volumeMounts", [])}:
+            users[mount] = users.get(mount, 0) + 1
+    hints: dict[str, str] = {}
+    for volume in pod_spec.get("volumes", []):
+        empty_dir = volume.get("emptyDir")
+        if empty_dir is None or empty_dir.get("medium") != "Memory":
+            continue
+        if users.get(volume["name"], 0) > 1:
+            prefix = f"{GVISOR_MOUNT_ANNOTATION}.{volume['name']}"
+            hints[f"{prefix}.share"] = "pod"
+            hints[f"{prefix}.type"] = "tmpfs"
+    return hints
 
 
 def _provider_credentials(
