@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: setup demo test lint typecheck crds-check system-deps native-proxy
+.PHONY: setup demo test lint typecheck crds-check system-deps native-proxy images
 setup:
 	bash .ci/python.sh
 
@@ -14,6 +14,11 @@ demo: setup
 # The native model bridge proxy (needs Go); `evalkube proxy` uses it when it is on PATH.
 native-proxy: setup
 	cp "$$(bash .ci/proxy.sh | tail -1)" .venv/bin/evalkube-proxy
+
+# The evalkube and grader images from their Dockerfiles, without a registry or Docker engine
+# (buildah, local Debian bases); prints the folder of the docker-archive tars.
+images:
+	bash .ci/images.sh
 
 system-deps:
 	bash .ci/postgres.sh
