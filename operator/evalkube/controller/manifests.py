@@ -4,7 +4,9 @@ A work-unit Pod has three containers with three levels of trust (DESIGN.md §2, 
 the ``proxy`` native sidecar holds the provider credentials (only it mounts the Secret);
 the ``runner`` holds the run's ingest token; the ``grader`` runs untrusted code under gVisor
 with no token, no secrets, no service-account token, a read-only root, no capabilities and
-a size-capped /tmp. The Pod satisfies Pod Security "restricted".
+a size-capped /tmp. The Pod satisfies Pod Security "restricted". ``proxy`` and ``grader``
+are native sidecars (init containers that keep running): the runner is the only main
+container, so the Pod completes when it exits.
 """
 
 from __future__ import annotations
@@ -299,6 +301,9 @@ def unit_job(
     grader = {
         "name": "grader",
         "image": settings.sandbox_image,
+        # a native sidecar too: it serves until the runner is done, then the kubelet stops it
+        # (as a regular container it kept every finished pod, and its Job, running)
+        "restartPolicy": "Always",
         "command": ["python3", "-I", "-S", "-c", SANDBOX_BOOTSTRAP, "--listen", WORKER_SOCKET],
         "env": [],
         "volumeMounts": [
@@ -323,8 +328,8 @@ def unit_job(
             "fsGroup": NOBODY,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [proxy],
-        "containers": [runner, grader],
+        "initContainers": [proxy, grader],
+        "containers": [runner],
         "volumes": volumes,
     }
     if settings.runtime_class:

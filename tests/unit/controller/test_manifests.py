@@ -84,11 +84,14 @@ def secret_volumes(j: dict[str, Any]) -> set[str]:
 
 
 # -- the Pod: containers and trust ------------------------------------------------------------
-def test_three_containers_with_the_proxy_as_a_native_sidecar() -> None:
+def test_three_containers_with_proxy_and_grader_as_native_sidecars() -> None:
+    """The runner is the pod's only main container: when it exits the kubelet stops both
+    sidecars and the pod (and its Job) completes; a grader serving forever as a regular
+    container kept every finished pod running (found on a real node)."""
     spec = pod_spec(job())
-    assert [c["name"] for c in spec["initContainers"]] == ["proxy"]
-    assert spec["initContainers"][0]["restartPolicy"] == "Always"
-    assert [c["name"] for c in spec["containers"]] == ["runner", "grader"]
+    assert [c["name"] for c in spec["initContainers"]] == ["proxy", "grader"]
+    assert all(c["restartPolicy"] == "Always" for c in spec["initContainers"])
+    assert [c["name"] for c in spec["containers"]] == ["runner"]
     assert spec["restartPolicy"] == "Never"
     for c in spec["containers"]:
         assert "restartPolicy" not in c
