@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socketserver
 import sys
 import threading
 from typing import Any
@@ -79,6 +80,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         )
 
 
+class Server(http.server.ThreadingHTTPServer):
+    def server_bind(self) -> None:
+        # http.server looks its own address up in DNS here, which hangs where none answers
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = "fake-provider", self.server_address[1]
+
+
 if __name__ == "__main__":
-    server = http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), Handler)
+    server = Server((sys.argv[1], int(sys.argv[2])), Handler)
     server.serve_forever()

@@ -30,14 +30,23 @@ RELEASE = "evalkube"
 STORAGE_CLASS = "realnode-local"
 OUTSIDE_IP = "198.51.100.2"  # TEST-NET-2, inside this test's own namespace: routes nowhere else
 OUTSIDE_GW = "198.51.100.1"
-#: ``python -c SERVE HOST PORT``: answers every GET with ``ok``
+#: ``python -c SERVE HOST PORT``: answers every connection with an HTTP ``ok`` (a plain
+#: socket: http.server's bind looks its address up in DNS, which hangs where none answers)
 SERVE = (
-    "import http.server, sys\n"
-    "class H(http.server.BaseHTTPRequestHandler):\n"
-    "    def do_GET(self):\n"
-    "        self.send_response(200); self.end_headers(); self.wfile.write(b'ok')\n"
-    "    def log_message(self, *a): pass\n"
-    "http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_forever()\n"
+    "import socket, sys\n"
+    "s = socket.socket()\n"
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind((sys.argv[1], int(sys.argv[2])))\n"
+    "s.listen(64)\n"
+    "while True:\n"
+    "    c, _ = s.accept()\n"
+    "    c.settimeout(3)\n"
+    "    try:\n"
+    "        c.recv(4096)\n"
+    "        c.sendall(b'HTTP/1.0 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok')\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "    c.close()\n"
 )
 
 
@@ -198,7 +207,11 @@ def outside_host(node: RealNode, python_args: list[str]) -> Iterator[str]:
             ["nsenter", f"--net=/run/netns/{ns}", sys.executable, *python_args],
             stdin=subprocess.DEVNULL,
         )  # fmt: skip
-        wait_for(lambda: _listening(ns), timeout=30, what=f"a server in {ns}")
+        wait_for(
+            lambda: listening(ns, f"{OUTSIDE_IP}:{python_args[-1]}"),
+            timeout=30,
+            what=f"a server in {ns}",
+        )
         yield ns
     finally:
         if server is not None:
@@ -207,8 +220,9 @@ def outside_host(node: RealNode, python_args: list[str]) -> Iterator[str]:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def _listening(ns: str) -> bool:
+def listening(netns: str, address: str) -> bool:
+    """Whether something listens on TCP ``address`` (``ip:port``) in ``netns``."""
     out = subprocess.run(
-        ["ip", "netns", "exec", ns, "ss", "-Htln"], capture_output=True, text=True
+        ["ip", "netns", "exec", netns, "ss", "-Htln"], capture_output=True, text=True
     ).stdout
-    return OUTSIDE_IP in out
+    return any(line.split()[3] == address for line in out.splitlines() if len(line.split()) > 3)

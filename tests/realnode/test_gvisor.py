@@ -1,7 +1,8 @@
 """Evidence that graders run under gVisor on the real node: the kernel a grader sees.
 
-gVisor's Sentry answers ``uname`` with its own fixed release (4.4.0) and ``/proc/version``
-with its own text; a grader sharing the node's kernel would see the host's release.
+gVisor's Sentry answers ``uname`` with its own release (``4.19.0-gvisor`` for the pinned
+version) and ``/proc/version`` with its own text; a grader sharing the node's kernel would see
+the host's release.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ def grade(sample, item):
             version = f.read()
     except OSError:
         version = ""
+    gvisor = release.endswith("-gvisor") and HOST_RELEASE not in version
     return {{"scores": {{
         "host_kernel": 1.0 if release == HOST_RELEASE else 0.0,
-        "gvisor_kernel": 1.0 if release == "4.4.0" and HOST_RELEASE not in version else 0.0,
+        "gvisor_kernel": 1.0 if gvisor else 0.0,
     }}}}
 """
 

@@ -19,8 +19,16 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.cluster.ctrlplane import wait_for
 from tests.cluster.realnode import NODE_IP, RealNode
-from tests.realnode.support import OUTSIDE_IP, SERVE, eval_run, outside_host, wait_finished
+from tests.realnode.support import (
+    OUTSIDE_IP,
+    SERVE,
+    eval_run,
+    listening,
+    outside_host,
+    wait_finished,
+)
 
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
 
@@ -63,6 +71,11 @@ def node_listener(node: RealNode) -> Iterator[None]:
         stdin=subprocess.DEVNULL,
     )
     try:
+        wait_for(
+            lambda: listening(node.netns, f"{NODE_IP}:{NODE_PORT}"),
+            timeout=30,
+            what="the node listener",
+        )
         yield
     finally:
         server.kill()
@@ -84,7 +97,7 @@ def web_pod(node: RealNode, namespace: str) -> str:
                         "command": [
                             "sh",
                             "-c",
-                            "echo ok > /tmp/i.html; exec httpd -f -p 8080 -h /tmp",
+                            "echo ok > /tmp/index.html; exec httpd -f -p 8080 -h /tmp",
                         ],
                     }
                 ]
