@@ -143,6 +143,8 @@ buildah push --quiet localhost/busybox:1.35 "docker-archive:$WORK/out/busybox.ta
   echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ) in $((SECONDS - T0))s"; } > "$WORK/out/IMAGES"
 rm -rf "$OUT"; mv "$WORK/out" "$OUT"
 log "images ready in $((SECONDS - T0))s: $OUT"
+# images a rebuild untagged (older builds of the same tags) take space in buildah's storage
+buildah rmi --prune >/dev/null 2>&1 || true
 # keep the newest three image sets
 ls -1dt "$CACHE"/*/IMAGES 2>/dev/null | tail -n +4 | while IFS= read -r f; do rm -rf "$(dirname "$f")"; done
 echo "$OUT"

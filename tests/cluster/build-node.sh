@@ -150,4 +150,14 @@ fi
   echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ) in $((SECONDS - T0))s"; } > "$PART/VERSIONS"
 rm -rf "$BIN" && mv "$PART" "$BIN"
 log "done in $((SECONDS - T0))s: $BIN"
+# Prune: keep the newest ${EVALKUBE_TOOLS_KEEP:-3} complete builds (~410 MB each), never one
+# whose build is running (its lock is held).
+n=0
+while IFS= read -r v; do
+  d=$(dirname "$(dirname "$v")")
+  n=$((n + 1))
+  ((n <= ${EVALKUBE_TOOLS_KEEP:-3})) && continue
+  [[ $d == "$DIR" ]] && continue
+  ( exec 8>"$d/lock" && flock -n 8 && rm -rf "$d" && log "pruned old build $d" ) || true
+done < <(ls -1t "$ROOT"/*/bin/VERSIONS 2>/dev/null)
 echo "$BIN"

@@ -71,6 +71,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # real-node tests last: their node (session scope) then runs only while they do
+    items.sort(key=lambda item: item.get_closest_marker("realnode") is not None)
     for item in items:
         if item.get_closest_marker("cluster") and "control_plane" not in getattr(
             item, "fixturenames", ["control_plane"]
