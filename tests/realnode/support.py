@@ -99,7 +99,7 @@ def install_chart(node: RealNode, *extra: str) -> None:
 
 
 def local_suite_to_cluster(suite_file: Path, namespace: str, name: str) -> list[dict[str, Any]]:
-    """The EvalSuite and ConfigMaps a user writes for a local suite (docs/install.md §6):
+    """The EvalSuite and ConfigMaps a user writes for a local suite (docs/install.md §7):
     ``file`` references become ``configmap/key``, ``dataset.path`` a ``configMapRef``, and
     ``outputs.path`` a dataset column (a cluster cannot read local files)."""
     doc = yaml.safe_load(suite_file.read_text())
