@@ -318,6 +318,7 @@ class RealNode:
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
             start_new_session=True,
+            preexec_fn=_set_pdeathsig,  # pytest killed: the launcher still stops the node
         )
         log.close()
         ready = self.workdir / "ready.json"
