@@ -4,11 +4,15 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: setup demo test lint typecheck crds-check system-deps native-proxy images
+.PHONY: setup sandboxes demo test lint typecheck crds-check system-deps native-proxy images
 setup:
 	bash .ci/python.sh
 
-demo: setup
+# The isolating sandboxes `evalkube run --sandbox auto` chooses from (gVisor, bubblewrap, nsjail).
+sandboxes: setup
+	EVALKUBE_PYTHON=$(VENV)/python bash .ci/sandboxes.sh
+
+demo: setup sandboxes
 	$(VENV)/evalkube run examples/recipes/suite.yaml --output results.json
 
 # The native model bridge proxy (needs Go); `evalkube proxy` uses it when it is on PATH.
@@ -20,9 +24,8 @@ native-proxy: setup
 images:
 	bash .ci/images.sh
 
-system-deps:
+system-deps: sandboxes
 	bash .ci/postgres.sh
-	@if [ -f .ci/sandboxes.sh ]; then bash .ci/sandboxes.sh; fi
 
 lint: setup
 	$(VENV)/ruff check operator sandbox_image tests benchmarks

@@ -104,6 +104,31 @@ def role_upstream(port: int) -> None:
     asyncio.run(main())
 
 
+#: Execution tokens the client uses (``exec-0`` ... one per connection), opened before load.
+CLIENT_TOKENS = 256
+
+
+def control_socket(port: int) -> Path:
+    """Where the proxy listening on ``port`` serves its control routes."""
+    return Path(tempfile.gettempdir()) / f"evalkube-bench-control-{port}.sock"
+
+
+def open_client_tokens(port: int) -> None:
+    """Open the client's execution tokens, as the runner does before graders call."""
+    from evalkube.proxy.control import ControlClient
+
+    deadline = time.monotonic() + 30
+    while not control_socket(port).exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the proxy on port {port} opened no control socket")
+        time.sleep(0.05)
+    client = ControlClient(f"unix:{control_socket(port)}")
+    try:
+        client.open_executions([f"exec-{n}" for n in range(CLIENT_TOKENS)])
+    finally:
+        client.close()
+
+
 def role_native(port: int, upstream_port: int) -> None:
     """The native proxy on TCP loopback, configured and exec'd as the sidecar does."""
     sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "sandbox_image")]
@@ -117,6 +142,7 @@ def role_native(port: int, upstream_port: int) -> None:
     config = native_config(
         {"fake": provider},
         listen=f"127.0.0.1:{port}",
+        control_listen=f"unix:{control_socket(port)}",
         judge_model="fake:m",
         max_calls=10**9,
         planned_executions=10**6,
@@ -146,7 +172,13 @@ def role_python(port: int, upstream_port: int) -> None:
             max_calls_per_execution=10**9,
             planned_executions=10**6,
         )
-        await run_until_stopped(ProxyServer(service, listen=f"127.0.0.1:{port}"))
+        await run_until_stopped(
+            ProxyServer(
+                service,
+                listen=f"127.0.0.1:{port}",
+                control_listen=f"unix:{control_socket(port)}",
+            )
+        )
 
     run(main())  # uvloop when installed, as `evalkube proxy` does
 
@@ -306,6 +338,7 @@ def orchestrate(options: argparse.Namespace) -> int:
             proxy = spawn(role, str(port), str(upstream_port))
             processes.append(proxy)
             wait_port(port, proxy, 60)
+            open_client_tokens(port)
             targets.append((role, port, proxy.pid))
         if options.litellm:
             litellm, litellm_port = start_litellm(options.litellm, upstream_port, workdir)

@@ -5,15 +5,20 @@ import (
 	"sync"
 )
 
+// openExecutionsMax bounds the execution tokens open at once (limits.OPEN_EXECUTIONS_MAX).
+const openExecutionsMax = 50_000
+
 // BudgetExhausted says which budget refused a call; Message is meant for the grader's author.
+// Scope "unknown_execution" means the token is not open (forged, reused or finished).
 type BudgetExhausted struct {
 	Message string
-	Scope   string // "execution" or "unit"
+	Scope   string // "execution", "unit" or "unknown_execution"
 }
 
 // Budgets holds max_model_calls per grader execution and the unit's total
-// (max_model_calls x planned executions). The grader sets its execution id itself, so the id
-// alone cannot be trusted: the unit total means forged or rotated ids gain nothing.
+// (max_model_calls x planned executions). Executions are random tokens the runner opens
+// before the grader may use them and closes when it takes their usage: a call naming any
+// other token is refused and charged to nobody. The unit total stays as a second wall.
 type Budgets struct {
 	mu                   sync.Mutex
 	unitID               string
@@ -30,7 +35,7 @@ type BudgetSnapshot struct {
 	PlannedExecutions    *int   `json:"planned_executions"`
 	Total                *int   `json:"total"`
 	Used                 int    `json:"used"`
-	Executions           int    `json:"executions"`
+	OpenExecutions       int    `json:"open_executions"`
 }
 
 func NewBudgets(unitID string, maxCallsPerExecution int, planned *int) *Budgets {
@@ -62,11 +67,53 @@ func (b *Budgets) total() *int {
 	return &total
 }
 
-// Acquire counts one call of executionID, or says which budget is exhausted.
+// Open lets graders call with tokens until they are closed; a token is opened only once.
+func (b *Budgets) Open(tokens []string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.perExecution)+len(tokens) > openExecutionsMax {
+		return fmt.Errorf("at most %d executions may be open at once; close some (usage:take) first", openExecutionsMax)
+	}
+	seen := make(map[string]struct{}, len(tokens))
+	for _, token := range tokens {
+		_, open := b.perExecution[token]
+		_, twice := seen[token]
+		if open || twice {
+			return fmt.Errorf("an execution token may be opened only once")
+		}
+		seen[token] = struct{}{}
+	}
+	for _, token := range tokens {
+		b.perExecution[token] = 0
+	}
+	return nil
+}
+
+// Close ends tokens: later calls naming them are refused. nil closes every open token.
+func (b *Budgets) Close(tokens []string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if tokens == nil {
+		b.perExecution = make(map[string]int)
+		return
+	}
+	for _, token := range tokens {
+		delete(b.perExecution, token)
+	}
+}
+
+// Acquire counts one call of the open token executionID, or says why it is refused.
 func (b *Budgets) Acquire(executionID string) *BudgetExhausted {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	used := b.perExecution[executionID]
+	used, open := b.perExecution[executionID]
+	if !open {
+		return &BudgetExhausted{
+			Message: "this execution token is not open (forged, reused or already finished); " +
+				"call models through ctx.responses_create / ctx.embeddings_create",
+			Scope: "unknown_execution",
+		}
+	}
 	if used >= b.maxCallsPerExecution {
 		return &BudgetExhausted{
 			Message: fmt.Sprintf("model call budget of %d exhausted for this execution", b.maxCallsPerExecution),
@@ -95,6 +142,6 @@ func (b *Budgets) Snapshot() BudgetSnapshot {
 		PlannedExecutions:    b.plannedExecutions,
 		Total:                b.total(),
 		Used:                 b.used,
-		Executions:           len(b.perExecution),
+		OpenExecutions:       len(b.perExecution),
 	}
 }

@@ -5,8 +5,17 @@ import (
 	"testing"
 )
 
+// open opens tokens or fails the test.
+func open(t *testing.T, budgets *Budgets, tokens ...string) {
+	t.Helper()
+	if err := budgets.Open(tokens); err != nil {
+		t.Fatalf("open %v: %s", tokens, err)
+	}
+}
+
 func TestExecutionBudgetRefusesTheCallAfterTheLast(t *testing.T) {
 	budgets := NewBudgets("u", 64, nil)
+	open(t, budgets, "e1", "e2")
 	for i := 0; i < 64; i++ {
 		if exhausted := budgets.Acquire("e1"); exhausted != nil {
 			t.Fatalf("call %d refused: %s", i+1, exhausted.Message)
@@ -22,30 +31,74 @@ func TestExecutionBudgetRefusesTheCallAfterTheLast(t *testing.T) {
 	}
 }
 
-func TestUnitTotalStopsForgedExecutionIDs(t *testing.T) {
+func TestUnknownTokensAreRefusedAndChargeNobody(t *testing.T) {
+	planned := 1
+	budgets := NewBudgets("u", 2, &planned)
+	open(t, budgets, "honest")
+	for i := 0; i < 10; i++ {
+		exhausted := budgets.Acquire("forged-" + strings.Repeat("x", i))
+		if exhausted == nil || exhausted.Scope != "unknown_execution" {
+			t.Fatalf("forged call %d: %+v", i+1, exhausted)
+		}
+	}
+	if budgets.Acquire("honest") != nil || budgets.Acquire("honest") != nil {
+		t.Fatal("the honest execution lost budget to forged calls")
+	}
+	if got := budgets.Snapshot(); got.Used != 2 {
+		t.Fatalf("forged calls were counted: %+v", got)
+	}
+}
+
+func TestClosedTokensCannotBeReused(t *testing.T) {
+	budgets := NewBudgets("u", 5, nil)
+	open(t, budgets, "t1")
+	if budgets.Acquire("t1") != nil {
+		t.Fatal("open token refused")
+	}
+	budgets.Close([]string{"t1"})
+	if exhausted := budgets.Acquire("t1"); exhausted == nil || exhausted.Scope != "unknown_execution" {
+		t.Fatalf("closed token accepted: %+v", exhausted)
+	}
+	if budgets.Open([]string{"t2", "t2"}) == nil {
+		t.Fatal("a token was opened twice in one call")
+	}
+	open(t, budgets, "t3")
+	if budgets.Open([]string{"t3"}) == nil {
+		t.Fatal("an open token was opened again")
+	}
+}
+
+func TestUnitTotalStopsSpreadingCallsOverTokens(t *testing.T) {
 	planned := 3
 	budgets := NewBudgets("u", 2, &planned)
+	tokens := []string{"a", "b", "c", "d", "e", "f", "g"}
+	open(t, budgets, tokens...)
 	for i := 0; i < 6; i++ {
-		if budgets.Acquire("forged-"+strings.Repeat("x", i)) != nil {
+		if budgets.Acquire(tokens[i]) != nil {
 			t.Fatalf("call %d refused before the unit total", i+1)
 		}
 	}
-	exhausted := budgets.Acquire("forged-new")
+	exhausted := budgets.Acquire("g")
 	if exhausted == nil || exhausted.Scope != "unit" ||
 		exhausted.Message != "model call budget of 6 exhausted for this work unit (2 calls x 3 executions)" {
 		t.Fatalf("7th call: %+v", exhausted)
 	}
 	snapshot := budgets.Snapshot()
-	if snapshot.Used != 6 || *snapshot.Total != 6 || snapshot.Executions != 6 {
+	if snapshot.Used != 6 || *snapshot.Total != 6 || snapshot.OpenExecutions != 7 {
 		t.Fatalf("snapshot %+v", snapshot)
 	}
 }
 
-func TestConfigureStartsFreshCounters(t *testing.T) {
+func TestConfigureStartsFreshCountersAndClosesTokens(t *testing.T) {
 	budgets := NewBudgets("u1", 1, nil)
+	open(t, budgets, "e")
 	budgets.Acquire("e")
 	planned := 1
 	budgets.Configure("u2", 1, &planned)
+	if exhausted := budgets.Acquire("e"); exhausted == nil || exhausted.Scope != "unknown_execution" {
+		t.Fatalf("a token survived configure: %+v", exhausted)
+	}
+	open(t, budgets, "e")
 	if budgets.Acquire("e") != nil {
 		t.Fatal("counters were not reset")
 	}
@@ -55,7 +108,9 @@ func TestConfigureStartsFreshCounters(t *testing.T) {
 }
 
 func TestZeroBudgetRefusesEveryCall(t *testing.T) {
-	if NewBudgets("u", 0, nil).Acquire("e") == nil {
+	budgets := NewBudgets("u", 0, nil)
+	open(t, budgets, "e")
+	if budgets.Acquire("e") == nil {
 		t.Fatal("a zero budget allowed a call")
 	}
 }

@@ -80,13 +80,12 @@ func validExecutionID(value string) bool {
 	return true
 }
 
-// GraderHandler serves the untrusted side: model calls charged to budgets, health, metrics.
+// GraderHandler serves the untrusted side: the two model routes, charged to budgets, and
+// nothing else (no health, no metrics: nothing about other executions leaks to graders).
 func (a *Apps) GraderHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/responses", a.graderCall(Responses))
 	mux.HandleFunc("POST /v1/embeddings", a.graderCall(Embeddings))
-	mux.HandleFunc("GET /healthz", healthz)
-	mux.Handle("GET /metrics", a.Service.Metrics.handler)
 	return mux
 }
 
@@ -126,6 +125,7 @@ func (a *Apps) ControlHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/responses", a.controlCall(Responses))
 	mux.HandleFunc("POST /v1/embeddings", a.controlCall(Embeddings))
+	mux.HandleFunc("POST /evalkube/v1/executions:open", a.executionsOpen)
 	mux.HandleFunc("POST /evalkube/v1/usage:take", a.usageTake)
 	mux.HandleFunc("GET /evalkube/v1/budget", a.budgetGet)
 	mux.HandleFunc("PUT /evalkube/v1/budget", a.budgetPut)
@@ -189,6 +189,7 @@ func (a *Apps) usageTake(w http.ResponseWriter, r *http.Request) {
 	var ids []string
 	valid := json.Unmarshal(raw, &request) == nil
 	if valid && string(bytes.TrimSpace(request.ExecutionIDs)) == `"*"` {
+		a.Service.Budgets.Close(nil)
 		writeJSON(w, 200, marshal(a.Service.Usage.TakeAll()))
 		return
 	}
@@ -197,7 +198,33 @@ func (a *Apps) usageTake(w http.ResponseWriter, r *http.Request) {
 			`send {"execution_ids": ["id", ...]} (or "*" for every recorded execution)`))
 		return
 	}
+	// Taking an execution's usage closes its token: it can call no more.
+	a.Service.Budgets.Close(ids)
 	writeJSON(w, 200, marshal(a.Service.Usage.Take(ids)))
+}
+
+func (a *Apps) executionsOpen(w http.ResponseWriter, r *http.Request) {
+	raw, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	var request struct {
+		Tokens []string `json:"tokens"`
+	}
+	valid := json.Unmarshal(raw, &request) == nil && request.Tokens != nil
+	for _, token := range request.Tokens {
+		valid = valid && validExecutionID(token)
+	}
+	if !valid {
+		writeJSON(w, 400, errorBody("invalid_request", fmt.Sprintf(
+			`send {"tokens": ["token", ...]} (printable, at most %d characters each)`, executionIDChars)))
+		return
+	}
+	if err := a.Service.Budgets.Open(request.Tokens); err != nil {
+		writeJSON(w, 409, errorBody("invalid_request", err.Error()))
+		return
+	}
+	writeJSON(w, 200, marshal(map[string]int{"opened": len(request.Tokens)}))
 }
 
 func (a *Apps) budgetGet(w http.ResponseWriter, _ *http.Request) {

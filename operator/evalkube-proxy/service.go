@@ -139,6 +139,10 @@ func (s *Service) ModelCall(kind Kind, raw []byte, executionID, purpose string, 
 	if budgeted {
 		if exhausted := s.Budgets.Acquire(executionID); exhausted != nil {
 			s.Metrics.Rejected(exhausted.Scope)
+			if exhausted.Scope == "unknown_execution" {
+				s.Metrics.Call(purpose, provider, "unknown_execution", -1)
+				return 403, errorBody("unknown_execution", exhausted.Message)
+			}
 			s.Metrics.Call(purpose, provider, "budget_exhausted", -1)
 			return 429, errorBody("budget_exhausted", exhausted.Message, "scope", exhausted.Scope)
 		}

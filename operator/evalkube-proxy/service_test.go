@@ -73,12 +73,25 @@ func TestBadRequestBodies(t *testing.T) {
 func TestBudgetExhaustedAnswerShape(t *testing.T) {
 	service := newTestService("p:m", "", "p")
 	service.Budgets.Configure("u", 0, nil)
+	open(t, service.Budgets, "e")
 	status, answer := service.ModelCall(Responses, []byte(`{}`), "e", "", true)
 	var document struct {
 		Error map[string]string `json:"error"`
 	}
 	json.Unmarshal(answer, &document)
 	if status != 429 || document.Error["type"] != "budget_exhausted" || document.Error["scope"] != "execution" {
+		t.Fatalf("%d %s", status, answer)
+	}
+}
+
+func TestUnknownExecutionAnswerShape(t *testing.T) {
+	service := newTestService("p:m", "", "p")
+	status, answer := service.ModelCall(Responses, []byte(`{}`), "never-opened", "", true)
+	var document struct {
+		Error map[string]string `json:"error"`
+	}
+	json.Unmarshal(answer, &document)
+	if status != 403 || document.Error["type"] != "unknown_execution" {
 		t.Fatalf("%d %s", status, answer)
 	}
 }

@@ -118,6 +118,12 @@ class _RichProgress:
         self.progress.advance(self._bar(unit), samples)
 
 
+def _utf8(text: str) -> bytes:
+    """``text`` as UTF-8, with lone surrogates (a grader may return them) as ``\\udXXX``
+    escapes: valid JSON inside a JSON string, and readable on a terminal."""
+    return text.encode("utf-8", "backslashreplace")
+
+
 def _results_table(summary: RunSummary) -> Table:
     table = Table(title=f"{summary.suite} · run {summary.run_id}", title_justify="left")
     table.add_column("task", overflow="fold")
@@ -301,7 +307,9 @@ def samples(
             store.close()
         views = [sample_view(r) for r in records]
     if as_json:
-        sys.stdout.write(json.dumps(views, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(_utf8(json.dumps(views, indent=2, ensure_ascii=False) + "\n"))
+        sys.stdout.buffer.flush()
         return
     if not views:
         console.print("no samples match")
@@ -324,7 +332,7 @@ def samples(
             text = (
                 value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
             )
-            lines.append(f"[bold]{key}[/]: {escape(text)}")
+            lines.append(f"[bold]{key}[/]: {escape(_utf8(text).decode())}")
         color = {"valid": "green", "invalid": "yellow", "errored": "red"}.get(
             view["status"], "white"
         )
@@ -456,6 +464,7 @@ def unit_command(
 ) -> None:
     """Run one work unit of an EvalRun (the runner container of a work-unit pod)."""
     from evalkube.engine.pod import load_snapshot, run_pod_unit
+    from evalkube.proxy.control import ControlClient
     from evalkube.sandbox.remote import PodSocketBackend
     from evalkube.store.remote import RemoteStore
 
@@ -468,41 +477,25 @@ def unit_command(
         _fail(f"cannot read the snapshot {snapshot}: {exc}", EXIT_CONFIG)
     backend = PodSocketBackend(worker.removeprefix("unix:")) if worker else resolve_backend(sandbox)
     store = RemoteStore(ingest_url, loaded.namespace, loaded.name, token)
-    take_usage = _usage_taker(bridge_control) if bridge_control else None
+    # the control socket sits in a volume only the proxy and this container mount
+    control = ControlClient(bridge_control, grader_endpoint=bridge) if bridge_control else None
     try:
         report = run_pod_unit(
             loaded,
             unit,
             store=store,
             backend=backend,
-            model_endpoint=bridge,
-            take_usage=take_usage,
+            bridge=control,
             bridge_control=bridge_control,
         )
     except (ConfigError, UnitFailed) as exc:
         _fail(str(exc), EXIT_CONFIG)
     finally:
         store.close()
+        if control is not None:
+            control.close()
     console.print(
         f"unit {unit}: {report.samples} samples recorded, {report.skipped} already recorded, "
         f"{report.restarts} sandbox restarts, {report.seconds:.2f} s",
         highlight=False,
     )
-
-
-def _usage_taker(endpoint: str) -> Any:
-    """Take per-execution model-call usage from the bridge's control endpoint."""
-    import httpx
-
-    path = endpoint.removeprefix("unix:")
-    transport = httpx.HTTPTransport(uds=path) if endpoint.startswith("unix:") else None
-    base = "http://bridge" if transport else endpoint
-    client = httpx.Client(base_url=base, transport=transport, timeout=30)
-
-    def take(execution_ids: list[str]) -> dict[str, dict[str, Any]]:
-        response = client.post("/evalkube/v1/usage:take", json={"execution_ids": execution_ids})
-        response.raise_for_status()
-        data: dict[str, dict[str, Any]] = response.json()
-        return data
-
-    return take

@@ -28,6 +28,9 @@ TRACEBACK_TAIL_LINES: Final = 12
 ERROR_MESSAGE_CHARS: Final = 2_000
 #: Characters of stdout and of stderr kept per grader execution for the debugging view.
 CAPTURED_OUTPUT_CHARS: Final = 8_192
+#: Execution tokens the model bridge keeps open at once (the runner opens a batch's tokens
+#: before sending it and closes them when it stores the samples).
+OPEN_EXECUTIONS_MAX: Final = 50_000
 #: Bytes of one serialized grader answer (scores + judge) accepted from the worker; larger
 #: answers become invalid samples ("judge payload too large").
 RESULT_PAYLOAD_BYTES: Final = 1_000_000
@@ -35,6 +38,10 @@ RESULT_PAYLOAD_BYTES: Final = 1_000_000
 FRAME_BYTES_MAX: Final = 64_000_000
 #: Samples sent to the worker in one request; answers come back in batches as well.
 WORKER_BATCH_SIZE: Final = 512
+#: Samples per worker request for graders with model access: their executions wait on model
+#: calls anyway, and a worker then never holds more than its current execution's token and
+#: the next one's (tokens are readable by any code in the worker's process).
+WORKER_BATCH_SIZE_MODEL_ACCESS: Final = 1
 #: The worker flushes pending answers at least this often (seconds), so the runner always
 #: knows which sample is in flight.
 WORKER_FLUSH_INTERVAL: Final = 0.02

@@ -231,7 +231,7 @@ def test_resuming_a_finished_run_is_a_config_error(sqlite_run: ExampleRun) -> No
         "run", "--resume", sqlite_run.output["run_id"], "--db", sqlite_run.db, cwd=sqlite_run.cwd
     )
     assert done.returncode == 2
-    assert "already finished" in done.stderr
+    assert "already succeeded" in done.stderr
 
 
 # -- configuration errors: exit 2, named precisely, nothing runs -------------------------------
@@ -391,3 +391,33 @@ def test_user_data_is_never_parsed_as_markup(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "[/red] [link=x]" in shown.stdout
     assert "[/oops] [bold]" in shown.stdout
+
+
+def test_samples_json_is_valid_utf8_with_lone_surrogates(tmp_path: Path) -> None:
+    """A grader's judge may hold a lone surrogate: the export stays valid UTF-8 and JSON, and
+    decodes back to what the grader returned."""
+    (tmp_path / "suite.yaml").write_text(
+        "apiVersion: evalkube.io/v1alpha1\nkind: EvalSuite\nmetadata: {name: odd}\nspec:\n"
+        "  tasks:\n  - id: odd\n    dataset: {rows: [{q: a, out: x}]}\n"
+        "    prompt: '{{ item.q }}'\n    outputs: {column: out}\n"
+        "    grader:\n      type: python\n      source: |\n"
+        "        def grade(sample, item):\n"
+        "            return {'scores': {'s': 1.0}, 'judge': {'text': chr(0xD800) + ' é'}}\n"
+    )
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    ran = evalkube("run", "suite.yaml", "--db", db, "--output", "out.json", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    run_id = json.loads((tmp_path / "out.json").read_text())["run_id"]
+    done = subprocess.run(
+        [str(EVALKUBE), "samples", run_id, "--json", "--db", db],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.decode("utf-8")  # strict: raises on invalid UTF-8
+    (view,) = json.loads(text)
+    assert view["judge"] == {"text": "\ud800 é"}
+    human = evalkube("samples", run_id, "--db", db, cwd=tmp_path)
+    assert human.returncode == 0, human.stderr
+    assert "\\ud800" in human.stdout

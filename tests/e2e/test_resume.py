@@ -114,6 +114,12 @@ def run_id_of(db: Path) -> str:
     return str(row[0])
 
 
+def phase_of(db: Path) -> str:
+    with sqlite3.connect(db, timeout=5) as conn:
+        (row,) = conn.execute("SELECT phase FROM evalkube_runs").fetchall()
+    return str(row[0])
+
+
 def start_and_interrupt(
     directory: Path, sig: int, at_least: int, workers: int = 1, group: bool = False
 ) -> tuple[int, str, Path]:
@@ -234,6 +240,7 @@ def test_ctrl_c_exits_130_and_resumes(tmp_path: Path, workers: int, group: bool)
     assert returncode == 130, stderr
     assert "--resume" in stderr
     assert "Traceback" not in stderr
+    assert phase_of(db) == "Interrupted"  # a terminal phase, not "Running" forever
     before = set(recorded(db))
     assert SHARD <= len(before) < ROWS
     run_id = run_id_of(db)

@@ -211,6 +211,17 @@ ATTACKS = [
         Expect(("raised",), ("OSError",)),
     ),
     Attack(
+        "fill_dev_shm",
+        """
+        for i in range(1000):
+            with open(f"/dev/shm/fill-{{i}}", "wb") as f:
+                f.write(b"x" * (1 << 20))
+        return 1.0
+        """,
+        ISOLATING,
+        Expect(("raised",), ("OSError", "FileNotFoundError", "PermissionError")),
+    ),
+    Attack(
         "fork_bomb",
         """
         while True:
@@ -362,6 +373,33 @@ ATTACKS = [
         "judge_of_50_mb",
         """
         return {{"scores": {{"s": 1.0}}, "judge": {{"blob": "x" * (50 * 1024 * 1024)}}}}
+        """,
+        ALL,
+        Expect(("oversized",)),
+    ),
+    # The worker's own checks run inside the sandbox: a grader patches them out, and the host
+    # must hold on its own.
+    Attack(
+        "patched_worker_reports_a_huge_duration",
+        """
+        import gc
+        worker = next(o for o in gc.get_objects() if type(o).__name__ == "Worker")
+        encode = worker._encode_results
+        worker._encode_results = lambda start, answers: encode(
+            start, [dict(a, ms=10**400) for a in answers]
+        )
+        return 1.0
+        """,
+        ALL,
+        Expect(("returned",), extra=_unaffected),
+    ),
+    Attack(
+        "patched_worker_sends_a_5_mb_judge",
+        """
+        import gc
+        worker = next(o for o in gc.get_objects() if type(o).__name__ == "Worker")
+        worker._payload_bytes = 10**12
+        return {{"scores": {{"s": 1.0}}, "judge": {{"blob": "x" * (5 * 1024 * 1024)}}}}
         """,
         ALL,
         Expect(("oversized",)),

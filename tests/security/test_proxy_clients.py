@@ -16,7 +16,7 @@ import time
 import pytest
 
 from evalkube_sandbox.ctx import Context
-from tests.integration.proxy.conftest import MakeBridge
+from tests.integration.proxy.conftest import OPEN_TOKEN, MakeBridge
 from tests.integration.proxy.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,7 +54,7 @@ def status_of(answer: bytes) -> int:
 
 
 def still_serves(endpoint: str) -> None:
-    answer = Context(endpoint, "honest-1", "task").responses_create(input="still there?")
+    answer = Context(endpoint, OPEN_TOKEN, "task").responses_create(input="still there?")
     assert answer["output_text"] == "echo: still there?"
 
 
@@ -117,6 +117,8 @@ def test_conflicting_lengths_are_not_smuggled(
     the connection. Either way the hidden request is never served."""
     bridge = make_bridge()
     bridge.configure_unit("u", 64, 1)
+    # both tokens open, so only the framing can keep the hidden request from being served
+    bridge.open_executions([OPEN_TOKEN, "outer", "smuggled"])
     assert bridge.endpoint is not None
     hidden = request(b"{}", "X-Evalkube-Execution: smuggled", "Content-Length: 2")
     body = b"0\r\n\r\n" + hidden

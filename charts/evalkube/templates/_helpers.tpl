@@ -41,6 +41,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .Values.sandboxImage.repository (default .Chart.AppVersion .Values.sandboxImage.tag) -}}
 {{- end -}}
 
+{{- define "evalkube.apiTokenSecret" -}}
+{{- default (printf "%s-api-token" (include "evalkube.fullname" .)) .Values.api.existingSecret -}}
+{{- end -}}
+
 {{- define "evalkube.pvcName" -}}
 {{- default (printf "%s-store" (include "evalkube.fullname" .)) .Values.store.sqlite.existingClaim -}}
 {{- end -}}

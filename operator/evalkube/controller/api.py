@@ -1,8 +1,17 @@
-"""The operator's HTTP server: sample ingest from work-unit pods, the samples API, metrics.
+"""The operator's HTTP servers: ingest for work-unit pods; the samples API and metrics.
 
-``POST`` routes need the run's bearer token (the ``runner`` container's Secret) and pin
-everything to that run, whatever the body claims. ``GET .../samples`` is the debugging view
-(``?status=failed&task=&model=&limit=&cursor=``), as ``evalkube samples`` shows it.
+Two applications on two ports, so NetworkPolicy can tell them apart (work pods may reach the
+ingest port only; ``docs/security.md``):
+
+- :attr:`ApiServer.ingest_app`: the runner routes. Each needs the run's bearer token (the
+  ``runner`` container's Secret) and pins everything to that run, whatever the body claims.
+  A run this replica has not seen yet (a standby replica, a restarted operator) is looked up
+  from durable state (the EvalRun and its token Secret) through ``resolve``.
+- :attr:`ApiServer.api_app`: ``GET .../samples``, the debugging view
+  (``?status=failed&task=&model=&limit=&cursor=``, as ``evalkube samples`` shows it), which
+  always needs a token: the operator's read token (``EVALKUBE_API_TOKEN``) or that run's own
+  token; plus ``/metrics`` and ``/healthz``.
+
 Store calls run in threads so the event loop (shared with kopf) never blocks.
 """
 
@@ -10,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -26,6 +35,14 @@ from evalkube.store.views import STATUS_FILTERS, sample_view
 
 PREFIX = "/api/v1/namespaces/{namespace}/evalruns/{name}"
 MAX_BODY = 256 * 1024 * 1024
+#: Looks a run up from durable state: ``(namespace, name) -> entry`` or ``None`` (no such run).
+RunResolver = Callable[[str, str], Awaitable[RunEntry | None]]
+
+
+def bearer(request: web.Request) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, else ``None``."""
+    header = request.headers.get("Authorization", "")
+    return header[7:] or None if header.startswith("Bearer ") else None
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -46,36 +63,55 @@ class ApiServer:
         metrics: OperatorMetrics,
         on_unit_done: Callable[[RunEntry, str], None] | None = None,
         read_token: str | None = None,
+        resolve: RunResolver | None = None,
     ) -> None:
         self.read_token = read_token
         self.store = store
         self.registry = registry
         self.metrics = metrics
         self.on_unit_done = on_unit_done
-        self.app = web.Application(client_max_size=MAX_BODY)
-        self.app.add_routes(
-            [
-                web.get("/healthz", self.healthz),
-                web.get("/metrics", self.prometheus),
-                web.get(PREFIX + "/samples", self.list_samples),
-                web.post(PREFIX + "/samples", self.ingest),
-                web.get(PREFIX + "/sample-ids", self.sample_ids),
-                web.get(PREFIX + "/samples:export", self.export),
-                web.post(PREFIX + "/samples:update", self.update),
-                web.post(PREFIX + "/samples:settle", self.settle),
-                web.post(PREFIX + "/task-results", self.task_result),
-                web.post(PREFIX + "/units/{unit}:done", self.unit_done),
-            ]
-        )
+        self.resolve = resolve
+        self.ingest_app = web.Application(client_max_size=MAX_BODY)
+        self.ingest_app.add_routes(self.ingest_routes())
+        self.api_app = web.Application()
+        self.api_app.add_routes(self.api_routes())
+
+    def ingest_routes(self) -> list[web.RouteDef]:
+        """What work-unit pods call, each with their run's token."""
+        return [
+            web.post(PREFIX + "/samples", self.ingest),
+            web.get(PREFIX + "/sample-ids", self.sample_ids),
+            web.get(PREFIX + "/samples:export", self.export),
+            web.post(PREFIX + "/samples:update", self.update),
+            web.post(PREFIX + "/samples:settle", self.settle),
+            web.post(PREFIX + "/task-results", self.task_result),
+            web.post(PREFIX + "/units/{unit}:done", self.unit_done),
+        ]
+
+    def api_routes(self) -> list[web.RouteDef]:
+        """What people, dashboards and probes call: the samples view, metrics, health."""
+        return [
+            web.get("/healthz", self.healthz),
+            web.get("/metrics", self.prometheus),
+            web.get(PREFIX + "/samples", self.list_samples),
+        ]
 
     # -- helpers ---------------------------------------------------------------------------
-    def _authorized(self, request: web.Request) -> RunEntry | web.Response:
+    async def _entry(self, namespace: str, name: str) -> RunEntry | None:
+        """The run from the registry, else from durable state (then remembered)."""
+        entry = self.registry.get(namespace, name)
+        if entry is None and self.resolve is not None:
+            resolved = await self.resolve(namespace, name)
+            if resolved is not None:
+                self.registry.register(resolved)
+                entry = resolved
+        return entry
+
+    async def _authorized(self, request: web.Request) -> RunEntry | web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        header = request.headers.get("Authorization", "")
-        token = header[7:] if header.startswith("Bearer ") else None
-        if self.registry.get(namespace, name) is None:
+        if await self._entry(namespace, name) is None:
             return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
-        entry = self.registry.authorize(namespace, name, token)
+        entry = self.registry.authorize(namespace, name, bearer(request))
         if entry is None:
             return _error(401, "missing or wrong ingest token for this EvalRun")
         return entry
@@ -96,7 +132,7 @@ class ApiServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def ingest(self, request: web.Request) -> web.Response:
-        entry = self._authorized(request)
+        entry = await self._authorized(request)
         if isinstance(entry, web.Response):
             return entry
         body = await self._body(request)
@@ -111,21 +147,24 @@ class ApiServer:
         return _json({"recorded": len(records)})
 
     def _may_read(self, request: web.Request) -> bool:
-        """With a read token configured, the samples view requires it (or the run's token)."""
-        if self.read_token is None:
-            return True
-        header = request.headers.get("Authorization", "")
-        token = header[7:] if header.startswith("Bearer ") else ""
-        if token and hmac.compare_digest(token.encode(), self.read_token.encode()):
+        """The samples view needs the operator's read token or this run's own token."""
+        token = bearer(request)
+        if not token:
+            return False
+        if self.read_token and hmac.compare_digest(token.encode(), self.read_token.encode()):
             return True
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         return self.registry.authorize(namespace, name, token) is not None
 
     async def list_samples(self, request: web.Request) -> web.Response:
-        if not self._may_read(request):
-            return _error(401, "this operator requires a read token (EVALKUBE_API_TOKEN)")
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        entry = self.registry.get(namespace, name)
+        entry = await self._entry(namespace, name)
+        if not self._may_read(request):
+            return _error(
+                401,
+                "the samples API needs a token: the operator's read token (the chart's "
+                "api-token Secret, EVALKUBE_API_TOKEN) as 'Authorization: Bearer <token>'",
+            )
         if entry is None:
             return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
         query = request.query
@@ -156,7 +195,7 @@ class ApiServer:
         return _json({"samples": [sample_view(r) for r in page], "next_cursor": next_cursor})
 
     async def sample_ids(self, request: web.Request) -> web.Response:
-        entry = self._authorized(request)
+        entry = await self._authorized(request)
         if isinstance(entry, web.Response):
             return entry
         task, model = request.query.get("task", ""), request.query.get("model", "")
@@ -164,7 +203,7 @@ class ApiServer:
         return _json({"sample_ids": sorted(ids)})
 
     async def export(self, request: web.Request) -> web.StreamResponse:
-        entry = self._authorized(request)
+        entry = await self._authorized(request)
         if isinstance(entry, web.Response):
             return entry
         records = await asyncio.to_thread(
@@ -185,7 +224,7 @@ class ApiServer:
         return response
 
     async def update(self, request: web.Request) -> web.Response:
-        entry = self._authorized(request)
+        entry = await self._authorized(request)
         if isinstance(entry, web.Response):
             return entry
         body = await self._body(request)
@@ -202,7 +241,7 @@ class ApiServer:
         return _json({"updated": len(updates)})
 
     async def settle(self, request: web.Request) -> web.Response:
-        entry = self._authorized(request)
+        entry = await self._authorized(request)
         if isinstance(entry, web.Response):
             return entry
         body = await self._body(request)
@@ -222,7 +261,7 @@ class ApiServer:
         return _json({"settled": settled})
 
     async def task_result(self, request: web.Request) -> web.Response:
-        entry = self._authorized(request)
+        entry = await self._authorized(request)
         if isinstance(entry, web.Response):
             return entry
         body = await self._body(request)
@@ -240,7 +279,7 @@ class ApiServer:
         return _json({"saved": True})
 
     async def unit_done(self, request: web.Request) -> web.Response:
-        entry = self._authorized(request)
+        entry = await self._authorized(request)
         if isinstance(entry, web.Response):
             return entry
         unit = request.match_info["unit"]

@@ -19,6 +19,7 @@ from lightkube.resources.core_v1 import ConfigMap, Secret
 from evalkube.controller import names
 
 EvalSuiteResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalSuite", "evalsuites")
+EvalRunResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalRun", "evalruns")
 
 
 class Kube:
@@ -65,6 +66,10 @@ class Kube:
     async def suite(self, namespace: str, name: str) -> dict[str, Any] | None:
         suite = await self._get(EvalSuiteResource, namespace, name)
         return None if suite is None else dict(suite.to_dict())
+
+    async def run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = await self._get(EvalRunResource, namespace, name)
+        return None if found is None else dict(found.to_dict())
 
     async def unit_jobs(self, namespace: str, run_name: str) -> dict[str, dict[str, Any]]:
         """The run's Jobs by unit id."""

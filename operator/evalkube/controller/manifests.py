@@ -193,8 +193,14 @@ def unit_job(
     dataset_config_maps: list[tuple[str, str]],
     timeout_seconds: int,
     preprocess_timeout: int = 0,
+    model_access: bool = True,
 ) -> dict[str, Any]:
-    """The Job of one work unit (see the module docstring for the Pod's trust layout)."""
+    """The Job of one work unit (see the module docstring for the Pod's trust layout).
+
+    The proxy starts with a zero budget for the unit: nothing a grader sends is served until
+    the runner configures the unit's budget and opens execution tokens. Without
+    ``model_access`` the grader container does not even mount the bridge's socket.
+    """
     run_name = owner["metadata"]["name"]
     meta = _meta(owner, names.job_name(run_name, unit.unit_id), "work-unit")
     meta["labels"][names.LABEL_UNIT] = names.job_name(run_name, unit.unit_id)[-11:]
@@ -237,6 +243,12 @@ def unit_job(
             f"{SNAPSHOT_DIR}/snapshot.json",
             "--engine",
             settings.proxy_engine,
+            "--unit-id",
+            unit.unit_id,
+            "--max-calls",
+            "0",
+            "--planned-executions",
+            "0",
         ],
         "env": [
             *provider_env,
@@ -309,7 +321,11 @@ def unit_job(
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "worker", "mountPath": WORKER_DIR},
-            {"name": "bridge", "mountPath": BRIDGE_DIR, "readOnly": True},
+            *(
+                [{"name": "bridge", "mountPath": BRIDGE_DIR, "readOnly": True}]
+                if model_access
+                else []
+            ),
         ],
         "resources": {
             "limits": {"memory": settings.grader_memory, "cpu": settings.grader_cpu},

@@ -22,8 +22,10 @@ from evalkube.controller.reconcile import Decision, decide, job_state, summary_l
 from evalkube.controller.registry import RunEntry, RunRegistry, digest, new_token
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import build_snapshot, check_suite
+from evalkube.engine.driver import has_model_access
 from evalkube.engine.local import aggregate_results
-from evalkube.engine.plan import plan_units
+from evalkube.engine.plan import Unit
+from evalkube.engine.pod import Snapshot, parse_snapshot
 from evalkube.models import EvalRunSpec, SpecError, validate_spec
 from evalkube.store import ResultStore, RunRecord
 
@@ -70,6 +72,9 @@ class _Setup:
     snapshot: dict[str, Any]
     spec: EvalRunSpec
     entry: RunEntry
+    parsed: Snapshot
+    units: list[Unit]
+    """The run's plan: the very list the pod's runner plans from the same snapshot."""
 
 
 class RunReconciler:
@@ -148,14 +153,7 @@ class RunReconciler:
             if blocked.phase == "Failed":
                 new["completedAt"] = _now()
             return self._changed(body, status, new, blocked)
-        units = plan_units(
-            [
-                (task["id"], setup.snapshot["datasets"][task["id"]]["rows"], _aggregate(task))
-                for task in setup.snapshot["suite"]["spec"]["tasks"]
-            ],
-            setup.spec.models,
-            setup.spec.shard_size,
-        )
+        units = setup.units
         jobs = await self.kube.unit_jobs(meta["namespace"], meta["name"])
         done = await asyncio.to_thread(self.store.done_units, setup.entry.run_id)
         decision = decide(
@@ -163,6 +161,25 @@ class RunReconciler:
         )
         await self._create_jobs(body, setup, decision)
         return await self._status(body, status, setup, decision)
+
+    async def resolve_run(self, namespace: str, name: str) -> RunEntry | None:
+        """A run from durable state (the EvalRun and its token Secret), for an API request
+        that reaches a replica which has not reconciled the run (a standby, or any replica
+        right after a restart). Finished runs are read-only: their entry accepts no token."""
+        body = await self.kube.run(namespace, name)
+        if body is None:
+            return None
+        meta = body["metadata"]
+        run_id = names.run_id(namespace, name, meta["uid"])
+        suite = ((body.get("spec") or {}).get("suiteRef") or {}).get("name", "")
+        if (body.get("status") or {}).get("phase") in FINAL_PHASES:
+            return RunEntry(namespace, name, run_id, suite, token_digest="")
+        token = await self.kube.secret_value(
+            namespace, names.token_secret_name(name), manifests.TOKEN_KEY
+        )
+        if token is None:
+            return None
+        return RunEntry(namespace, name, run_id, suite, digest(token))
 
     # -- setup: suite snapshot, token, network policy, store record ----------------------------
     def _register_finished(self, body: Mapping[str, Any]) -> None:
@@ -250,25 +267,24 @@ class RunReconciler:
             except Exception:  # another replica or an earlier pass created it
                 if await asyncio.to_thread(self.store.get_run, run_id) is None:
                     raise
-        return _Setup(snapshot, spec, entry)
+        parsed = parse_snapshot(snapshot)
+        return _Setup(snapshot, spec, entry, parsed, parsed.units())
 
     async def _create_jobs(
         self, body: Mapping[str, Any], setup: _Setup, decision: Decision
     ) -> None:
-        tasks = {t["id"]: t for t in setup.snapshot["suite"]["spec"]["tasks"]}
         for unit in decision.create:
-            task = tasks[unit.task_id]
-            dataset_ref = task["dataset"].get("configMapRef")
+            task = setup.parsed.loaded.task(unit.task_id)
+            dataset_ref = task.dataset.config_map_ref
             job = manifests.unit_job(
                 body,
                 unit,
                 spec=setup.spec,
                 settings=self.settings,
-                dataset_config_maps=[(dataset_ref["name"], dataset_ref["key"])]
-                if dataset_ref
-                else [],
-                timeout_seconds=int(task["grader"].get("timeoutSeconds", 120)),
-                preprocess_timeout=int((task.get("preprocess") or {}).get("timeoutSeconds", 0)),
+                dataset_config_maps=[(dataset_ref.name, dataset_ref.key)] if dataset_ref else [],
+                timeout_seconds=task.grader.timeout_seconds,
+                preprocess_timeout=task.preprocess.timeout_seconds if task.preprocess else 0,
+                model_access=has_model_access(task),
             )
             if await self.kube.create(job):
                 self.metrics.jobs_created.inc()
@@ -374,14 +390,6 @@ class _Blocked(Exception):
     def __init__(self, phase: str, reason: str, message: str) -> None:
         super().__init__(message)
         self.phase, self.reason, self.message = phase, reason, message
-
-
-def _aggregate(task: Mapping[str, Any]) -> bool:
-    grader = task["grader"]
-    execution = grader.get("execution")
-    if execution is not None:
-        return bool(execution == "aggregate")
-    return bool(grader.get("contract") == "batch")
 
 
 def _comparable(status: Mapping[str, Any]) -> str:

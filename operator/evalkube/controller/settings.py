@@ -35,10 +35,13 @@ class OperatorSettings(BaseSettings):
     ingest_url: str = "http://evalkube.evalkube-system.svc:8080"
     """URL work-unit pods post samples to (the operator's HTTP server, via its Service)."""
     api_token: str | None = None
-    """When set, ``GET .../samples`` requires ``Authorization: Bearer <token>`` (prompts and
-    outputs are data worth protecting); unset, anyone who reaches the port may read them."""
+    """The read token of the samples API (``Authorization: Bearer <token>``; the chart keeps it
+    in a Secret). The samples API always needs a token: this one, or the run's own ingest
+    token for that run; unset, only run tokens are accepted."""
     listen: str = "0.0.0.0:8080"
-    """Address of the operator's HTTP server: ingest, samples API, /metrics, /healthz."""
+    """Address of the ingest server (work-unit pods post samples here, with their run's token)."""
+    api_listen: str = "0.0.0.0:8081"
+    """Address of the samples API, ``/metrics`` and ``/healthz`` (not reachable from work pods)."""
     namespace: str | None = None
     """Watch only this namespace (default: all namespaces)."""
     operator_namespace: str = "evalkube-system"
@@ -48,7 +51,7 @@ class OperatorSettings(BaseSettings):
     )
     """Labels of the operator pods (the NetworkPolicy's ingest egress target)."""
     ingest_port: int = 8080
-    """Port the NetworkPolicy allows towards the operator pods."""
+    """The ingest port: the only port of the operator pods work-unit pods may reach."""
     job_backoff_limit: int = Field(default=2, ge=0, le=10)
     """Retries of a failed work unit before it counts as failed."""
     job_ttl_seconds: int = Field(default=3600, ge=0)

@@ -28,7 +28,7 @@ class OperatorState:
     metrics: OperatorMetrics
     kube: Kube
     reconciler: RunReconciler
-    runner: web.AppRunner
+    runners: list[web.AppRunner]
 
     @classmethod
     async def start(
@@ -39,17 +39,32 @@ class OperatorState:
         metrics = OperatorMetrics()
         kube = Kube()
         reconciler = RunReconciler(kube, store, registry, metrics, settings, event)
-        api = ApiServer(store, registry, metrics, read_token=settings.api_token)
-        runner = web.AppRunner(api.app, access_log=None)
-        await runner.setup()
-        host, _, port = settings.listen.rpartition(":")
-        await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
-        return cls(settings, store, registry, metrics, kube, reconciler, runner)
+        api = ApiServer(
+            store,
+            registry,
+            metrics,
+            read_token=settings.api_token,
+            resolve=reconciler.resolve_run,
+        )
+        runners = [
+            await _serve(api.ingest_app, settings.listen),
+            await _serve(api.api_app, settings.api_listen),
+        ]
+        return cls(settings, store, registry, metrics, kube, reconciler, runners)
 
     async def close(self) -> None:
-        await self.runner.cleanup()
+        for runner in self.runners:
+            await runner.cleanup()
         await self.kube.close()
         await asyncio.to_thread(self.store.close)
+
+
+async def _serve(app: web.Application, listen: str) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    host, _, port = listen.rpartition(":")
+    await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+    return runner
 
 
 def suite_status(check: Any, generation: int | None, old: Mapping[str, Any]) -> dict[str, Any]:

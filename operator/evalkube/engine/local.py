@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import functools
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from evalkube.engine.candidates import candidate_source
+from evalkube.engine.driver import drive_unit, has_model_access, plan_run
 from evalkube.engine.loading import (
     ConfigError,
     LoadedSuite,
@@ -27,16 +29,14 @@ from evalkube.engine.loading import (
     suite_version,
 )
 from evalkube.engine.parallel import ParallelRun, choose_workers, run_parallel
-from evalkube.engine.plan import Unit, plan_units
+from evalkube.engine.plan import Unit
 from evalkube.engine.runner import (
+    BridgeControl,
     NoProgress,
     Progress,
-    TaskSandboxes,
+    TaskModelSandboxes,
     UnitContext,
-    UsageTaker,
     observe_into,
-    run_aggregate,
-    run_shard,
 )
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.engine.validate import check_programs
@@ -83,14 +83,10 @@ class RunSummary:
         }
 
 
-@dataclass
-class ModelAccess:
-    """The model bridge a run's graders reach through ``ctx`` (endpoint + usage taker)."""
+class ModelAccess(BridgeControl, Protocol):
+    """The model bridge a run's graders reach through ``ctx``, closed when the run ends."""
 
-    endpoint: str
-    take_usage: UsageTaker
-    configure_unit: Callable[[str, int, int], None]
-    close: Callable[[], None]
+    def close(self) -> None: ...
 
 
 BridgeFactory = Callable[[EvalRunSpec], ModelAccess]
@@ -151,10 +147,8 @@ class LocalEngine:
         record = self.store.get_run(run_id)
         if record is None:
             raise ConfigError(f"run {run_id!r} is not in the store; list runs with `evalkube runs`")
-        if record.phase in ("Succeeded", "Failed"):
-            raise ConfigError(
-                f"run {run_id!r} already finished ({record.phase}); nothing to resume"
-            )
+        if record.phase == "Succeeded":
+            raise ConfigError(f"run {run_id!r} already succeeded; nothing to resume")
         snapshot = record.spec
         suite = validate_spec(EvalSuite, snapshot["suite"], prefix="")
         loaded = LoadedSuite(suite, Path(snapshot["base_dir"]))
@@ -174,28 +168,39 @@ class LocalEngine:
     def _execute(
         self, run_id: str, loaded: LoadedSuite, spec: EvalRunSpec, *, resuming: bool
     ) -> RunSummary:
-        with relaxed_gc():
-            return self._execute_units(run_id, loaded, spec, resuming=resuming)
+        """Run the units; whatever happens the run ends in a terminal phase: ``Succeeded``,
+        ``Interrupted`` (Ctrl-C: resume it) or ``Failed`` with the reason (resume it once the
+        cause is fixed). Recorded samples are kept in every case."""
+        try:
+            with relaxed_gc():
+                return self._execute_units(run_id, loaded, spec, resuming=resuming)
+        except KeyboardInterrupt:
+            self._end(run_id, "Interrupted", "interrupted; resume with --resume")
+            raise
+        except BaseException as exc:
+            self._end(run_id, "Failed", f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _end(self, run_id: str, phase: str, reason: str) -> None:
+        try:
+            self.store.finish_run(run_id, phase, {"reason": reason[:2000]})
+        except Exception as exc:  # the store itself may be what failed: keep the first error
+            print(f"evalkube: could not record the run as {phase}: {exc}", file=sys.stderr)
 
     def _execute_units(
         self, run_id: str, loaded: LoadedSuite, spec: EvalRunSpec, *, resuming: bool
     ) -> RunSummary:
         started = time.perf_counter()
         runtimes = {task.id: TaskRuntime.build(loaded, task) for task in loaded.suite.spec.tasks}
-        tasks = [
-            (task.id, count_rows(loaded, task.id), task.grader.resolved_execution == "aggregate")
-            for task in loaded.suite.spec.tasks
-        ]
-        units = plan_units(tasks, spec.models, spec.shard_size)
+        row_counts = {task.id: count_rows(loaded, task.id) for task in loaded.suite.spec.tasks}
+        units = plan_run(loaded.suite.spec, row_counts, spec)
         done = self.store.done_units(run_id) if resuming else set()
         # Aggregates computed while samples stream by: exact when this process graded every
         # sample once (a fresh run without grade_batch updates); otherwise read back.
         live: dict[tuple[str, str], TaskAggregate] = {}
         observe = functools.partial(observe_into, live)
         use_live = not resuming and not any(unit.kind == "aggregate" for unit in units)
-        needs_bridge = any(
-            t.grader.resolved_model_access == "gateway" for t in loaded.suite.spec.tasks
-        )
+        needs_bridge = any(has_model_access(t) for t in loaded.suite.spec.tasks)
         self.progress.planned([unit for unit in units if unit.unit_id not in done])
         pending = [
             i for i, unit in enumerate(units) if unit.kind == "shard" and unit.unit_id not in done
@@ -218,9 +223,8 @@ class LocalEngine:
                 live.setdefault(key, TaskAggregate()).merge(aggregate)
             done |= {units[i].unit_id for i in pending}
         bridge = self.bridge_factory(spec) if needs_bridge and self.bridge_factory else None
-        # One sandbox per task, shared by its shards and models: a gVisor cold start costs
-        # about as much as grading ten thousand exact-match samples.
-        sandboxes = TaskSandboxes()
+        # One sandbox per task x model, shared by its shards only.
+        sandboxes = TaskModelSandboxes()
         writer = SampleWriter(self.store)
         try:
             for (task_id, model), group in _group(units):
@@ -231,8 +235,6 @@ class LocalEngine:
                     store=self.store,
                     backend=self.backend,
                     source=candidate_source(model, runtime.task, spec, loaded.base_dir),
-                    model_endpoint=bridge.endpoint if bridge else None,
-                    take_usage=bridge.take_usage if bridge else None,
                     progress=self.progress,
                     resuming=resuming,
                     observe=observe if use_live else None,
@@ -243,12 +245,8 @@ class LocalEngine:
                 for unit in group:
                     if unit.kind == "aggregate":
                         if unit.unit_id not in done:
-                            if bridge:
-                                bridge.configure_unit(
-                                    unit.unit_id, runtime.task.grader.max_model_calls, 1
-                                )
                             writer.flush()  # grade_batch reads the task's samples back
-                            run_aggregate(ctx, unit)
+                            drive_unit(ctx, unit, None, bridge)
                             self.store.mark_unit_done(run_id, unit.unit_id)
                         continue
                     if unit.unit_id in done:
@@ -257,12 +255,13 @@ class LocalEngine:
                         rows = iter_dataset(loaded, runtime.task, skip=unit.start)
                     shard = list(islice(rows, unit.stop - unit.start))
                     position = unit.start + len(shard)
-                    if bridge:
-                        bridge.configure_unit(
-                            unit.unit_id, runtime.task.grader.max_model_calls, len(shard)
-                        )
-                    ctx.sandbox = sandboxes.get(ctx)
-                    run_shard(ctx, unit, shard)
+                    ctx.model_endpoint = (
+                        bridge.endpoint
+                        if bridge is not None and has_model_access(runtime.task)
+                        else None
+                    )
+                    ctx.sandbox = sandboxes.get(ctx, unit)
+                    drive_unit(ctx, unit, shard, bridge)
                     writer.then(functools.partial(self.store.mark_unit_done, run_id, unit.unit_id))
             writer.flush()
         finally:

@@ -36,15 +36,15 @@ from types import FrameType
 from typing import Any
 
 from evalkube.engine.candidates import CandidateSource, candidate_source
+from evalkube.engine.driver import drive_unit
 from evalkube.engine.loading import ConfigError, LoadedSuite, shard_rows
 from evalkube.engine.plan import Unit
 from evalkube.engine.runner import (
     Progress,
-    TaskSandboxes,
+    TaskModelSandboxes,
     UnitContext,
     UnitFailed,
     observe_into,
-    run_shard,
 )
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.grading import TaskAggregate
@@ -126,7 +126,7 @@ def _child(job: ParallelRun, jobs: Any, events: Any, stop: Event, parent: int) -
         return
     job.store.engine.dispose(close=False)  # the parent's pooled connections are not ours
     writer = SampleWriter(job.store)
-    sandboxes = TaskSandboxes()
+    sandboxes = TaskModelSandboxes()
     sources: dict[tuple[str, str], CandidateSource] = {}
     try:
         while not stop.is_set():
@@ -152,8 +152,10 @@ def _child(job: ParallelRun, jobs: Any, events: Any, stop: Event, parent: int) -
                 observe=functools.partial(observe_into, live) if job.live else None,
                 writer=writer,
             )
-            ctx.sandbox = sandboxes.get(ctx)
-            run_shard(ctx, unit, shard_rows(job.loaded, runtime.task, unit.start, unit.stop))
+            ctx.sandbox = sandboxes.get(ctx, unit)
+            # only suites without model access run in parallel: no bridge
+            rows = shard_rows(job.loaded, runtime.task, unit.start, unit.stop)
+            drive_unit(ctx, unit, rows, None)
             writer.then(functools.partial(_unit_done, job, unit, live, events))
         writer.flush()
     except KeyboardInterrupt:

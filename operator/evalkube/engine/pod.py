@@ -1,9 +1,11 @@
 """Run one unit inside a work-unit pod (``evalkube unit``): the runner container's job.
 
 Reads the run's snapshot (a ConfigMap volume), plans the same units the operator planned
-(deterministically), runs the requested unit with the same runner as ``evalkube run``,
-grading in the grader container (through its socket) and recording through the operator's
-ingest API, then reports the unit done. Exit code 0 only when every sample is stored.
+(both call :meth:`Snapshot.units`, i.e. :func:`~evalkube.engine.driver.plan_run`), drives the
+requested unit with the same driver as ``evalkube run`` (which owns model access: budgets and
+execution tokens on the proxy sidecar through its control socket), grading in the grader
+container (through its socket) and recording through the operator's ingest API, then reports
+the unit done. Exit code 0 only when every sample is stored.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from evalkube.engine.candidates import candidate_source
+from evalkube.engine.driver import BridgeControl, drive_unit, plan_run
 from evalkube.engine.loading import ConfigError, LoadedSuite
-from evalkube.engine.plan import Unit, plan_units
-from evalkube.engine.runner import UnitContext, UnitReport, UsageTaker, run_aggregate, run_shard
+from evalkube.engine.plan import Unit
+from evalkube.engine.runner import UnitContext, UnitReport
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.gctune import relaxed_gc
 from evalkube.models import EvalRunSpec, EvalSuite, validate_spec
@@ -36,12 +39,9 @@ class Snapshot:
     spec: EvalRunSpec
     row_counts: dict[str, int]
 
-    def units(self, default_shard_size: int | None = None) -> list[Unit]:
-        tasks = [
-            (t.id, self.row_counts[t.id], t.grader.resolved_execution == "aggregate")
-            for t in self.loaded.suite.spec.tasks
-        ]
-        return plan_units(tasks, self.spec.models, self.spec.shard_size)
+    def units(self) -> list[Unit]:
+        """The run's units: the operator creates a Job for each, the runner runs one."""
+        return plan_run(self.loaded.suite.spec, self.row_counts, self.spec)
 
     def unit(self, unit_id: str) -> Unit:
         for unit in self.units():
@@ -51,14 +51,20 @@ class Snapshot:
 
 
 def load_snapshot(path: Path, datasets_dir: Path | None = None) -> Snapshot:
-    """Parse the snapshot JSON the operator wrote (see ``controller.snapshot``)."""
-    data: dict[str, Any] = json.loads(path.read_text())
+    """Read the snapshot JSON the operator wrote (see ``controller.snapshot``)."""
+    return parse_snapshot(json.loads(path.read_text()), path.parent, datasets_dir)
+
+
+def parse_snapshot(
+    data: dict[str, Any], base_dir: Path = Path("."), datasets_dir: Path | None = None
+) -> Snapshot:
+    """A :class:`Snapshot` from the snapshot's JSON document."""
     suite = validate_spec(
         EvalSuite,
         {"metadata": {"name": data["suite"]["name"]}, "spec": data["suite"]["spec"]},
         prefix="",
     )
-    loaded = LoadedSuite(suite, path.parent, version=data["suite"]["version"])
+    loaded = LoadedSuite(suite, base_dir, version=data["suite"]["version"])
     for key, (source, filename) in data["sources"].items():
         task_id, kind = key.split("/", 1)
         loaded.sources[(task_id, kind)] = (source, filename)
@@ -86,11 +92,14 @@ def run_pod_unit(
     *,
     store: RemoteStore,
     backend: SandboxBackend,
-    model_endpoint: str | None = None,
-    take_usage: UsageTaker | None = None,
+    bridge: BridgeControl | None = None,
     bridge_control: str | None = None,
 ) -> UnitReport:
-    """Run ``unit_id`` and report it done to the operator."""
+    """Run ``unit_id`` and report it done to the operator.
+
+    ``bridge``: the proxy sidecar (its control listener), which the driver configures for the
+    unit; ``bridge_control``: the same listener's address, for candidate generation.
+    """
     unit = snapshot.unit(unit_id)
     runtime = TaskRuntime.build(snapshot.loaded, snapshot.loaded.task(unit.task_id))
     ctx = UnitContext(
@@ -101,16 +110,12 @@ def run_pod_unit(
         source=candidate_source(
             unit.model, runtime.task, snapshot.spec, snapshot.loaded.base_dir, bridge_control
         ),
-        model_endpoint=model_endpoint,
-        take_usage=take_usage,
         resuming=True,  # a retried Job skips what an earlier attempt recorded
     )
     started = time.perf_counter()
     with relaxed_gc():
-        if unit.kind == "aggregate":
-            report = run_aggregate(ctx, unit)
-        else:
-            report = run_shard(ctx, unit, rows_of(snapshot, unit))
+        rows = rows_of(snapshot, unit) if unit.kind == "shard" else None
+        report = drive_unit(ctx, unit, rows, bridge)
     store.mark_unit_done(
         unit.unit_id,
         {

@@ -9,9 +9,10 @@ counts as done. The same function runs inside a work-unit pod and in ``evalkube 
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,7 +35,30 @@ from evalkube.sandbox import Execution, GraderSandbox, ProgramLoadError, Sandbox
 from evalkube.store import SampleRecord, SampleWriter, TaskResultRecord
 from evalkube.store.protocol import SampleStore
 
-UsageTaker = Callable[[list[str]], dict[str, dict[str, Any]]]
+
+class BridgeControl(Protocol):
+    """The runner's handle on a model bridge (in-process, child process or pod sidecar)."""
+
+    @property
+    def endpoint(self) -> str | None:
+        """Where graders reach the bridge (``unix:/path`` or ``http://host:port``)."""
+
+    def configure_unit(
+        self, unit_id: str, max_calls_per_execution: int, planned_executions: int
+    ) -> None:
+        """Serve ``unit_id`` with fresh counters (closing every open execution token)."""
+
+    def open_executions(self, tokens: Iterable[str]) -> None:
+        """Let graders call models with ``tokens`` until their usage is taken."""
+
+    def take_usage(self, execution_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Remove and return the usage of ``execution_ids``, closing those tokens."""
+
+
+def execution_token() -> str:
+    """A fresh, unguessable execution token (128 bits): the only id a grader's model calls
+    are charged to, so a grader can neither guess nor forge another execution's."""
+    return secrets.token_urlsafe(16)
 
 
 class Progress(Protocol):
@@ -70,7 +94,9 @@ class UnitContext:
     backend: SandboxBackend
     source: CandidateSource | None = None
     model_endpoint: str | None = None
-    take_usage: UsageTaker | None = None
+    bridge: BridgeControl | None = None
+    """The model bridge of a task with model access (set by
+    :func:`evalkube.engine.driver.drive_unit`): executions get tokens, samples their usage."""
     progress: Progress = field(default_factory=NoProgress)
     observe: Callable[[list[SampleRecord]], None] | None = None
     """Sees every chunk of records as it is submitted (live aggregates of a local run)."""
@@ -79,8 +105,8 @@ class UnitContext:
     """A writer that units share (a local run); the unit then only submits its samples and
     whoever marks it done queues that behind them. ``None``: each unit waits for its own."""
     sandbox: GraderSandbox | None = None
-    """A started sandbox of this task's programs that shard units share (a local run: one
-    cold start per task, not per shard). ``None``: each shard starts and closes its own."""
+    """A started sandbox of this task x model that its shard units share (a local run's
+    :class:`TaskModelSandboxes`). ``None``: each shard starts and closes its own."""
 
 
 @dataclass
@@ -134,6 +160,8 @@ class _Buffer:
         self.written = 0
         self.shared = ctx.writer is not None
         self.writer = ctx.writer if ctx.writer is not None else SampleWriter(ctx.store)
+        #: The execution token of each graded sample whose usage is not taken yet.
+        self.tokens: dict[str, str] = {}
 
     def add(self, record: SampleRecord) -> None:
         self.records.append(record)
@@ -143,7 +171,7 @@ class _Buffer:
     def submit(self) -> None:
         if not self.records:
             return
-        if self.ctx.take_usage is not None:
+        if self.ctx.bridge is not None:
             self._attach_usage()
         self.writer.submit(self.records)
         if self.ctx.observe is not None:
@@ -163,10 +191,14 @@ class _Buffer:
             self.writer.close()
 
     def _attach_usage(self) -> None:
-        assert self.ctx.take_usage is not None
-        usage = self.ctx.take_usage([r.sample_id for r in self.records])
-        for record in self.records:
-            calls = usage.get(record.sample_id)
+        assert self.ctx.bridge is not None
+        tokens = self.tokens
+        owned = [(r, tokens.pop(r.sample_id)) for r in self.records if r.sample_id in tokens]
+        if not owned:
+            return
+        usage = self.ctx.bridge.take_usage([token for _, token in owned])
+        for record, token in owned:
+            calls = usage.get(token)
             if not calls:
                 continue
             merged = dict(record.model_calls)
@@ -215,13 +247,21 @@ def run_shard(ctx: UnitContext, unit: Unit, rows: list[dict[str, Any]]) -> UnitR
 
 def task_sandbox(ctx: UnitContext) -> GraderSandbox:
     """Start a sandbox with the task's programs; :class:`UnitFailed` when they do not load."""
-    runtime = ctx.runtime
+    return _start_sandbox(ctx.backend, ctx.runtime, ctx.model_endpoint)
+
+
+def _start_sandbox(
+    backend: SandboxBackend, runtime: TaskRuntime, model_endpoint: str | None
+) -> GraderSandbox:
     sandbox = GraderSandbox(
-        ctx.backend,
+        backend,
         runtime.programs,
         task_id=runtime.task.id,
-        model_endpoint=ctx.model_endpoint,
+        model_endpoint=model_endpoint,
         load_timeout=float(runtime.task.grader.timeout_seconds),
+        batch_size=limits.WORKER_BATCH_SIZE_MODEL_ACCESS
+        if model_endpoint
+        else limits.WORKER_BATCH_SIZE,
     )
     try:
         sandbox.start()
@@ -241,19 +281,25 @@ def observe_into(live: dict[tuple[str, str], TaskAggregate], records: list[Sampl
             add(record.status, record.scores, record.model_calls)
 
 
-class TaskSandboxes:
-    """The started sandbox of the task being run (shard units share it); the previous
-    task's sandbox closes when another task starts."""
+class TaskModelSandboxes:
+    """The started sandbox of the task x model being run, which its shards share.
+
+    Another task or another model gets a fresh sandbox: what one model's outputs do to a
+    worker (a grader that runs them, patched worker code, files, processes) never reaches
+    another model's samples. Shards of one task x model share it, because a cold start costs
+    about as much as grading ten thousand exact-match samples under gVisor (a sandbox per
+    shard cost 35% of the throughput of a 100k-sample run on 2 cores).
+    """
 
     def __init__(self) -> None:
-        self._task_id: str | None = None
+        self._key: tuple[str, str, str | None] | None = None
         self._sandbox: GraderSandbox | None = None
 
-    def get(self, ctx: UnitContext) -> GraderSandbox:
-        task_id = ctx.runtime.task.id
-        if self._sandbox is None or self._task_id != task_id:
+    def get(self, ctx: UnitContext, unit: Unit) -> GraderSandbox:
+        key = (unit.task_id, unit.model, ctx.model_endpoint)
+        if self._sandbox is None or self._key != key:
             self.close()
-            self._sandbox, self._task_id = task_sandbox(ctx), task_id
+            self._sandbox, self._key = task_sandbox(ctx), key
         return self._sandbox
 
     def close(self) -> None:
@@ -434,9 +480,24 @@ def _grade_samples(
     task = runtime.task
     metric_id = task.grader.metric_id
     in_flight: deque[_Prepared] = deque()
+    bridge = ctx.bridge
+
+    def tokened() -> Iterator[tuple[_Prepared, str]]:
+        """Samples with their execution ids: fresh tokens, opened a batch at a time, when
+        the grader may call models; else the sample id (no bridge accepts it)."""
+        if bridge is None:
+            for p in ready:
+                yield p, p.sample_id
+            return
+        while chunk := list(itertools.islice(ready, limits.WORKER_BATCH_SIZE)):
+            tokens = [execution_token() for _ in chunk]
+            bridge.open_executions(tokens)
+            for p, token in zip(chunk, tokens, strict=True):
+                buffer.tokens[p.sample_id] = token
+                yield p, token
 
     def requests() -> Iterator[tuple[list[Any], str | None]]:
-        for p in ready:
+        for p, execution_id in tokened():
             record = p.record
             sample = {
                 "output_text": record.output_text,
@@ -456,7 +517,7 @@ def _grade_samples(
                 "task_id": record.task_id,
             }
             in_flight.append(p)
-            yield [sample, item], record.sample_id
+            yield [sample, item], execution_id
 
     for execution in sandbox.execute(
         "grader", requests(), timeout=float(task.grader.timeout_seconds)
@@ -510,18 +571,24 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         sandbox.start()
     except ProgramLoadError as exc:
         raise UnitFailed(_load_message(runtime, exc)) from None
+    token = unit.unit_id
+    if ctx.bridge is not None:
+        token = execution_token()
+        ctx.bridge.open_executions([token])
     try:
         payload = [batch_sample(r) for r in records]
         execution = next(
             iter(
                 sandbox.execute(
                     "grader",
-                    [([payload], f"{unit.unit_id}")],
+                    [([payload], token)],
                     timeout=float(task.grader.timeout_seconds),
                 )
             )
         )
     finally:
+        if ctx.bridge is not None:
+            ctx.bridge.take_usage([token])
         report.restarts = sandbox.restarts
         sandbox.close()
     metric_id = task.grader.metric_id

@@ -189,14 +189,25 @@ class ModelBridge(BridgeLifecycle):
 
         self._call(configure())
 
+    def open_executions(self, tokens: Iterable[str]) -> None:
+        """Let graders call models with these execution tokens (until their usage is taken)."""
+        service = self._running()
+        opened = list(tokens)
+
+        async def open_tokens() -> None:
+            service.budgets.open(opened)
+
+        self._call(open_tokens())
+
     def take_usage(self, execution_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """Remove and return the usage of ``execution_ids`` (ids without calls are absent):
-        ``{id: {"calls", "errors", "response_ids", "usage", "latency_ms", "by_purpose"}}``."""
+        """Remove and return the usage of ``execution_ids`` (ids without calls are absent) and
+        close them: ``{id: {"calls", "errors", "response_ids", "usage", "latency_ms",
+        "by_purpose"}}``."""
         service = self._running()
         ids = list(execution_ids)
 
         async def take() -> dict[str, dict[str, Any]]:
-            return service.usage.take(ids)
+            return service.take_usage(ids)
 
         return self._call(take())
 
@@ -208,6 +219,10 @@ class ModelBridge(BridgeLifecycle):
             return service.budgets.snapshot()
 
         return self._call(snapshot())
+
+    def metrics(self) -> str:
+        """The bridge's Prometheus exposition (graders cannot read it)."""
+        return self._running().metrics.exposition().decode()
 
     def _running(self) -> ProxyService:
         if self._service is None or self._loop is None:
@@ -226,7 +241,8 @@ async def _wait(future: asyncio.Future[None]) -> None:
 def local_model_access(spec: EvalRunSpec) -> ModelBridge:
     """The engine's bridge factory: a started :class:`ModelBridge` on a private unix socket.
 
-    The result has ``endpoint``, ``take_usage``, ``configure_unit`` and ``close``.
+    The result has ``endpoint``, ``configure_unit``, ``open_executions``, ``take_usage`` and
+    ``close`` (:class:`evalkube.engine.driver.BridgeControl`).
     """
     bridge = ModelBridge.from_run_spec(spec)
     bridge.start()

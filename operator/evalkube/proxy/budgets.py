@@ -1,9 +1,12 @@
 """Model-call budgets: ``max_model_calls`` per grader execution and a total per work unit.
 
-The grader sets its execution id (``X-Evalkube-Execution``) itself, so the id alone cannot
-be trusted: a grader rotating or forging ids would get a fresh per-execution budget each
-time. The unit total (``max_model_calls x planned executions``) closes that door: however the
-calls are spread over ids, a unit never makes more calls than its samples were entitled to.
+Executions are identified by **tokens**: the runner draws a fresh random token for every
+execution, opens it here through the control listener before the grader may use it, and
+closes it when it takes the execution's usage. A grader call is charged to the token in its
+``X-Evalkube-Execution`` header only while that token is open; a forged, guessed or reused
+token is refused (:class:`UnknownExecution`) and costs no open execution anything. The unit
+total (``max_model_calls x planned executions``) stays as a second wall: however calls are
+spread over tokens, a unit never makes more calls than its samples were entitled to.
 
 One proxy serves one unit at a time (a pod's sidecar serves its one unit; the local engine
 runs units one after another and calls :meth:`Budgets.configure_unit` before each). Called
@@ -15,6 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from evalkube import limits
+
+
+class UnknownExecution(Exception):
+    """The call names no open execution token (forged, guessed, reused or never opened)."""
 
 
 class BudgetExhausted(Exception):
@@ -34,6 +41,7 @@ class UnitBudget:
     planned_executions: int | None
     used: int = 0
     per_execution: dict[str, int] = field(default_factory=dict)
+    """Calls of each open execution token (a token is open while it is a key here)."""
 
     @property
     def total(self) -> int | None:
@@ -66,10 +74,36 @@ class Budgets:
             raise ValueError("budgets are non-negative")
         self.unit = UnitBudget(unit_id, max_calls_per_execution, planned_executions)
 
+    def open(self, tokens: list[str]) -> None:
+        """Open ``tokens`` for grader calls (ValueError past :data:`limits.OPEN_EXECUTIONS_MAX`
+        open at once, or for a token already open: tokens are never reused)."""
+        per_execution = self.unit.per_execution
+        if len(per_execution) + len(tokens) > limits.OPEN_EXECUTIONS_MAX:
+            raise ValueError(
+                f"at most {limits.OPEN_EXECUTIONS_MAX} executions may be open at once; "
+                "close some (usage:take) first"
+            )
+        if any(token in per_execution for token in tokens) or len(set(tokens)) != len(tokens):
+            raise ValueError("an execution token may be opened only once")
+        for token in tokens:
+            per_execution[token] = 0
+
+    def close(self, tokens: list[str]) -> None:
+        """Close ``tokens``: later calls naming them are refused."""
+        per_execution = self.unit.per_execution
+        for token in tokens:
+            per_execution.pop(token, None)
+
     def acquire(self, execution_id: str) -> None:
-        """Count one call of ``execution_id``, or raise :class:`BudgetExhausted`."""
+        """Count one call of the open token ``execution_id``, or raise
+        :class:`UnknownExecution` / :class:`BudgetExhausted`."""
         unit = self.unit
-        used = unit.per_execution.get(execution_id, 0)
+        used = unit.per_execution.get(execution_id)
+        if used is None:
+            raise UnknownExecution(
+                "this execution token is not open (forged, reused or already finished); "
+                "call models through ctx.responses_create / ctx.embeddings_create"
+            )
         if used >= unit.max_calls_per_execution:
             raise BudgetExhausted(
                 f"model call budget of {unit.max_calls_per_execution} exhausted for this execution",
@@ -94,5 +128,5 @@ class Budgets:
             "planned_executions": unit.planned_executions,
             "total": unit.total,
             "used": unit.used,
-            "executions": len(unit.per_execution),
+            "open_executions": len(unit.per_execution),
         }

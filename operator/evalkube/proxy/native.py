@@ -31,10 +31,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from evalkube import limits
 from evalkube.proxy.bridge_base import CONTROL_TIMEOUT, BridgeLifecycle, grader_listen
+from evalkube.proxy.control import ControlClient
 from evalkube.proxy.local_embeddings import LOCAL_PROVIDER
 from evalkube.proxy.upstream import Provider
 from evalkube.sandbox.backends import signal_on_parent_death
@@ -169,7 +168,7 @@ class NativeBridge(BridgeLifecycle):
         self.endpoint: str | None = None
         self.control_endpoint: str | None = None
         self.process: subprocess.Popen[bytes] | None = None
-        self._client: httpx.Client | None = None
+        self._client: ControlClient | None = None
         self._tmpdir: str | None = None
 
     def start(self, socket_path: str | None = None) -> str:
@@ -215,11 +214,7 @@ class NativeBridge(BridgeLifecycle):
             raise
         self.endpoint = ready["endpoint"]
         self.control_endpoint = ready["control_endpoint"]
-        self._client = httpx.Client(
-            base_url="http://bridge",
-            transport=httpx.HTTPTransport(uds=str(control)),
-            timeout=CONTROL_TIMEOUT,
-        )
+        self._client = ControlClient(f"unix:{control}")
         assert self.endpoint is not None
         return self.endpoint
 
@@ -270,32 +265,24 @@ class NativeBridge(BridgeLifecycle):
     def configure_unit(
         self, unit_id: str, max_calls_per_execution: int, planned_executions: int
     ) -> None:
-        self._control(
-            "PUT",
-            "/evalkube/v1/budget",
-            {
-                "unit_id": unit_id,
-                "max_calls_per_execution": max_calls_per_execution,
-                "planned_executions": planned_executions,
-            },
-        )
+        self._control().configure_unit(unit_id, max_calls_per_execution, planned_executions)
+
+    def open_executions(self, tokens: Iterable[str]) -> None:
+        self._control().open_executions(tokens)
 
     def take_usage(self, execution_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        taken: dict[str, dict[str, Any]] = self._control(
-            "POST", "/evalkube/v1/usage:take", {"execution_ids": list(execution_ids)}
-        )
-        return taken
+        return self._control().take_usage(execution_ids)
 
     def budget(self) -> dict[str, object]:
-        snapshot: dict[str, object] = self._control("GET", "/evalkube/v1/budget")
-        return snapshot
+        return self._control().budget()
 
-    def _control(self, method: str, path: str, body: Any = None) -> Any:
+    def metrics(self) -> str:
+        return self._control().metrics()
+
+    def _control(self) -> ControlClient:
         if self._client is None:
             raise RuntimeError("the model bridge is not started; call start() first")
-        response = self._client.request(method, path, json=body)
-        response.raise_for_status()
-        return response.json()
+        return self._client
 
 
 def _die_with(parent: int) -> None:

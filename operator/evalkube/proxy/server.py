@@ -2,15 +2,17 @@
 
 Two listeners, each TCP (``host:port``) or a unix socket (``unix:/path``):
 
-- the **grader listener** serves the untrusted side: ``POST /v1/responses``,
-  ``POST /v1/embeddings`` (OpenAI API shapes), ``GET /healthz``, ``GET /metrics``. Every model
-  call must carry ``X-Evalkube-Execution`` and is charged to that execution's budget and to the
-  unit's total.
+- the **grader listener** serves the untrusted side: ``POST /v1/responses`` and
+  ``POST /v1/embeddings`` (OpenAI API shapes) and nothing else (no health, no metrics: nothing
+  about other executions or the run leaks to graders). Every model call must carry an open
+  execution token in ``X-Evalkube-Execution`` and is charged to that execution's budget and
+  to the unit's total; any other token is refused with 403 before anything is charged.
 - the **control listener** serves the trusted runner: the same model routes without budgets
   (purpose ``candidate`` for responses unless ``X-Evalkube-Purpose`` says otherwise) plus
-  ``POST /evalkube/v1/usage:take``, ``GET|PUT /evalkube/v1/budget``. Control routes exist on this
-  listener only; with a control token configured, every control request must also send it in
-  ``X-Evalkube-Control-Token``.
+  ``POST /evalkube/v1/executions:open``, ``POST /evalkube/v1/usage:take`` (which closes the
+  tokens it takes), ``GET|PUT /evalkube/v1/budget``, ``/healthz`` and ``/metrics``. Control
+  routes exist on this listener only; with a control token configured, every control request
+  must also send it in ``X-Evalkube-Control-Token``.
 
 The proxy builds each upstream request itself: the body's ``model`` is resolved (``auto`` or
 missing -> the run's judge / embedding model; ``provider:model`` as given; the upstream sees the
@@ -44,7 +46,7 @@ from prometheus_client import CollectorRegistry
 
 from evalkube import limits
 from evalkube.gctune import relaxed_gc
-from evalkube.proxy.budgets import BudgetExhausted, Budgets
+from evalkube.proxy.budgets import BudgetExhausted, Budgets, UnknownExecution
 from evalkube.proxy.local_embeddings import LOCAL_PROVIDER, LocalEmbeddings, LocalModelError
 from evalkube.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
 from evalkube.proxy.settings import ProxySettings
@@ -171,6 +173,10 @@ class ProxyService:
             assert execution_id is not None
             try:
                 self.budgets.acquire(execution_id)
+            except UnknownExecution as exc:
+                self.metrics.rejected("unknown_execution")
+                self.metrics.call(purpose, provider, "unknown_execution", None)
+                return Answer(403, error_body("unknown_execution", str(exc)))
             except BudgetExhausted as exc:
                 self.metrics.rejected(exc.scope)
                 self.metrics.call(purpose, provider, "budget_exhausted", None)
@@ -212,6 +218,16 @@ class ProxyService:
             )
         return Answer(200, out)
 
+    def take_usage(self, execution_ids: list[str] | None) -> dict[str, dict[str, Any]]:
+        """Remove and return the usage of ``execution_ids`` (``None``: of every execution) and
+        close those tokens: an execution whose usage was taken can call no more."""
+        if execution_ids is None:
+            taken = self.usage.take_all()
+            self.budgets.close(list(self.budgets.unit.per_execution))
+            return taken
+        self.budgets.close(execution_ids)
+        return self.usage.take(execution_ids)
+
     async def _local(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
         if self.local_embeddings is None:
             self.local_embeddings = LocalEmbeddings()
@@ -249,8 +265,8 @@ def _json(status: int, payload: bytes) -> web.Response:
     return web.Response(status=status, body=payload, content_type=_JSON)
 
 
-def _valid_execution_id(value: str | None) -> bool:
-    return bool(value) and len(value or "") <= EXECUTION_ID_CHARS and (value or "").isprintable()
+def _valid_execution_id(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= EXECUTION_ID_CHARS and value.isprintable()
 
 
 class ProxyApps:
@@ -265,8 +281,6 @@ class ProxyApps:
         app = web.Application(client_max_size=REQUEST_BODY_BYTES)
         app.router.add_post("/v1/responses", self._grader_call("responses"))
         app.router.add_post("/v1/embeddings", self._grader_call("embeddings"))
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/metrics", self._metrics)
         return app
 
     def _grader_call(self, kind: Kind) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -305,6 +319,7 @@ class ProxyApps:
         app = web.Application(client_max_size=REQUEST_BODY_BYTES, middlewares=[self._token_check])
         app.router.add_post("/v1/responses", self._control_call("responses"))
         app.router.add_post("/v1/embeddings", self._control_call("embeddings"))
+        app.router.add_post("/evalkube/v1/executions:open", self._executions_open)
         app.router.add_post("/evalkube/v1/usage:take", self._usage_take)
         app.router.add_get("/evalkube/v1/budget", self._budget_get)
         app.router.add_put("/evalkube/v1/budget", self._budget_put)
@@ -359,7 +374,7 @@ class ProxyApps:
             body = None
         ids = body.get("execution_ids") if isinstance(body, dict) else None
         if ids == "*":
-            return _json(200, json.dumps(self.service.usage.take_all()).encode())
+            return _json(200, json.dumps(self.service.take_usage(None)).encode())
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             return _json(
                 400,
@@ -368,7 +383,28 @@ class ProxyApps:
                     'send {"execution_ids": ["id", ...]} (or "*" for every recorded execution)',
                 ),
             )
-        return _json(200, json.dumps(self.service.usage.take(ids)).encode())
+        return _json(200, json.dumps(self.service.take_usage(ids)).encode())
+
+    async def _executions_open(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except ValueError:
+            body = None
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(_valid_execution_id(t) for t in tokens):
+            return _json(
+                400,
+                error_body(
+                    "invalid_request",
+                    'send {"tokens": ["token", ...]} (printable, at most '
+                    f"{EXECUTION_ID_CHARS} characters each)",
+                ),
+            )
+        try:
+            self.service.budgets.open(tokens)
+        except ValueError as exc:
+            return _json(409, error_body("invalid_request", str(exc)))
+        return _json(200, json.dumps({"opened": len(tokens)}).encode())
 
     async def _budget_get(self, request: web.Request) -> web.Response:
         return _json(200, json.dumps(self.service.budgets.snapshot()).encode())

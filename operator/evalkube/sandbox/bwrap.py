@@ -61,6 +61,8 @@ def bwrap_argv(
         "--proc", "/proc",
         "--dev", "/dev",
         "--size", str(request.limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
+        # --dev's /dev/shm is writable and bounded only by the memory cgroup: cap it like /tmp
+        "--size", str(request.limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/dev/shm",
     ]  # fmt: skip
     if bridge_socket is not None:
         argv += ["--ro-bind", str(bridge_socket), hostfs.INSIDE_BRIDGE_SOCKET]

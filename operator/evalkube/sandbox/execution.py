@@ -36,9 +36,9 @@ class Execution:
 
 
 def _text(value: Any, cap: int) -> str | None:
-    if value is None:
-        return None
-    return str(value)[:cap]
+    """A capped string from the worker; anything but a string is no text (no ``str()`` of
+    arbitrary, possibly huge or deeply nested, values)."""
+    return value[:cap] if isinstance(value, str) else None
 
 
 def _error(payload: Any, default_type: str) -> dict[str, Any]:
@@ -51,25 +51,51 @@ def _error(payload: Any, default_type: str) -> dict[str, Any]:
     }
 
 
+#: Longest execution the worker may report (ms, a day); anything else is not a duration.
+MS_MAX = 86_400_000.0
+
+
+def _ms(value: Any) -> float | None:
+    """A reported duration when it is a plausible one (NaN, infinities, huge ints: no)."""
+    if type(value) in (int, float) and 0 <= value <= MS_MAX:
+        return float(value)
+    return None
+
+
 def from_answer(index: int, answer: Any) -> Execution:
-    """Normalize one worker answer (a dict) into an :class:`Execution`; never raises."""
+    """Normalize one worker answer (a dict) into an :class:`Execution`; never raises.
+
+    Everything in ``answer`` is untrusted (a grader can patch the worker that encodes it):
+    whatever it holds, the result is one :class:`Execution` of a known status, and anything
+    that cannot be understood makes that one execution a ``protocol_error``.
+    """
     if type(answer) is dict and answer.get("ok") is True and len(answer) == 3:
         # The common case, kept cheap: {"ok": true, "value": ..., "ms": float}.
         ms = answer.get("ms")
-        if "value" in answer and type(ms) is float:
+        if "value" in answer and type(ms) is float and 0.0 <= ms <= MS_MAX:
             return Execution(index, "returned", answer["value"], ms=ms)
+    try:
+        return _from_answer(index, answer)
+    except Exception as exc:  # total: an answer the rules below did not foresee
+        return Execution(
+            index,
+            "protocol_error",
+            error=host_error("ProtocolError", f"undecodable answer ({type(exc).__name__})"),
+        )
+
+
+def _from_answer(index: int, answer: Any) -> Execution:
     if not isinstance(answer, dict):
         return Execution(
             index, "protocol_error", error=host_error("ProtocolError", "answer is not an object")
         )
     cap = limits.CAPTURED_OUTPUT_CHARS + 100
-    ms = answer.get("ms")
     execution = Execution(
         index,
         "returned",
         stdout=_text(answer.get("stdout"), cap),
         stderr=_text(answer.get("stderr"), cap),
-        ms=float(ms) if isinstance(ms, int | float) and not isinstance(ms, bool) else None,
+        ms=_ms(answer.get("ms")),
     )
     if answer.get("ok") is True and "value" in answer:
         execution.value = answer["value"]
@@ -89,9 +115,11 @@ def from_answer(index: int, answer: Any) -> Execution:
         info = answer["oversized"]
         execution.status = "oversized"
         execution.value = _text(info.get("repr"), limits.INVALID_PAYLOAD_REPR_CHARS)
+        size = info.get("bytes")
+        shown = size if type(size) is int and 0 < size < 2**53 else "too many"
         execution.error = host_error(
             "ResultTooLarge",
-            f"the grader's result is {info.get('bytes')} bytes; the limit is "
+            f"the grader's result is {shown} bytes; the limit is "
             f"{limits.RESULT_PAYLOAD_BYTES} bytes (keep `judge` small)",
         )
     else:

@@ -26,7 +26,12 @@ def encode(message: Any) -> bytes:
 
 
 def read_frame(stream: IO[bytes], max_bytes: int = limits.FRAME_BYTES_MAX) -> Any | None:
-    """Read one frame; ``None`` at end of stream; :class:`FrameError` on anything invalid."""
+    """Read one frame; ``None`` at end of stream; :class:`FrameError` on anything invalid.
+
+    Answers larger than :data:`limits.RESULT_PAYLOAD_BYTES` are replaced, here on the host,
+    by the ``oversized`` answer the worker itself sends for them: the worker's own check runs
+    inside the sandbox, where a grader can patch it out.
+    """
     header = _read_exact(stream, HEADER.size)
     if header is None:
         return None
@@ -37,9 +42,30 @@ def read_frame(stream: IO[bytes], max_bytes: int = limits.FRAME_BYTES_MAX) -> An
     if body is None:
         raise FrameError("stream ended inside a frame")
     try:
-        return jsonfast.loads(body)
+        frame = jsonfast.loads(body)
     except (ValueError, RecursionError) as exc:
         raise FrameError(f"frame is not JSON: {exc}") from None
+    if size > limits.RESULT_PAYLOAD_BYTES:
+        cap_answers(frame)
+    return frame
+
+
+def cap_answers(frame: Any) -> None:
+    """Replace each answer of a ``results`` frame that encodes to more than
+    :data:`limits.RESULT_PAYLOAD_BYTES` by an ``oversized`` answer (in place)."""
+    if not isinstance(frame, dict) or frame.get("t") != "results":
+        return
+    answers = frame.get("answers")
+    if not isinstance(answers, list):
+        return
+    for position, answer in enumerate(answers):
+        encoded = jsonfast.dumps(answer)
+        if len(encoded) > limits.RESULT_PAYLOAD_BYTES:
+            head = encoded[: limits.INVALID_PAYLOAD_REPR_CHARS].decode("utf-8", "replace")
+            answers[position] = {
+                "ok": True,
+                "oversized": {"bytes": len(encoded), "repr": head + "..."},
+            }
 
 
 def _read_exact(stream: IO[bytes], size: int) -> bytes | None:

@@ -3,6 +3,10 @@
 A pod holds no database credentials, only its run's bearer token; the operator checks the
 token, pins every sample to that run, and writes to the real store. Every call is
 idempotent (samples upsert by id), so a retried request or a re-run unit never duplicates.
+
+Calls are retried with capped exponential backoff for up to ``retry_seconds`` on connection
+errors, 5xx and 404 (a replica that does not know the run yet, an operator restarting behind
+its Service): the unit's samples wait instead of failing the unit.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from evalkube import jsonfast
 from evalkube.store.records import SampleRecord, TaskResultRecord
 
 SAMPLE_FIELDS = {f.name for f in dataclasses.fields(SampleRecord)}
+#: Answers worth waiting out: the run unknown to this replica yet, or the operator unwell.
+RETRIED_STATUSES = frozenset({404, 500, 502, 503, 504})
 
 
 def sample_to_wire(record: SampleRecord) -> dict[str, Any]:
@@ -59,10 +65,10 @@ class RemoteStore:
         token: str,
         *,
         transport: httpx.BaseTransport | None = None,
-        retries: int = 5,
+        retry_seconds: float = 300.0,
     ) -> None:
         self.prefix = f"/api/v1/namespaces/{quote(namespace)}/evalruns/{quote(name)}"
-        self.retries = retries
+        self.retry_seconds = retry_seconds
         self.client = httpx.Client(
             base_url=base_url,
             headers={"Authorization": f"Bearer {token}"},
@@ -74,19 +80,22 @@ class RemoteStore:
         self.client.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        deadline = time.monotonic() + self.retry_seconds
         attempt = 0
         while True:
+            pause = min(10.0, 0.25 * 2**attempt)
+            last_chance = time.monotonic() + pause > deadline
             try:
                 response = self.client.request(method, self.prefix + path, **kwargs)
             except httpx.TransportError:
-                if attempt >= self.retries:
+                if last_chance:
                     raise
             else:
-                if response.status_code < 500 or attempt >= self.retries:
+                if response.status_code not in RETRIED_STATUSES or last_chance:
                     if response.status_code >= 400:
                         raise RemoteStoreError(response)
                     return response
-            time.sleep(min(10.0, 0.5 * 2**attempt))
+            time.sleep(pause)
             attempt += 1
 
     def _post(self, path: str, body: Any) -> httpx.Response:

@@ -187,18 +187,36 @@ def install_crds(cp: ControlPlane) -> None:
     )
 
 
+class OperatorUrl(str):
+    """The operator's ingest URL (what work pods call); ``api`` is the URL of its samples API,
+    /metrics and /healthz (another port)."""
+
+    api: str
+
+
+#: The samples API's read token of the operators these tests run.
+READ_TOKEN = "cluster-test-read-token"
+READ = {"Authorization": f"Bearer {READ_TOKEN}"}
+
+
 @contextmanager
-def running_operator(cp: ControlPlane, store: Path, port: int, **settings: str) -> Iterator[str]:
-    """Run the operator (KopfRunner) until the block ends; yields its base URL.
+def running_operator(
+    cp: ControlPlane, store: Path, port: int, **settings: str
+) -> Iterator[OperatorUrl]:
+    """Run the operator (KopfRunner) until the block ends; yields its ingest URL (with the API
+    URL as ``.api``).
 
     ``settings`` become ``EVALKUBE_<NAME>`` variables, read at the operator's startup.
     """
     from kopf.testing import KopfRunner
 
+    api_port = _free_port()
     env = {
         "KUBECONFIG": str(cp.kubeconfig),
         "EVALKUBE_STORE_URL": f"sqlite:///{store}",
         "EVALKUBE_LISTEN": f"127.0.0.1:{port}",
+        "EVALKUBE_API_LISTEN": f"127.0.0.1:{api_port}",
+        "EVALKUBE_API_TOKEN": READ_TOKEN,
         "EVALKUBE_INGEST_URL": f"http://127.0.0.1:{port}",
         "EVALKUBE_POD_ANNOTATIONS": json.dumps({HOLD_ANNOTATION: "true"}),
         "EVALKUBE_RECONCILE_INTERVAL": "0.5",
@@ -211,7 +229,10 @@ def running_operator(cp: ControlPlane, store: Path, port: int, **settings: str) 
             ["run", "--standalone", "-A", "-m", "evalkube.controller.handlers"]
         ) as runner:
             _wait_http(port)
-            yield f"http://127.0.0.1:{port}"
+            _wait_http(api_port)
+            url = OperatorUrl(f"http://127.0.0.1:{port}")
+            url.api = f"http://127.0.0.1:{api_port}"
+            yield url
         assert runner.exit_code == 0, runner.output
         assert runner.exception is None
     finally:
@@ -231,8 +252,8 @@ def run_manifest(namespace: str, name: str = "nightly", shard_size: int = 5) -> 
     }
 
 
-def metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
+def metric(url: OperatorUrl, name: str) -> float:
+    text = httpx.get(f"{url.api}/metrics").text
     found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     assert found, f"{name} not in /metrics"
     return float(found.group(1))

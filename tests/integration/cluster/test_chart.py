@@ -34,6 +34,8 @@ ENV_NAMES = {
     "EVALKUBE_STORE_URL",
     "EVALKUBE_INGEST_URL",
     "EVALKUBE_LISTEN",
+    "EVALKUBE_API_LISTEN",
+    "EVALKUBE_API_TOKEN",
 }
 
 
@@ -98,7 +100,8 @@ def test_defaults_render_a_locked_down_operator(control_plane: ControlPlane) -> 
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
-        "Deployment", "PersistentVolumeClaim", "Service", "ServiceAccount",
+        "Deployment", "NetworkPolicy", "PersistentVolumeClaim", "Secret", "Service",
+        "ServiceAccount",
     ]  # fmt: skip
     [deploy] = by_kind(docs, "Deployment")
     pod = deploy["spec"]["template"]["spec"]
@@ -127,9 +130,51 @@ def test_defaults_render_a_locked_down_operator(control_plane: ControlPlane) -> 
     assert "EVALKUBE_NAMESPACE" not in env
     labels = json.loads(env["EVALKUBE_OPERATOR_POD_LABELS"])
     assert labels.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    assert env["EVALKUBE_API_LISTEN"] == "0.0.0.0:8081"
+    [secret] = by_kind(docs, "Secret")
+    assert env["EVALKUBE_API_TOKEN"] == {
+        "secretKeyRef": {"name": secret["metadata"]["name"], "key": "token"}
+    }
+    assert len(secret["data"]["token"]) >= 48  # a random token, base64
+    assert container["readinessProbe"]["httpGet"]["port"] == "api"  # probes stay off ingest
     [service] = by_kind(docs, "Service")
-    assert service["spec"]["ports"][0]["port"] == 8080
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    assert ports == {"http": 8080, "api": 8081}
     assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+
+
+def test_operator_network_policy_keeps_work_pods_on_the_ingest_port(
+    control_plane: ControlPlane,
+) -> None:
+    """Work-unit pods (untrusted graders) may reach the ingest port only, never the samples
+    API; the API port is open to ``networkPolicy.apiFrom``."""
+    docs = render(
+        control_plane,
+        "evalkube-system",
+        "networkPolicy.apiFrom[0].namespaceSelector.matchLabels.team=observability",
+    )
+    [policy] = by_kind(docs, "NetworkPolicy")
+    [deploy] = by_kind(docs, "Deployment")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["podSelector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
+    ingest, api = spec["ingress"]
+    assert ingest["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert ingest["from"] == [
+        {
+            "namespaceSelector": {},
+            "podSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/component": "work-unit",
+                    "app.kubernetes.io/managed-by": "evalkube",
+                }
+            },
+        }
+    ]
+    assert api["ports"] == [{"protocol": "TCP", "port": 8081}]
+    assert api["from"] == [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]
+    assert not by_kind(render(control_plane, "evalkube-system", "networkPolicy.enabled=false"),
+                       "NetworkPolicy")  # fmt: skip
 
 
 def test_rbac_is_least_privilege(control_plane: ControlPlane) -> None:

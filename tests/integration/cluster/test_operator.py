@@ -18,6 +18,7 @@ import pytest
 from tests.cluster.plugin import ControlPlane
 from tests.integration.cluster.operator_support import (
     EVALKUBE,
+    READ,
     _free_port,
     _jobs,
     _play_unit,
@@ -33,8 +34,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def operator(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, str]]:
-    """The operator (KopfRunner) with its store and HTTP server on loopback."""
+) -> Iterator[dict[str, Any]]:
+    """The operator (KopfRunner) with its store and HTTP servers on loopback."""
     install_crds(control_plane)
     store = tmp_path_factory.mktemp("operator") / "results.db"
     with running_operator(control_plane, store, _free_port()) as url:
@@ -42,7 +43,7 @@ def operator(
 
 
 def test_run_reaches_succeeded_with_exact_scores(
-    control_plane: ControlPlane, cluster_namespace: str, operator: dict[str, str], tmp_path: Path
+    control_plane: ControlPlane, cluster_namespace: str, operator: dict[str, Any], tmp_path: Path
 ) -> None:
     cp, ns = control_plane, cluster_namespace
     cp.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
@@ -68,6 +69,14 @@ def test_run_reaches_succeeded_with_exact_scores(
     ]
     for obj in owned:
         assert obj["metadata"]["ownerReferences"][0]["kind"] == "EvalRun"
+    for unit_id, job in jobs.items():  # as admitted by the apiserver
+        pod = job["spec"]["template"]["spec"]
+        (proxy,) = pod["initContainers"]
+        flags = dict(zip(proxy["command"][2::2], proxy["command"][3::2], strict=False))
+        assert (flags["--unit-id"], flags["--max-calls"]) == (unit_id, "0")  # zero until set
+        grader = next(c for c in pod["containers"] if c["name"] == "grader")
+        # these graders have no model access: the bridge's socket is not even mounted
+        assert "bridge" not in {m["name"] for m in grader["volumeMounts"]}
     # the Pods were admitted under Pod Security "restricted"
     cp.wait_for(
         lambda: len(cp.kubectl_json("get", "pods", "-n", ns)["items"]) == 4,
@@ -102,10 +111,13 @@ def test_run_reaches_succeeded_with_exact_scores(
     # the samples API serves the debugging view
     import httpx
 
-    page = httpx.get(
-        f"{operator['url']}/api/v1/namespaces/{ns}/evalruns/nightly/samples",
-        params={"task": "qa", "limit": 3},
-    ).json()
+    samples_url = f"{operator['url'].api}/api/v1/namespaces/{ns}/evalruns/nightly/samples"
+    assert httpx.get(samples_url).status_code == 401  # never without a token
+    ingest_port = httpx.get(
+        f"{operator['url']}/api/v1/namespaces/{ns}/evalruns/nightly/samples", headers=READ
+    )
+    assert ingest_port.status_code == 405  # the ingest port (work pods') serves no samples view
+    page = httpx.get(samples_url, params={"task": "qa", "limit": 3}, headers=READ).json()
     assert len(page["samples"]) == 3
     assert page["next_cursor"]
     # ... and `evalkube samples --api` reads it
@@ -115,7 +127,7 @@ def test_run_reaches_succeeded_with_exact_scores(
             "samples",
             "nightly",
             "--api",
-            operator["url"],
+            operator["url"].api,
             "-n",
             ns,
             "--task",
@@ -151,7 +163,7 @@ def test_run_reaches_succeeded_with_exact_scores(
     )
 
 
-def test_wrong_token_is_rejected(operator: dict[str, str], cluster_namespace: str) -> None:
+def test_wrong_token_is_rejected(operator: dict[str, Any], cluster_namespace: str) -> None:
     import httpx
 
     response = httpx.post(

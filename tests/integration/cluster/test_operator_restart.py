@@ -19,6 +19,7 @@ import httpx
 import pytest
 from tests.cluster.plugin import ControlPlane
 from tests.integration.cluster.operator_support import (
+    READ,
     SENTIMENT,
     _free_port,
     _jobs,
@@ -152,9 +153,11 @@ def test_operator_restart_mid_run_loses_and_duplicates_nothing(
     # -- a third operator still serves the finished run's samples, and takes no more ingest ----
     with running_operator(cp, store_file, port) as url:
         base = f"{url}/api/v1/namespaces/{ns}/evalruns/nightly"
+        api = f"{url.api}/api/v1/namespaces/{ns}/evalruns/nightly"
         page = cp.wait_for(
             lambda: (
-                (r := httpx.get(f"{base}/samples", params={"limit": 100})).status_code == 200
+                (r := httpx.get(f"{api}/samples", params={"limit": 100}, headers=READ)).status_code
+                == 200
                 and r.json()
             ),
             timeout=30,

@@ -481,11 +481,55 @@ def test_aggregates_are_means_over_stored_samples(engine_run: Run) -> None:
             assert math.isclose(value, expected), (result.task, name)
 
 
-def test_resuming_a_finished_run_is_refused(engine_run: Run) -> None:
+def test_resuming_a_succeeded_run_is_refused(engine_run: Run) -> None:
     from evalkube.engine import ConfigError
 
-    with pytest.raises(ConfigError, match="already finished"):
+    with pytest.raises(ConfigError, match="already succeeded"):
         LocalEngine(engine_run.store, ProcessBackend()).resume("engine-run")
+
+
+def test_a_run_that_breaks_midway_ends_failed_with_the_reason(tmp_path: Path) -> None:
+    """Every run ends in a terminal phase: a dataset line that does not parse (in the second
+    shard) fails the run with that reason, and the first shard's samples are kept."""
+    data = tmp_path / "rows.jsonl"
+    good = [f'{{"q": "{i}", "out": "{i}"}}' for i in range(4)]
+    data.write_text("\n".join([*good[:2], "{not json", *good[2:]]) + "\n")
+    (tmp_path / "suite.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "evalkube.io/v1alpha1",
+                "kind": "EvalSuite",
+                "metadata": {"name": "broken"},
+                "spec": {
+                    "tasks": [
+                        {
+                            "id": "qa",
+                            "dataset": {"path": "rows.jsonl"},
+                            "prompt": "{{ item.q }}",
+                            "target": "{{ item.q }}",
+                            "outputs": {"column": "out"},
+                            "grader": {"type": "python", "source": "def grade(s, i): return 1.0"},
+                        }
+                    ]
+                },
+            }
+        )
+    )
+    store = ResultStore.open(f"sqlite:///{tmp_path / 'r.db'}")
+    try:
+        loaded, _ = load_files(tmp_path / "suite.yaml", None)
+        spec = resolve_run_spec(loaded, None, None).model_copy(update={"shard_size": 2})
+        engine = LocalEngine(store, ProcessBackend())
+        with pytest.raises(Exception, match=r"rows\.jsonl"):
+            engine.start(loaded, spec, run_id="broken-run")
+        record = store.get_run("broken-run")
+        assert record is not None
+        assert record.phase == "Failed"
+        assert record.summary is not None
+        assert "rows.jsonl" in record.summary["reason"]
+        assert [s.row_id for s in store.iter_samples("broken-run")] == ["0", "1"]
+    finally:
+        store.close()
 
 
 def test_unknown_run_cannot_be_resumed(tmp_path: Path) -> None:

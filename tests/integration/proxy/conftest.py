@@ -24,6 +24,9 @@ from tests.integration.proxy.fake_upstream import FakeUpstream
 KEY = "sk-evalkube-test-0123456789abcdef"
 
 MakeBridge = Callable[..., ModelBridge | NativeBridge]
+#: The execution token every bridge of ``make_bridge`` has open when the test starts (tests
+#: that configure a unit open their own: configuring closes every token).
+OPEN_TOKEN = "exec-1"
 ENGINES = ("python", "native")
 
 
@@ -70,7 +73,8 @@ def key_file(tmp_path: Path) -> Path:
 def make_bridge(
     upstream: FakeUpstream, key_file: Path, engine: str, proxy_log: Path
 ) -> Iterator[MakeBridge]:
-    """Start bridges against the fake provider (``fake:``); all stopped after the test."""
+    """Start bridges against the fake provider (``fake:``), with :data:`OPEN_TOKEN` open; all
+    stopped after the test."""
     started: list[ModelBridge | NativeBridge] = []
 
     def make(
@@ -104,6 +108,7 @@ def make_bridge(
             bridge = ModelBridge({"fake": provider}, retries=retries, backoff_base=0.01, **options)
         bridge.start(socket_path)
         started.append(bridge)
+        bridge.open_executions([OPEN_TOKEN])
         return bridge
 
     yield make

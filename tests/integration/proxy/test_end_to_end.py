@@ -53,6 +53,7 @@ def grade(sample, item, ctx):
 def test_model_backed_grader_in_a_sandbox(make_bridge: MakeBridge, upstream: FakeUpstream) -> None:
     bridge = make_bridge()
     bridge.configure_unit("qa/0", 5, 3)
+    bridge.open_executions(["qa/sample-1", "qa/sample-2", "qa/sample-3"])
     sandbox = GraderSandbox(
         ProcessBackend(),
         [Program("grader", GRADER, "grader.py", "grade")],
@@ -168,6 +169,17 @@ def test_sidecar_process_and_control_api(
         _wait_for(grader_sock, process)
         auth = {"X-Evalkube-Control-Token": "control-secret-1"}
         ctx = Context(f"unix:{grader_sock}", "s1", "t")
+        with pytest.raises(ModelCallError) as unopened:  # no token is open before the runner's
+            ctx.responses_create(input="hi")
+        assert unopened.value.status == 403
+        status, _ = _unix_request(
+            str(control_sock), "POST", "/evalkube/v1/executions:open", {"tokens": ["s1"]}
+        )
+        assert status == 401  # opening tokens is a control route like the others
+        status, body = _unix_request(
+            str(control_sock), "POST", "/evalkube/v1/executions:open", {"tokens": ["s1"]}, auth
+        )
+        assert (status, body) == (200, {"opened": 1})
         assert ctx.responses_create(input="hi")["output_text"] == "echo: hi"
         assert upstream.received[-1].body["model"] == "judge-9"
         assert upstream.received[-1].headers["Authorization"] == f"Bearer {KEY}"
@@ -216,6 +228,14 @@ def test_sidecar_process_and_control_api(
         )
         assert status == 200
         assert body["unit_id"] == "u2"
+        status, _ = _unix_request(
+            str(control_sock),
+            "POST",
+            "/evalkube/v1/executions:open",
+            {"tokens": ["s9", "s10"]},
+            auth,
+        )
+        assert status == 200
         Context(f"unix:{grader_sock}", "s9", "t").responses_create(input="ok")
         with pytest.raises(ModelCallError, match="budget of 1 exhausted for this work unit"):
             Context(f"unix:{grader_sock}", "s10", "t").responses_create(input="no")

@@ -26,18 +26,24 @@ from tests.integration.proxy.fake_upstream import FakeUpstream, Scripted
 pytestmark = pytest.mark.timeout(60)
 
 
-def raw_post(endpoint: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, bytes]:
+def raw_request(
+    endpoint: str, method: str, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, bytes]:
     """A plain HTTP request to a proxy endpoint (what a hostile grader could send)."""
     assert endpoint.startswith("unix:")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(endpoint[len("unix:") :])
     conn = http.client.HTTPConnection("localhost", timeout=10)
     conn.sock = sock
-    conn.request("POST", path, body=json.dumps(body), headers=headers)
+    conn.request(method, path, body=body, headers=headers)
     reply = conn.getresponse()
     data = reply.read()
     conn.close()
     return reply.status, data
+
+
+def raw_post(endpoint: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, bytes]:
+    return raw_request(endpoint, "POST", path, json.dumps(body).encode(), headers)
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:
@@ -48,17 +54,6 @@ def metric(text: str, name: str, **labels: str) -> float | None:
             if sample.name == name and sample.labels == labels:
                 return float(sample.value)
     return None
-
-
-def metrics_text(endpoint: str) -> str:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(endpoint[len("unix:") :])
-    conn = http.client.HTTPConnection("localhost", timeout=10)
-    conn.sock = sock
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
-    return text
 
 
 # -- credentials ---------------------------------------------------------------------------------
@@ -88,7 +83,7 @@ def test_key_reaches_the_provider_and_nothing_else(
     assert failed.value.status == 400
     assert KEY not in caplog.text
     assert KEY not in (proxy_log.read_text() if proxy_log.exists() else "")
-    assert KEY not in metrics_text(bridge.endpoint)
+    assert KEY not in bridge.metrics()
     assert KEY not in json.dumps(bridge.take_usage(["exec-1"]))
 
 
@@ -222,12 +217,69 @@ def test_calls_without_execution_id_are_refused(make_bridge: MakeBridge) -> None
     assert status == 404  # control routes do not exist on the grader listener
 
 
+def test_grader_listener_serves_the_model_routes_only(make_bridge: MakeBridge) -> None:
+    """Metrics, health and control routes would tell a grader about other executions."""
+    bridge = make_bridge()
+    assert bridge.endpoint is not None
+    for method, path in [
+        ("GET", "/metrics"),
+        ("GET", "/healthz"),
+        ("GET", "/evalkube/v1/budget"),
+        ("PUT", "/evalkube/v1/budget"),
+        ("POST", "/evalkube/v1/executions:open"),
+        ("POST", "/evalkube/v1/usage:take"),
+    ]:
+        status, _ = raw_request(bridge.endpoint, method, path, b"{}", {})
+        assert status in (404, 405), (method, path, status)
+    assert "evalkube_proxy_model_call_duration_seconds" in bridge.metrics()  # the trusted side
+
+
+def test_forged_tokens_are_refused_and_cost_the_honest_execution_nothing(
+    make_bridge: MakeBridge, upstream: FakeUpstream
+) -> None:
+    """A grader that knows (or guesses) sample ids, unit ids or stale tokens gains nothing."""
+    bridge = make_bridge()
+    bridge.configure_unit("unit-f", 2, 1)
+    bridge.open_executions(["honest-token"])
+    assert bridge.endpoint is not None
+    for forged in ["s_0011223344_0000000000001", "unit-f", "exec-1", "honest-token2", ""]:
+        status, body = raw_post(
+            bridge.endpoint,
+            "/v1/responses",
+            {"input": "steal"},
+            {"Content-Type": "application/json", "X-Evalkube-Execution": forged},
+        )
+        assert status in (400, 403), (forged, status)
+        if status == 403:
+            assert json.loads(body)["error"]["type"] == "unknown_execution"
+    assert upstream.received == []
+    honest = Context(bridge.endpoint, "honest-token", "task")
+    honest.responses_create(input="1")
+    honest.responses_create(input="2")  # its whole budget is still there
+    assert len(upstream.received) == 2
+    usage = bridge.take_usage(["honest-token"])
+    assert usage["honest-token"]["calls"] == 2
+    # taking the usage closed the token: a grader that kept it cannot spend with it again
+    with pytest.raises(ModelCallError) as reused:
+        honest.responses_create(input="3")
+    assert reused.value.status == 403
+    assert reused.value.kind == "unknown_execution"
+    assert len(upstream.received) == 2
+    assert (
+        metric(
+            bridge.metrics(), "evalkube_proxy_budget_rejections_total", scope="unknown_execution"
+        )
+        == 5
+    )
+
+
 # -- budgets -------------------------------------------------------------------------------------
 def test_the_65th_call_of_an_execution_fails_while_others_continue(
     make_bridge: MakeBridge, upstream: FakeUpstream
 ) -> None:
     bridge = make_bridge()
     bridge.configure_unit("unit-1", 64, 10)
+    bridge.open_executions(["sample-1", "sample-2"])
     assert bridge.endpoint is not None
     greedy = Context(bridge.endpoint, "sample-1", "task")
     for _ in range(64):
@@ -241,15 +293,16 @@ def test_the_65th_call_of_an_execution_fails_while_others_continue(
     other = Context(bridge.endpoint, "sample-2", "task")
     assert other.responses_create(input="y")["output_text"] == "echo: y"
     assert bridge.take_usage(["sample-1"])["sample-1"]["calls"] == 64
-    text = metrics_text(bridge.endpoint)
+    text = bridge.metrics()
     assert metric(text, "evalkube_proxy_budget_rejections_total", scope="execution") == 1
 
 
-def test_forged_execution_ids_hit_the_unit_budget(
+def test_calls_spread_over_tokens_hit_the_unit_budget(
     make_bridge: MakeBridge, upstream: FakeUpstream
 ) -> None:
     bridge = make_bridge()
     bridge.configure_unit("unit-7", 2, 3)
+    bridge.open_executions([f"forged-{n}" for n in range(10)])
     assert bridge.endpoint is not None
     outcomes = []
     for n in range(10):
@@ -266,12 +319,14 @@ def test_forged_execution_ids_hit_the_unit_budget(
     assert bridge.budget()["used"] == 6
     # The next unit starts with fresh counters.
     bridge.configure_unit("unit-8", 2, 1)
+    bridge.open_executions(["forged-0"])
     Context(bridge.endpoint, "forged-0", "task").responses_create(input="x")
 
 
 def test_zero_budget_refuses_every_call(make_bridge: MakeBridge, upstream: FakeUpstream) -> None:
     bridge = make_bridge()
     bridge.configure_unit("unit-0", 0, 100)
+    bridge.open_executions(["s"])
     assert bridge.endpoint is not None
     with pytest.raises(ModelCallError, match="budget of 0 exhausted for this execution"):
         Context(bridge.endpoint, "s", "task").embeddings_create(input="x")
@@ -282,6 +337,7 @@ def test_zero_budget_refuses_every_call(make_bridge: MakeBridge, upstream: FakeU
 def test_usage_is_taken_per_execution(make_bridge: MakeBridge, upstream: FakeUpstream) -> None:
     bridge = make_bridge()
     bridge.configure_unit("unit-1", 64, 2)
+    bridge.open_executions(["sample-a", "sample-b"])
     assert bridge.endpoint is not None
     a = Context(bridge.endpoint, "sample-a", "task")
     b = Context(bridge.endpoint, "sample-b", "task")
@@ -305,7 +361,7 @@ def test_usage_is_taken_per_execution(make_bridge: MakeBridge, upstream: FakeUps
     assert usage["sample-b"]["response_ids"] == ids_b
     assert bridge.take_usage(["sample-a", "sample-b"]) == {}
 
-    text = metrics_text(bridge.endpoint)
+    text = bridge.metrics()
     calls = "evalkube_proxy_model_calls_total"
     assert metric(text, calls, outcome="ok", provider="fake", purpose="judge") == 3
     assert metric(text, calls, outcome="ok", provider="fake", purpose="embedding") == 1
@@ -325,7 +381,7 @@ def test_429_is_retried_after_retry_after(make_bridge: MakeBridge, upstream: Fak
     assert time.monotonic() - started >= 0.4
     assert answer["output_text"] == "echo: x"
     assert len(upstream.received) == 3
-    text = metrics_text(bridge.endpoint)
+    text = bridge.metrics()
     retries = "evalkube_proxy_upstream_retries_total"
     assert metric(text, retries, provider="fake", reason="429") == 1
     assert metric(text, retries, provider="fake", reason="500") == 1

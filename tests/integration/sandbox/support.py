@@ -28,8 +28,8 @@ from evalkube.sandbox import (
 )
 from evalkube.sandbox.backends import RESOURCE_PREFIX
 
-BACKENDS = AUTO_ORDER
-ISOLATING = tuple(name for name in AUTO_ORDER if name != "process")
+BACKENDS = (*AUTO_ORDER, "process")
+ISOLATING = AUTO_ORDER
 
 
 def backend(name: str) -> SandboxBackend:

@@ -165,6 +165,7 @@ def test_the_real_model_bridge_counts_calls_from_inside_every_sandbox(
         bridge.start()
         try:
             bridge.configure_unit("u", 3, 2)
+            bridge.open_executions(["exec-0", "exec-1"])
             executions, _ = run(
                 backend(name), MODEL_BACKED, ["a", "b"], model_endpoint=bridge.endpoint, timeout=30
             )

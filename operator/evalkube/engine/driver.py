@@ -1,0 +1,65 @@
+"""The one unit driver: plans a run's units and drives each with its model access.
+
+``evalkube run`` (:mod:`evalkube.engine.local`), the work-unit pod's runner
+(:mod:`evalkube.engine.pod`) and the operator (which only plans) all come here, so the three
+can never disagree about which units a run has or what a grader may spend:
+
+- :func:`plan_run` is the only planner (the operator's and the pod's plans of one snapshot are
+  the same list, tested);
+- :func:`drive_unit` owns model access: a task whose grader has ``model_access: gateway`` gets
+  the bridge's grader endpoint, execution tokens and a unit budget of ``max_model_calls`` per
+  execution x planned executions; any other task gets no endpoint and a zero budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from evalkube.engine.plan import Unit, plan_units
+from evalkube.engine.runner import (
+    BridgeControl,
+    UnitContext,
+    UnitReport,
+    run_aggregate,
+    run_shard,
+)
+from evalkube.models import EvalRunSpec, EvalSuiteSpec, TaskSpec
+
+__all__ = ["BridgeControl", "drive_unit", "has_model_access", "plan_run"]
+
+
+def plan_run(suite: EvalSuiteSpec, row_counts: Mapping[str, int], spec: EvalRunSpec) -> list[Unit]:
+    """The units of a run of ``suite`` with ``spec`` (rows per task from ``row_counts``)."""
+    tasks = [
+        (task.id, int(row_counts[task.id]), task.grader.resolved_execution == "aggregate")
+        for task in suite.tasks
+    ]
+    return plan_units(tasks, spec.models, spec.shard_size)
+
+
+def has_model_access(task: TaskSpec) -> bool:
+    """Whether ``task``'s grader may call models through ``ctx``."""
+    return task.grader.resolved_model_access == "gateway"
+
+
+def drive_unit(
+    ctx: UnitContext,
+    unit: Unit,
+    rows: list[dict[str, Any]] | None,
+    bridge: BridgeControl | None,
+) -> UnitReport:
+    """Run ``unit`` (``rows``: its shard's dataset rows; ``None`` for an aggregate unit)."""
+    task = ctx.runtime.task
+    access = bridge if bridge is not None and has_model_access(task) else None
+    if bridge is not None:
+        planned = len(rows or ()) if unit.kind == "shard" else 1
+        if access is not None:
+            bridge.configure_unit(unit.unit_id, task.grader.max_model_calls, planned)
+        else:  # a grader without model access spends nothing, whatever it finds to call
+            bridge.configure_unit(unit.unit_id, 0, 0)
+    ctx.bridge = access
+    ctx.model_endpoint = access.endpoint if access is not None else None
+    if unit.kind == "aggregate":
+        return run_aggregate(ctx, unit)
+    return run_shard(ctx, unit, rows or [])

@@ -1,0 +1,105 @@
+"""A client of the model bridge's control listener (the trusted runner's side).
+
+The pod runner drives its sidecar through it, and :class:`~evalkube.proxy.native.NativeBridge`
+drives its child binary through it: the same four calls the in-process
+:class:`~evalkube.proxy.bridge.ModelBridge` offers as methods (together they make
+:class:`evalkube.engine.driver.BridgeControl`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import httpx
+
+from evalkube.proxy.bridge_base import CONTROL_TIMEOUT
+
+CONTROL_TOKEN_HEADER = "X-Evalkube-Control-Token"
+
+
+class ControlClient:
+    """Budgets, execution tokens and usage of one bridge, over ``unix:/path`` or ``http://``."""
+
+    def __init__(
+        self,
+        control_endpoint: str,
+        *,
+        grader_endpoint: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        """``grader_endpoint``: where this bridge's graders reach it (``endpoint``)."""
+        self.control_endpoint = control_endpoint
+        self.endpoint = grader_endpoint
+        if control_endpoint.startswith("unix:"):
+            transport: httpx.HTTPTransport | None = httpx.HTTPTransport(
+                uds=control_endpoint.removeprefix("unix:")
+            )
+            base = "http://bridge"
+        else:
+            transport, base = None, control_endpoint
+        self._client = httpx.Client(
+            base_url=base,
+            transport=transport,
+            timeout=CONTROL_TIMEOUT,
+            headers={CONTROL_TOKEN_HEADER: token} if token else None,
+        )
+
+    def configure_unit(
+        self, unit_id: str, max_calls_per_execution: int, planned_executions: int
+    ) -> None:
+        """Serve ``unit_id`` with fresh counters; every open token is closed."""
+        self._call(
+            "PUT",
+            "/evalkube/v1/budget",
+            {
+                "unit_id": unit_id,
+                "max_calls_per_execution": max_calls_per_execution,
+                "planned_executions": planned_executions,
+            },
+        )
+
+    def open_executions(self, tokens: Iterable[str]) -> None:
+        """Let graders call models with ``tokens`` until their usage is taken."""
+        self._call("POST", "/evalkube/v1/executions:open", {"tokens": list(tokens)})
+
+    def take_usage(self, execution_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Remove and return the usage of ``execution_ids``, closing those tokens."""
+        taken: dict[str, dict[str, Any]] = self._call(
+            "POST", "/evalkube/v1/usage:take", {"execution_ids": list(execution_ids)}
+        )
+        return taken
+
+    def budget(self) -> dict[str, object]:
+        snapshot: dict[str, object] = self._call("GET", "/evalkube/v1/budget")
+        return snapshot
+
+    def metrics(self) -> str:
+        """The bridge's Prometheus exposition (served on the control listener only)."""
+        response = self._client.get("/metrics")
+        if response.status_code >= 400:
+            raise ControlError("GET", "/metrics", response)
+        return response.text
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        response = self._client.request(method, path, json=body)
+        if response.status_code >= 400:
+            raise ControlError(method, path, response)
+        return response.json()
+
+
+class ControlError(RuntimeError):
+    """The bridge refused a control call; the message carries its explanation."""
+
+    def __init__(self, method: str, path: str, response: httpx.Response) -> None:
+        try:
+            detail = response.json().get("error", {}).get("message", "")
+        except ValueError:
+            detail = response.text[:300]
+        super().__init__(
+            f"model bridge control {method} {path} answered HTTP {response.status_code}: {detail}"
+        )
+        self.status = response.status_code
