@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: setup sandboxes demo test lint typecheck crds-check system-deps native-proxy
+.PHONY: setup sandboxes demo test lint typecheck crds-check system-deps native-proxy images
 setup:
 	bash .ci/python.sh
 
@@ -18,6 +18,11 @@ demo: setup sandboxes
 # The native model bridge proxy (needs Go); `evalkube proxy` uses it when it is on PATH.
 native-proxy: setup
 	cp "$$(bash .ci/proxy.sh | tail -1)" .venv/bin/evalkube-proxy
+
+# The evalkube and grader images from their Dockerfiles, without a registry or Docker engine
+# (buildah, local Debian bases); prints the folder of the docker-archive tars.
+images:
+	bash .ci/images.sh
 
 system-deps: sandboxes
 	bash .ci/postgres.sh

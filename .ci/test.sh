@@ -7,6 +7,13 @@ if [[ -f .ci/cluster.sh ]]; then
   EVALKUBE_CTRLPLANE_BIN=$(bash .ci/cluster.sh | tail -1)
   export EVALKUBE_CTRLPLANE_BIN
 fi
+# The real-node tier (tests/realnode): node binaries and images, built or found in their caches.
+if [[ -f .ci/realnode.sh ]]; then
+  realnode=$(bash .ci/realnode.sh)
+  while IFS= read -r line; do
+    case $line in EVALKUBE_NODE_BIN=*|EVALKUBE_IMAGES_DIR=*) export "${line?}" ;; esac
+  done <<<"$realnode"
+fi
 # The native model bridge proxy (Go): its unit tests run here, and the proxy tests run every
 # case against it as well as against the Python proxy.
 EVALKUBE_PROXY_BIN=$(bash .ci/proxy.sh | tail -1)

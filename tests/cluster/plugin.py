@@ -9,6 +9,11 @@ Registered from tests/conftest.py (``pytest_plugins = ["tests.cluster.plugin"]``
   ``.env``, ``.kubectl(*args)``, ``.kubectl_json(*args)``, ``.apply(obj_or_yaml)``,
   ``.run("helm", ...)``, ``.wait_for(fn)``, ``.node_name``, ``.server``, ``.logs_dir``.
 - fixture ``cluster_namespace`` (function): a fresh namespace name, deleted afterwards.
+- marker ``realnode``: the test needs a real node (tests/cluster/realnode.py: kubelet,
+  containerd, runc and gVisor, kube-proxy, kube-router, CoreDNS in a private netns); the
+  ``real_node`` fixture (session) is added to it automatically. Binaries from
+  tests/cluster/build-node.sh, images from .ci/images.sh (``bash .ci/realnode.sh`` builds both).
+  Missing host facilities or builds FAIL the test when ``$CI`` is set and skip it otherwise.
 
 Binaries: ``$EVALKUBE_CTRLPLANE_BIN``, else the build cache of tests/cluster/build-tools.sh
 (looked up with ``--print-if-cached``; the plugin never builds). If they are missing, tests that
@@ -36,8 +41,14 @@ from tests.cluster.ctrlplane import (
     ControlPlane,
     find_bin_dir,
 )
+from tests.cluster.realnode import (
+    RealNode,
+    find_images,
+    find_node_bin,
+    missing_facilities,
+)
 
-__all__ = ["COMPLETE_ANNOTATION", "HOLD_ANNOTATION", "ControlPlane"]
+__all__ = ["COMPLETE_ANNOTATION", "HOLD_ANNOTATION", "ControlPlane", "RealNode"]
 
 _KEPT: list[str] = []
 
@@ -52,14 +63,25 @@ def pytest_configure(config: pytest.Config) -> None:
         "cluster: needs the real loopback Kubernetes control plane (fixture control_plane; "
         "binaries from tests/cluster/build-tools.sh). Never skipped when $CI is set.",
     )
+    config.addinivalue_line(
+        "markers",
+        "realnode: needs a real node with gVisor (fixture real_node; binaries from "
+        "tests/cluster/build-node.sh, images from .ci/images.sh). Never skipped when $CI is set.",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # real-node tests last: their node (session scope) then runs only while they do
+    items.sort(key=lambda item: item.get_closest_marker("realnode") is not None)
     for item in items:
         if item.get_closest_marker("cluster") and "control_plane" not in getattr(
             item, "fixturenames", ["control_plane"]
         ):
             item.fixturenames.append("control_plane")  # type: ignore[attr-defined]
+        if item.get_closest_marker("realnode") and "real_node" not in getattr(
+            item, "fixturenames", ["real_node"]
+        ):
+            item.fixturenames.append("real_node")  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
@@ -99,6 +121,38 @@ def cluster_namespace(control_plane: ControlPlane) -> Iterator[str]:
     control_plane.kubectl(
         "delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False
     )
+
+
+@pytest.fixture(scope="session")
+def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
+    problems = [f"this machine lacks {m}" for m in missing_facilities()]
+    found: dict[str, Path] = {}
+    for name, finder in (("cp", find_bin_dir), ("node", find_node_bin), ("images", find_images)):
+        try:
+            found[name] = finder()
+        except BinariesMissing as exc:
+            problems.append(str(exc))
+    if problems:
+        message = "real-node tests cannot run: " + "; ".join(problems)
+        if _in_ci():
+            pytest.fail(f"[CI] {message}", pytrace=False)
+        pytest.skip(message)
+    node = RealNode(found["cp"], found["node"], found["images"])
+    try:
+        node.start()
+    except BaseException:
+        _KEPT.append(str(node.workdir))
+        raise
+    sys.stderr.write(
+        f"\n[evalkube] real node up in {node.startup_seconds:.1f}s (netns {node.netns}; "
+        f"{node.timings})\n"
+    )
+    yield node
+    failed = request.session.testsfailed > 0
+    keep = failed or os.environ.get("EVALKUBE_KEEP_CTRLPLANE", "") not in ("", "0")
+    node.stop(keep_workdir=keep)
+    if keep:
+        _KEPT.append(str(node.workdir))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]

@@ -4,7 +4,9 @@ A work-unit Pod has three containers with three levels of trust (DESIGN.md §2, 
 the ``proxy`` native sidecar holds the provider credentials (only it mounts the Secret);
 the ``runner`` holds the run's ingest token; the ``grader`` runs untrusted code under gVisor
 with no token, no secrets, no service-account token, a read-only root, no capabilities and
-a size-capped /tmp. The Pod satisfies Pod Security "restricted".
+a size-capped /tmp. The Pod satisfies Pod Security "restricted". ``proxy`` and ``grader``
+are native sidecars (init containers that keep running): the runner is the only main
+container, so the Pod completes when it exits.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ SANDBOX_BOOTSTRAP = (
     "runpy.run_module('evalkube_sandbox', run_name='__main__')"
 )
 NOBODY = 65534
+#: Prefix of gVisor's per-volume mount hints (``<prefix>.<volume>.share`` / ``.type``).
+GVISOR_MOUNT_ANNOTATION = "dev.gvisor.spec.mount"
 
 
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -345,6 +349,9 @@ def unit_job(
     grader = {
         "name": "grader",
         "image": settings.sandbox_image,
+        # a native sidecar too: it serves until the runner is done, then the kubelet stops it
+        # (as a regular container it kept every finished pod, and its Job, running)
+        "restartPolicy": "Always",
         "command": ["python3", "-I", "-S", "-c", SANDBOX_BOOTSTRAP, "--listen", WORKER_SOCKET],
         "env": [],
         "volumeMounts": [
@@ -373,8 +380,8 @@ def unit_job(
             "fsGroup": NOBODY,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [proxy],
-        "containers": [runner, grader],
+        "initContainers": [proxy, grader],
+        "containers": [runner],
         "volumes": volumes,
     }
     if settings.egress_via_gateway:
@@ -383,9 +390,10 @@ def unit_job(
         pod_spec["runtimeClassName"] = settings.runtime_class
     if settings.node_selector:
         pod_spec["nodeSelector"] = dict(settings.node_selector)
-    template_meta: dict[str, Any] = {"labels": pod_labels}
-    if settings.pod_annotations:
-        template_meta["annotations"] = dict(settings.pod_annotations)
+    template_meta: dict[str, Any] = {
+        "labels": pod_labels,
+        "annotations": {**gvisor_mount_hints(pod_spec), **settings.pod_annotations},
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -424,6 +432,32 @@ def _through_egress_gateway(
     proxy["volumeMounts"].append(
         {"name": "egress-grant", "mountPath": EGRESS_GRANT_DIR, "readOnly": True}
     )
+
+
+def gvisor_mount_hints(pod_spec: Mapping[str, Any]) -> dict[str, str]:
+    """gVisor pod annotations that make each memory emptyDir shared by several containers one
+    tmpfs inside the sandbox.
+
+    Under runsc every container otherwise sees its own view of an emptyDir, so a unix socket
+    one container binds there (worker, bridge, control) is invisible to the others. The hints
+    reach runsc only when containerd passes them on (``pod_annotations = ["dev.gvisor.*"]`` on
+    the runsc runtime, docs/install.md); other runtimes ignore them.
+    """
+    containers = [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]
+    users: dict[str, int] = {}
+    for c in containers:
+        for mount in {m["name"] for m in c.get("volumeMounts", [])}:
+            users[mount] = users.get(mount, 0) + 1
+    hints: dict[str, str] = {}
+    for volume in pod_spec.get("volumes", []):
+        empty_dir = volume.get("emptyDir")
+        if empty_dir is None or empty_dir.get("medium") != "Memory":
+            continue
+        if users.get(volume["name"], 0) > 1:
+            prefix = f"{GVISOR_MOUNT_ANNOTATION}.{volume['name']}"
+            hints[f"{prefix}.share"] = "pod"
+            hints[f"{prefix}.type"] = "tmpfs"
+    return hints
 
 
 def _provider_credentials(

@@ -71,10 +71,11 @@ def test_run_reaches_succeeded_with_exact_scores(
         assert obj["metadata"]["ownerReferences"][0]["kind"] == "EvalRun"
     for unit_id, job in jobs.items():  # as admitted by the apiserver
         pod = job["spec"]["template"]["spec"]
-        (proxy,) = pod["initContainers"]
+        proxy, grader = pod["initContainers"]  # native sidecars; the runner is the main one
+        assert [proxy["name"], grader["name"]] == ["proxy", "grader"]
+        assert [c["name"] for c in pod["containers"]] == ["runner"]
         flags = dict(zip(proxy["command"][2::2], proxy["command"][3::2], strict=False))
         assert (flags["--unit-id"], flags["--max-calls"]) == (unit_id, "0")  # zero until set
-        grader = next(c for c in pod["containers"] if c["name"] == "grader")
         # these graders have no model access: the bridge's socket is not even mounted
         assert "bridge" not in {m["name"] for m in grader["volumeMounts"]}
     # the Pods were admitted under Pod Security "restricted"

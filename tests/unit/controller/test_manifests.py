@@ -84,11 +84,14 @@ def secret_volumes(j: dict[str, Any]) -> set[str]:
 
 
 # -- the Pod: containers and trust ------------------------------------------------------------
-def test_three_containers_with_the_proxy_as_a_native_sidecar() -> None:
+def test_three_containers_with_proxy_and_grader_as_native_sidecars() -> None:
+    """The runner is the pod's only main container: when it exits the kubelet stops both
+    sidecars and the pod (and its Job) completes; a grader serving forever as a regular
+    container kept every finished pod running (found on a real node)."""
     spec = pod_spec(job())
-    assert [c["name"] for c in spec["initContainers"]] == ["proxy"]
-    assert spec["initContainers"][0]["restartPolicy"] == "Always"
-    assert [c["name"] for c in spec["containers"]] == ["runner", "grader"]
+    assert [c["name"] for c in spec["initContainers"]] == ["proxy", "grader"]
+    assert all(c["restartPolicy"] == "Always" for c in spec["initContainers"])
+    assert [c["name"] for c in spec["containers"]] == ["runner"]
     assert spec["restartPolicy"] == "Never"
     for c in spec["containers"]:
         assert "restartPolicy" not in c
@@ -311,9 +314,62 @@ def test_job_metadata_labels_annotation_and_owner() -> None:
     template = j["spec"]["template"]["metadata"]
     assert template["labels"][names.LABEL_RUN] == RUN_NAME
     assert template["labels"][names.LABEL_COMPONENT] == "work-unit"
-    assert "annotations" not in template
+    assert set(template["annotations"]) == set(manifests.gvisor_mount_hints(pod_spec(j)))
     annotated = job(settings=OperatorSettings(pod_annotations={"a.b/c": "d"}))
-    assert annotated["spec"]["template"]["metadata"]["annotations"] == {"a.b/c": "d"}
+    assert annotated["spec"]["template"]["metadata"]["annotations"]["a.b/c"] == "d"
+
+
+def test_socket_folders_are_one_tmpfs_per_pod_under_gvisor() -> None:
+    """runsc shows each container its own view of an emptyDir unless the pod says otherwise:
+    without these hints the runner never sees the grader's worker socket (nor the proxy's)."""
+    annotations = job()["spec"]["template"]["metadata"]["annotations"]
+    hinted = {k for k in annotations if k.startswith("dev.gvisor.spec.mount.")}
+    expected = {}
+    for volume in ("bridge", "control", "worker"):
+        expected[f"dev.gvisor.spec.mount.{volume}.share"] = "pod"
+        expected[f"dev.gvisor.spec.mount.{volume}.type"] = "tmpfs"
+    assert {k: annotations[k] for k in hinted} == expected
+    # every memory emptyDir mounted by more than one container is hinted, and no other volume
+    spec = pod_spec(job())
+    mounts: dict[str, int] = {}
+    for c in spec["initContainers"] + spec["containers"]:
+        for m in c["volumeMounts"]:
+            mounts[m["name"]] = mounts.get(m["name"], 0) + 1
+    shared = {
+        v["name"]
+        for v in spec["volumes"]
+        if v.get("emptyDir", {}).get("medium") == "Memory" and mounts.get(v["name"], 0) > 1
+    }
+    assert {k.split(".")[4] for k in hinted} == shared
+
+
+def test_user_pod_annotations_are_kept_beside_the_gvisor_hints() -> None:
+    settings = OperatorSettings(
+        pod_annotations={"a.b/c": "d", "dev.gvisor.spec.mount.worker.type": "bind"}
+    )
+    annotations = job(settings=settings)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["a.b/c"] == "d"
+    assert annotations["dev.gvisor.spec.mount.worker.share"] == "pod"
+    # an explicit setting wins (an escape hatch for a runtime that needs other hints)
+    assert annotations["dev.gvisor.spec.mount.worker.type"] == "bind"
+
+
+def test_gvisor_hints_skip_private_and_disk_volumes() -> None:
+    spec = {
+        "containers": [
+            {"name": "a", "volumeMounts": [{"name": "mem"}, {"name": "disk"}, {"name": "own"}]},
+            {"name": "b", "volumeMounts": [{"name": "mem"}, {"name": "disk"}]},
+        ],
+        "volumes": [
+            {"name": "mem", "emptyDir": {"medium": "Memory"}},
+            {"name": "disk", "emptyDir": {}},
+            {"name": "own", "emptyDir": {"medium": "Memory"}},
+        ],
+    }
+    assert manifests.gvisor_mount_hints(spec) == {
+        "dev.gvisor.spec.mount.mem.share": "pod",
+        "dev.gvisor.spec.mount.mem.type": "tmpfs",
+    }
 
 
 def test_node_selector_is_passed_through() -> None:

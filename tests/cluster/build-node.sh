@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Build the binaries of the real-node tier (tests/realnode) from the Go module proxy, each pinned
+# by its own module under tests/cluster/tools/<tool>/ (go.mod + go.sum):
+#   node-k8s     kubelet, kube-proxy (k8s.io/kubernetes, same versions as tools/k8s)
+#   containerd   containerd, containerd-shim-runc-v2, ctr (containerd 2.x)
+#   gvisor       runsc, containerd-shim-runsc-v1 (gVisor's `go` branch + tools/gvisor/PATCH.md)
+#   kube-router  kube-router (its NetworkPolicy controller only)
+#   coredns      coredns (the cluster DNS)
+# The node also uses Debian's runc and CNI plugins (installed by .ci/realnode.sh).
+#
+# Binaries go to a cache OUTSIDE the work tree, keyed by a hash of those go.mod/go.sum files,
+# this script and the Go version, exactly like tests/cluster/build-tools.sh:
+#     ${EVALKUBE_NODE_CACHE:-$HOME/.cache/evalkube-realnode}/<key>/bin
+# The Go module and build caches stay at their defaults, shared with build-tools.sh (kubelet
+# reuses most of the control plane's compiled packages).
+#
+# Usage:
+#   tests/cluster/build-node.sh                    build if needed; print the bin dir on stdout
+#   tests/cluster/build-node.sh --print-if-cached  print the bin dir if complete, else exit 1
+#   tests/cluster/build-node.sh --key              print the cache key only
+# Env: EVALKUBE_BUILD_P (go build -p, default 2), EVALKUBE_BUILD_NICE (default 10), GO.
+# Everything but the final bin dir goes to stderr.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TOOLS=$HERE/tools
+MODE=${1:-build}
+MODULES=(node-k8s containerd gvisor kube-router coredns)
+ALL=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr runsc containerd-shim-runsc-v1
+     kube-router coredns)
+
+if [[ -z ${GO:-} ]]; then
+  if command -v go >/dev/null 2>&1; then GO=$(command -v go)
+  elif [[ -x /usr/local/go/bin/go ]]; then GO=/usr/local/go/bin/go
+  else echo "build-node.sh: no Go toolchain found (set GO=/path/to/go)" >&2; exit 2; fi
+fi
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOWORK=off
+export GOFLAGS="-mod=readonly -trimpath -buildvcs=false"
+
+GOVER=$("$GO" env GOVERSION GOOS GOARCH | tr '\n' ' ')
+KEY=$({ echo "$GOVER"
+        for t in "${MODULES[@]}"; do cat "$TOOLS/$t/go.mod" "$TOOLS/$t/go.sum"; done
+        cat "$TOOLS/gvisor/PATCH.md" "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
+ROOT=${EVALKUBE_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/evalkube-realnode}
+DIR=$ROOT/$KEY
+BIN=$DIR/bin
+
+complete() { local b; for b in "${ALL[@]}"; do [[ -x $1/$b ]] || return 1; done; [[ -f $1/VERSIONS ]]; }
+
+case $MODE in
+  --key) echo "$KEY"; exit 0 ;;
+  --print-if-cached)
+    if complete "$BIN"; then echo "$BIN"; exit 0; fi
+    echo "build-node.sh: node binaries not built for key $KEY (expected in $BIN)" >&2
+    exit 1 ;;
+  build) ;;
+  *) echo "usage: $0 [--print-if-cached|--key]" >&2; exit 2 ;;
+esac
+
+if complete "$BIN"; then echo "$BIN"; exit 0; fi
+mkdir -p "$DIR"
+exec 9>"$DIR/lock"
+if ! flock -n 9; then
+  echo "build-node.sh: another build of $KEY is running; waiting for it ..." >&2
+  flock 9
+fi
+if complete "$BIN"; then echo "$BIN"; exit 0; fi
+
+PART=$DIR/bin.partial      # survives a failed run: finished tools are not rebuilt
+mkdir -p "$PART"
+P=${EVALKUBE_BUILD_P:-2}
+NICE=(nice -n "${EVALKUBE_BUILD_NICE:-10}")
+log() { echo "build-node.sh: $*" >&2; }
+modver() { (cd "$TOOLS/$1" && "$GO" list -m -f '{{.Version}}' "$2"); }
+need() { local b; for b in "$@"; do [[ -x $PART/$b ]] || return 0; done; return 1; }
+timed() {
+  local name=$1 t0=$SECONDS; shift
+  log "building $name (go build -p $P) ..."
+  "$@"
+  log "built $name in $((SECONDS - t0))s"
+  echo "$name: $((SECONDS - t0))s" >> "$PART/TIMES"
+}
+gobuild() {  # gobuild MODULE_DIR -- go-build-args...   (binaries land in $PART)
+  local mdir=$1; shift 2
+  local tmp; tmp=$(mktemp -d "$DIR/tmp.XXXXXX")
+  (cd "$mdir" && "${NICE[@]}" "$GO" build -p "$P" -o "$tmp/" "$@")
+  mv -f "$tmp"/* "$PART/"
+  rm -rf "$tmp"
+}
+
+T0=$SECONDS
+# --- containerd ---------------------------------------------------------------------------------
+CTRD=$(modver containerd github.com/containerd/containerd/v2)
+if need containerd containerd-shim-runc-v2 ctr; then
+  timed "containerd $CTRD" gobuild "$TOOLS/containerd" -- -tags "no_btrfs no_devmapper no_zfs" \
+    -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$CTRD" \
+    github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    github.com/containerd/containerd/v2/cmd/ctr
+fi
+# --- gVisor (patched copy of the pinned module) -------------------------------------------------
+GV=$(modver gvisor gvisor.dev/gvisor)
+if need runsc containerd-shim-runsc-v1; then
+  (cd "$TOOLS/gvisor" && "$GO" mod download gvisor.dev/gvisor)
+  SRC=$(cd "$TOOLS/gvisor" && "$GO" list -m -f '{{.Dir}}' gvisor.dev/gvisor)
+  W=$DIR/gvisor-build; rm -rf "$W"; mkdir -p "$W"
+  cp -r "$SRC" "$W/gvisor-src"; chmod -R u+w "$W/gvisor-src"
+  cp "$TOOLS/gvisor/go.mod" "$TOOLS/gvisor/go.sum" "$W/"
+  M=$W/gvisor-src/pkg/shim/v1/manager.go
+  OLD='		return shim.BootstrapParams{}, fmt.Errorf("failed to set OOM Score on shim: %w", err)'
+  # (ignored silently: containerd reads the shim's stdout AND stderr as its bootstrap answer)
+  NEW='		_ = err // tests/cluster/tools/gvisor/PATCH.md'
+  grep -qxF "$OLD" "$M" || { log "PATCH.md no longer applies to $M"; exit 1; }
+  python3 - "$M" "$OLD" "$NEW" <<'PY'
+import sys
+path, old, new = sys.argv[1:]
+text = open(path).read()
+open(path, "w").write(text.replace(old + "\n", new + "\n", 1))
+PY
+  (cd "$W" && "$GO" mod edit -replace gvisor.dev/gvisor=./gvisor-src)
+  timed "gvisor $GV" gobuild "$W" -- -mod=mod -ldflags "-s -w" gvisor.dev/gvisor/runsc gvisor.dev/gvisor/shim
+  mv -f "$PART/shim" "$PART/containerd-shim-runsc-v1"
+  rm -rf "$W"
+fi
+# --- kube-router --------------------------------------------------------------------------------
+KR=$(modver kube-router github.com/cloudnativelabs/kube-router/v2)
+if need kube-router; then
+  timed "kube-router $KR" gobuild "$TOOLS/kube-router" -- -ldflags "-s -w" \
+    github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
+fi
+# --- CoreDNS ------------------------------------------------------------------------------------
+CD=$(modver coredns github.com/coredns/coredns)
+if need coredns; then
+  timed "coredns $CD" gobuild "$TOOLS/coredns" -- -ldflags "-s -w" github.com/coredns/coredns
+fi
+
+# --- kubelet, kube-proxy (last: most packages are already compiled by build-tools.sh) ------------------------------------------------------------------
+K8S=$(modver node-k8s k8s.io/kubernetes)
+K8S_MAJOR=$(echo "${K8S#v}" | cut -d. -f1); K8S_MINOR=$(echo "$K8S" | cut -d. -f2)
+if need kubelet kube-proxy; then
+  LDF="-s -w"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    LDF+=" -X $p.gitVersion=$K8S -X $p.gitMajor=$K8S_MAJOR -X $p.gitMinor=$K8S_MINOR -X $p.gitTreeState=clean"
+  done
+  timed "kubelet+kube-proxy $K8S" gobuild "$TOOLS/node-k8s" -- -tags=selinux,notest,grpcnotrace \
+    -ldflags="$LDF" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
+fi
+{ echo "key=$KEY"; echo "go=$GOVER"; echo "kubernetes=$K8S"; echo "containerd=$CTRD"
+  echo "gvisor=$GV"; echo "kube-router=$KR"; echo "coredns=$CD"
+  echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ) in $((SECONDS - T0))s"; } > "$PART/VERSIONS"
+rm -rf "$BIN" && mv "$PART" "$BIN"
+log "done in $((SECONDS - T0))s: $BIN"
+# Prune: keep the newest ${EVALKUBE_TOOLS_KEEP:-3} complete builds (~410 MB each), never one
+# whose build is running (its lock is held).
+n=0
+while IFS= read -r v; do
+  d=$(dirname "$(dirname "$v")")
+  n=$((n + 1))
+  ((n <= ${EVALKUBE_TOOLS_KEEP:-3})) && continue
+  [[ $d == "$DIR" ]] && continue
+  ( exec 8>"$d/lock" && flock -n 8 && rm -rf "$d" && log "pruned old build $d" ) || true
+done < <(ls -1t "$ROOT"/*/bin/VERSIONS 2>/dev/null)
+echo "$BIN"
