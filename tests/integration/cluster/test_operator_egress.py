@@ -132,7 +132,7 @@ def test_a_run_goes_through_the_gateway_or_waits_for_it(
     # the Job: the proxy goes through the gateway's ClusterIP with the mounted grant
     job = next(iter(jobs.values()))
     pod = job["spec"]["template"]["spec"]
-    [proxy] = pod["initContainers"]
+    proxy = next(c for c in pod["initContainers"] if c["name"] == "proxy")
     command = proxy["command"]
     assert command[command.index("--egress-proxy") + 1] == f"http://{ip}:3128"
     assert "egress-grant" in {m["name"] for m in proxy["volumeMounts"]}
