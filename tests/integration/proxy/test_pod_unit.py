@@ -67,23 +67,30 @@ def grade(sample, item):
 """
 
 
+def model_backed_task(
+    task_id: str, rows: list[dict[str, Any]], max_calls: int, metric: str, source: str
+) -> dict[str, Any]:
+    """A task over precomputed outputs whose grader calls models through ``ctx``."""
+    return {
+        "id": task_id,
+        "dataset": {"rows": rows},
+        "prompt": "{{ item.q }}",
+        "outputs": {"column": "out"},
+        "grader": {
+            "type": "python",
+            "contract": "model_backed",
+            "maxModelCalls": max_calls,
+            "metricId": metric,
+            "source": source,
+        },
+    }
+
+
 def suite_spec(bridge_socket: str) -> dict[str, Any]:
     rows = [{"q": f"q{i}", "out": f"answer {i}", "bridge": bridge_socket} for i in range(3)]
     return {
         "tasks": [
-            {
-                "id": "judge",
-                "dataset": {"rows": rows},
-                "prompt": "{{ item.q }}",
-                "outputs": {"column": "out"},
-                "grader": {
-                    "type": "python",
-                    "contract": "model_backed",
-                    "maxModelCalls": 2,
-                    "metricId": "calls",
-                    "source": JUDGE,
-                },
-            },
+            model_backed_task("judge", rows, 2, "calls", JUDGE),
             {
                 "id": "sneaky",
                 "dataset": {"rows": rows[:2]},
@@ -225,23 +232,7 @@ def test_a_grader_finds_at_most_the_next_executions_token(
     assert bridge.endpoint is not None
     socket_path = bridge.endpoint.removeprefix("unix:")
     rows = [{"q": f"q{i}", "out": f"a{i}", "bridge": socket_path} for i in range(8)]
-    spec = {
-        "tasks": [
-            {
-                "id": "thief",
-                "dataset": {"rows": rows},
-                "prompt": "{{ item.q }}",
-                "outputs": {"column": "out"},
-                "grader": {
-                    "type": "python",
-                    "contract": "model_backed",
-                    "maxModelCalls": 1,
-                    "metricId": "stolen",
-                    "source": THIEF,
-                },
-            }
-        ]
-    }
+    spec = {"tasks": [model_backed_task("thief", rows, 1, "stolen", THIEF)]}
     snapshot_path = tmp_path / "snapshot.json"
     snapshot_path.write_text(json.dumps(snapshot_of(socket_path, spec)))
     store = ResultStore.open(f"sqlite:///{tmp_path / 'results.db'}")
