@@ -57,13 +57,13 @@ NODE_PORT = 18080
 PROVIDER_PORT = 8443
 KEY = "sk-realnode-hostile-0123456789"
 
-# Waits until kube-router has the pod in its ipsets (it applies policies a few seconds after a
-# pod starts), then tries the row's target. ``answered``: a refusing HTTP server answered.
+# Attacks at once: kube-router programs a pod's policy a few seconds after the pod starts, and
+# the runner gives the grader its code only once the policy is enforced (engine/policy_gate.py).
+# ``answered``: a refusing HTTP server answered.
 HOSTILE = """
-import os, socket, struct, time
+import os, socket, struct
 TARGETS = {targets!r}
 PATHS = {paths!r}
-time.sleep(20)
 
 def tcp(host, port, payload=b"GET / HTTP/1.0\\r\\n\\r\\n"):
     try:
@@ -398,11 +398,19 @@ def test_a_hostile_grader_is_contained_while_its_honest_neighbour_calls_models(
     finally:
         node.kubectl("delete", "namespace", other, "--wait=false", check=False)
     status = run["status"]
+    runner_logs = [
+        node.pod_log(node_namespace, pod["metadata"]["name"], "runner")
+        for pod in node.kubectl_json("get", "pods", "-n", node_namespace)["items"]
+        if pod["metadata"]["name"] != "control"
+    ]
     samples = {
         s.sample_id: {"task": s.task_id, "scores": s.scores, "judge": s.judge, "error": s.error}
         for s in stored_samples(node, run)
     }
-    evidence = json.dumps({"status": status, "samples": samples}, indent=1)
+    evidence = json.dumps({"status": status, "samples": samples, "runners": runner_logs}, indent=1)
+    # every unit waited for its policy before the grader ran (the wait is in its log)
+    assert runner_logs, evidence
+    assert all("NetworkPolicy enforced" in log for log in runner_logs), evidence
     for _kind, host, port in reachable.values():
         assert f"{host}:{port} reachable" in control, control
     assert "dns reachable" in control, control
