@@ -1,0 +1,224 @@
+"""Providers with ``api: chat_completions`` behind both proxy engines, over loopback.
+
+The grader keeps calling ``ctx.responses_create``; the proxy sends Chat Completions to a fake
+server that has no ``/v1/responses`` (a real aiohttp server speaking the real API shape,
+counting calls) and hands back a Responses-shaped object. Every case runs against the Python
+and the native proxy.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from evalkube_sandbox.ctx import Context, ModelCallError
+from tests.integration.proxy.conftest import KEY, OPEN_TOKEN, MakeBridge
+from tests.integration.proxy.fake_upstream import FakeUpstream, Scripted
+from tests.integration.proxy.test_proxy import raw_post
+
+pytestmark = pytest.mark.timeout(60)
+
+VERDICT = {
+    "type": "object",
+    "properties": {"verdict": {"type": "string"}},
+    "required": ["verdict"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture
+def upstream() -> Any:
+    """The proxy tests' fake provider, without ``/v1/responses``: chat completions only."""
+    with FakeUpstream(chat_only=True) as fake:
+        yield fake
+
+
+def test_a_judge_call_is_sent_as_chat_and_answered_as_a_response(
+    make_bridge: MakeBridge, upstream: FakeUpstream
+) -> None:
+    bridge = make_bridge(api="chat_completions")
+    assert bridge.endpoint is not None
+    ctx = Context(bridge.endpoint, OPEN_TOKEN, "task")
+    answer = ctx.responses_create(
+        model="auto",
+        instructions="You grade answers.",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "Is 4 right?"}]}],
+        temperature=0,
+        top_p=0.5,
+        seed=3,
+        max_output_tokens=20,
+        text={"format": {"type": "json_schema", "name": "v", "schema": VERDICT, "strict": True}},
+        metadata={"judge": "binary"},
+        stream=True,
+    )
+
+    assert len(upstream.received) == 1
+    sent = upstream.received[0]
+    assert sent.path == "/v1/chat/completions"
+    assert sent.headers["Authorization"] == f"Bearer {KEY}"
+    assert sent.body == {
+        "model": "judge-1",
+        "messages": [
+            {"role": "system", "content": "You grade answers."},
+            {"role": "user", "content": "Is 4 right?"},
+        ],
+        "temperature": 0,
+        "top_p": 0.5,
+        "seed": 3,
+        "max_tokens": 20,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "v", "schema": VERDICT, "strict": True},
+        },
+        "stream": False,
+    }
+    assert answer["output_text"] == "echo: Is 4 right?"
+    assert answer["id"] == "chatcmpl-0001"
+    assert (answer["object"], answer["model"], answer["status"]) == (
+        "response",
+        "judge-1",
+        "completed",
+    )
+    assert answer["output"] == [
+        {
+            "type": "message",
+            "id": "msg_chatcmpl-0001",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "echo: Is 4 right?", "annotations": []}],
+        }
+    ]
+    assert answer["usage"]["input_tokens"] == 5
+    assert answer["usage"]["output_tokens"] == 2
+    usage = bridge.take_usage([OPEN_TOKEN])[OPEN_TOKEN]
+    assert usage["response_ids"] == ["chatcmpl-0001"]
+    assert usage["usage"] == {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}
+    assert usage["by_purpose"] == {"judge": 1}
+
+
+def test_tool_calls_come_back_as_function_call_items(
+    make_bridge: MakeBridge, upstream: FakeUpstream
+) -> None:
+    bridge = make_bridge(api="chat_completions")
+    assert bridge.endpoint is not None
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    upstream.then(
+        Scripted(
+            body={
+                "id": "chatcmpl-tools",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "judge-1",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                        "finish_reason": "tool_calls",
+                    }
+                ],
+            }
+        )
+    )
+    answer = Context(bridge.endpoint, OPEN_TOKEN, "task").responses_create(
+        input="use f", tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    )
+    assert upstream.received[0].body["tools"] == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
+    assert answer["output"] == [
+        {
+            "type": "function_call",
+            "id": "fc_call_1",
+            "call_id": "call_1",
+            "name": "f",
+            "arguments": "{}",
+            "status": "completed",
+        }
+    ]
+    assert answer["output_text"] == ""
+
+
+def test_an_untranslatable_request_is_refused_before_it_costs_a_call(
+    make_bridge: MakeBridge, upstream: FakeUpstream
+) -> None:
+    bridge = make_bridge(api="chat_completions")
+    assert bridge.endpoint is not None
+    bridge.configure_unit("unit-chat", 1, 1)
+    bridge.open_executions(["exec-chat"])
+    ctx = Context(bridge.endpoint, "exec-chat", "task")
+    with pytest.raises(ModelCallError) as refused:
+        ctx.responses_create(input="more", previous_response_id="resp_1")
+    assert refused.value.kind == "invalid_request"
+    assert refused.value.status == 400
+    assert str(refused.value) == (
+        "provider fake speaks Chat Completions (api: chat_completions): `previous_response_id` "
+        "needs a provider that keeps Responses state; a Chat Completions provider cannot honour it"
+    )
+    assert upstream.received == []
+    # the budget of one call is still whole
+    assert ctx.responses_create(input="hi")["output_text"] == "echo: hi"
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind", "status", "message"),
+    [
+        (
+            Scripted(400, {"error": {"message": "max_tokens is too large", "type": "BadRequest"}}),
+            "invalid_request",
+            400,
+            "provider fake answered HTTP 400: max_tokens is too large",
+        ),
+        (
+            Scripted(body={"id": "chatcmpl-x", "object": "chat.completion", "choices": []}),
+            "upstream_error",
+            502,
+            "provider fake answered a chat completion without choices",
+        ),
+        (Scripted(401), "credentials_rejected", 502, "credentials rejected by provider fake"),
+    ],
+    ids=["provider-400", "no-choices", "credentials"],
+)
+def test_chat_provider_errors_keep_the_proxy_error_kinds(
+    make_bridge: MakeBridge,
+    upstream: FakeUpstream,
+    reply: Scripted,
+    kind: str,
+    status: int,
+    message: str,
+) -> None:
+    bridge = make_bridge(api="chat_completions")
+    assert bridge.endpoint is not None
+    upstream.then(reply)
+    with pytest.raises(ModelCallError) as failed:
+        Context(bridge.endpoint, OPEN_TOKEN, "task").responses_create(input="x")
+    assert (failed.value.kind, failed.value.status) == (kind, status)
+    assert str(failed.value).startswith(message)
+    assert len(upstream.received) == 1
+    usage = bridge.take_usage([OPEN_TOKEN])[OPEN_TOKEN]
+    assert (usage["calls"], usage["errors"]) == (1, 1)
+
+
+def test_the_runners_candidate_calls_are_translated_too(
+    make_bridge: MakeBridge, upstream: FakeUpstream, tmp_path: Any
+) -> None:
+    """A pod's runner generates candidates through the control listener."""
+    bridge = make_bridge(api="chat_completions", control_listen=f"unix:{tmp_path / 'c.sock'}")
+    assert bridge.control_endpoint is not None
+    status, raw = raw_post(
+        bridge.control_endpoint,
+        "/v1/responses",
+        {"model": "fake:llama", "input": "2+2?", "max_output_tokens": 8, "stream": False},
+        {"Content-Type": "application/json", "X-Evalkube-Purpose": "candidate"},
+    )
+    assert status == 200, raw
+    answer = json.loads(raw)
+    assert answer["output_text"] == "echo: 2+2?"
+    assert upstream.received[0].path == "/v1/chat/completions"
+    assert upstream.received[0].body == {
+        "model": "llama",
+        "messages": [{"role": "user", "content": "2+2?"}],
+        "max_tokens": 8,
+        "stream": False,
+    }
