@@ -54,7 +54,6 @@ def test_a_judge_call_is_sent_as_chat_and_answered_as_a_response(
         stream=True,
     )
 
-    assert len(upstream.received) == 1
     sent = upstream.received[0]
     assert sent.path == "/v1/chat/completions"
     assert sent.headers["Authorization"] == f"Bearer {KEY}"
@@ -92,10 +91,19 @@ def test_a_judge_call_is_sent_as_chat_and_answered_as_a_response(
     ]
     assert answer["usage"]["input_tokens"] == 5
     assert answer["usage"]["output_tokens"] == 2
+    # embeddings are the same API on such servers: not translated
+    vectors = ctx.embeddings_create(input=["a"])
+    assert upstream.received[1].path == "/v1/embeddings"
+    assert vectors["data"][0]["embedding"] == [1.0, 1.0]
     usage = bridge.take_usage([OPEN_TOKEN])[OPEN_TOKEN]
     assert usage["response_ids"] == ["chatcmpl-0001"]
-    assert usage["usage"] == {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}
-    assert usage["by_purpose"] == {"judge": 1}
+    assert usage["usage"] == {
+        "input_tokens": 5,
+        "output_tokens": 2,
+        "total_tokens": 8,  # 7 for the judge call, 1 for the embedding
+        "prompt_tokens": 1,
+    }
+    assert usage["by_purpose"] == {"judge": 1, "embedding": 1}
 
 
 def test_tool_calls_come_back_as_function_call_items(
