@@ -9,16 +9,21 @@ and the native proxy.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from evalkube.controller.snapshot import build_snapshot, check_suite
+from evalkube.engine.pod import load_snapshot
+from evalkube.store import ResultStore, RunRecord
 from evalkube_sandbox.ctx import Context, ModelCallError
 from tests.integration.proxy.conftest import KEY, OPEN_TOKEN, MakeBridge
 from tests.integration.proxy.fake_upstream import FakeUpstream, Scripted
+from tests.integration.proxy.test_pod_unit import NAME, NS, RUN_ID, UID, ingest_server, run_unit
 from tests.integration.proxy.test_proxy import raw_post
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(180)
 
 VERDICT = {
     "type": "object",
@@ -209,7 +214,7 @@ def test_chat_provider_errors_keep_the_proxy_error_kinds(
 
 
 def test_the_runners_candidate_calls_are_translated_too(
-    make_bridge: MakeBridge, upstream: FakeUpstream, tmp_path: Any
+    make_bridge: MakeBridge, upstream: FakeUpstream, tmp_path: Path
 ) -> None:
     """A pod's runner generates candidates through the control listener."""
     bridge = make_bridge(api="chat_completions", control_listen=f"unix:{tmp_path / 'c.sock'}")
@@ -230,3 +235,68 @@ def test_the_runners_candidate_calls_are_translated_too(
         "max_tokens": 8,
         "stream": False,
     }
+
+
+JUDGE_TARGET = """
+def grade(sample, item, ctx):
+    verdict = ctx.responses_create(model="auto", input="Candidate: " + sample["output_text"])
+    return {"scores": {"judged": 1.0 if item["target"] in verdict["output_text"] else 0.0},
+            "judge": {"response_id": verdict["id"], "text": verdict["output_text"]}}
+"""
+
+
+def test_a_pod_unit_generates_and_judges_through_a_chat_provider(
+    make_bridge: MakeBridge, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """``evalkube unit`` as in a pod: candidates through the sidecar's control listener, the
+    grader's call through its grader listener, both to the chat-only server."""
+    bridge = make_bridge(api="chat_completions", control_listen=f"unix:{tmp_path / 'c.sock'}")
+    spec = {
+        "tasks": [
+            {
+                "id": "gen",
+                "dataset": {"rows": [{"q": "Say 4", "t": "4"}, {"q": "Say 5", "t": "6"}]},
+                "prompt": "{{ item.q }}",
+                "target": "{{ item.t }}",
+                "grader": {
+                    "type": "python",
+                    "contract": "model_backed",
+                    "maxModelCalls": 1,
+                    "metricId": "judged",
+                    "source": JUDGE_TARGET,
+                },
+            }
+        ]
+    }
+    check = check_suite(NS, spec, lambda ns, cm, key: None)
+    assert check.ok, check.problems
+    run = {
+        "metadata": {"namespace": NS, "name": NAME, "uid": UID},
+        "spec": {
+            "suiteRef": {"name": "qa"},
+            "models": ["fake:llama"],
+            "judgeModel": "fake:judge-1",
+            "providers": {"fake": {"baseURL": upstream.base_url, "api": "chat_completions"}},
+        },
+    }
+    snapshot_path = tmp_path / "snapshot.json"
+    snapshot_path.write_text(json.dumps(build_snapshot(run, RUN_ID, "qa", spec, check)))
+    store = ResultStore.open(f"sqlite:///{tmp_path / 'results.db'}")
+    try:
+        store.create_run(RunRecord(RUN_ID, "qa", "sha256:x", {}, "pod"))
+        (unit,) = load_snapshot(snapshot_path).units()
+        with ingest_server(store) as ingest:
+            run_unit(snapshot_path, unit.unit_id, ingest, bridge)
+        samples = sorted(store.iter_samples(RUN_ID), key=lambda s: str(s.output_text))
+    finally:
+        store.close()
+
+    assert [r.path for r in upstream.received] == ["/v1/chat/completions"] * 4
+    models = sorted(r.body["model"] for r in upstream.received)
+    assert models == ["judge-1", "judge-1", "llama", "llama"]
+    assert [s.output_text for s in samples] == ["echo: Say 4", "echo: Say 5"]
+    assert [s.scores for s in samples] == [{"judged": 1.0}, {"judged": 0.0}]
+    for sample in samples:
+        assert sample.judge["text"] == f"echo: Candidate: {sample.output_text}"
+        assert sample.judge["response_id"] in sample.model_calls["response_ids"]
+        assert sample.model_calls["judge"] == 1
