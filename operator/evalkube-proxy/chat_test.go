@@ -156,3 +156,23 @@ func TestChatProviderCallsAreTranslatedAndRefusalsChargeNothing(t *testing.T) {
 		t.Fatalf("usage %+v", usage)
 	}
 }
+
+// BenchmarkChatTranslation is one judge-sized call's translation both ways (request and
+// answer), the CPU a chat provider adds per call in the native proxy.
+func BenchmarkChatTranslation(b *testing.B) {
+	request := []byte(`{"model":"m","instructions":"You grade answers.","input":[{"role":"user","content":"Is 4 right? The candidate said four."}],"temperature":0,"max_output_tokens":20,"text":{"format":{"type":"json_object"}},"stream":false,"store":true,"background":false}`)
+	answer := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"{\"verdict\":\"correct\"}"},"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":6,"total_tokens":36}}`)
+	for i := 0; i < b.N; i++ {
+		if _, err := chatPayload(request); err != nil {
+			b.Fatal(err)
+		}
+		chat, _ := decodeObject(answer)
+		translated, err := responsesAnswer(chat)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := encodeJSON(translated); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
