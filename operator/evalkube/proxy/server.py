@@ -16,7 +16,8 @@ Two listeners, each TCP (``host:port``) or a unix socket (``unix:/path``):
 
 The proxy builds each upstream request itself: the body's ``model`` is resolved (``auto`` or
 missing -> the run's judge / embedding model; ``provider:model`` as given; the upstream sees the
-bare model name), responses are forced to ``stream=false, store=true, background=false``, and
+bare model name), responses are forced to ``stream=false, store=true, background=false`` (and
+translated to Chat Completions for ``api: chat_completions`` providers, :mod:`.chat`), and
 no client header is forwarded (a grader's ``Authorization`` never reaches a provider). Keys are
 added by :class:`~evalkube.proxy.upstream.ProviderAuth` and never appear in answers, logs or
 metrics.
