@@ -452,6 +452,10 @@ func errorMessage(raw []byte, reason string) string {
 		case string:
 			return truncate(failure, errorMessageChars)
 		}
+		// vLLM: {"object": "error", "message": ...}
+		if message, ok := object["message"].(string); ok {
+			return truncate(message, errorMessageChars)
+		}
 	}
 	if reason == "" {
 		return "error"

@@ -454,6 +454,8 @@ def _error_message(raw: bytes, reason: str) -> str:
             return str(error["message"])[:ERROR_MESSAGE_CHARS]
         if isinstance(error, str):
             return error[:ERROR_MESSAGE_CHARS]
+        if isinstance(data.get("message"), str):  # vLLM: {"object": "error", "message": ...}
+            return str(data["message"])[:ERROR_MESSAGE_CHARS]
     return reason or "error"
 
 

@@ -184,6 +184,21 @@ def test_an_untranslatable_request_is_refused_before_it_costs_a_call(
             "provider fake answered HTTP 400: max_tokens is too large",
         ),
         (
+            Scripted(
+                400,
+                {
+                    "object": "error",
+                    "message": "This model's maximum context length is 4096 tokens.",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                },
+            ),
+            "invalid_request",
+            400,
+            "provider fake answered HTTP 400: This model's maximum context length is 4096 tokens.",
+        ),
+        (
             Scripted(body={"id": "chatcmpl-x", "object": "chat.completion", "choices": []}),
             "upstream_error",
             502,
@@ -191,7 +206,7 @@ def test_an_untranslatable_request_is_refused_before_it_costs_a_call(
         ),
         (Scripted(401), "credentials_rejected", 502, "credentials rejected by provider fake"),
     ],
-    ids=["provider-400", "no-choices", "credentials"],
+    ids=["provider-400", "vllm-error-shape", "no-choices", "credentials"],
 )
 def test_chat_provider_errors_keep_the_proxy_error_kinds(
     make_bridge: MakeBridge,
