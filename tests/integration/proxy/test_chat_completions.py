@@ -9,6 +9,9 @@ and the native proxy.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +21,9 @@ from evalkube.controller.snapshot import build_snapshot, check_suite
 from evalkube.engine.pod import load_snapshot
 from evalkube.store import ResultStore, RunRecord
 from evalkube_sandbox.ctx import Context, ModelCallError
-from tests.integration.proxy.conftest import KEY, OPEN_TOKEN, MakeBridge
+from tests.integration.proxy.conftest import KEY, OPEN_TOKEN, MakeBridge, native_or_skip
 from tests.integration.proxy.fake_upstream import FakeUpstream, Scripted
+from tests.integration.proxy.test_end_to_end import _unix_request, _wait_for
 from tests.integration.proxy.test_pod_unit import NAME, NS, RUN_ID, UID, ingest_server, run_unit
 from tests.integration.proxy.test_proxy import raw_post
 
@@ -315,3 +319,52 @@ def test_a_pod_unit_generates_and_judges_through_a_chat_provider(
         assert sample.judge["text"] == f"echo: Candidate: {sample.output_text}"
         assert sample.judge["response_id"] in sample.model_calls["response_ids"]
         assert sample.model_calls["judge"] == 1
+
+
+def test_the_sidecar_reads_the_api_from_the_run_spec(
+    tmp_path: Path, upstream: FakeUpstream, key_file: Path, engine: str
+) -> None:
+    """``evalkube proxy --run-spec`` as a pod runs it (``--engine native`` execs the binary
+    with the provider's ``api`` in its configuration)."""
+    run = tmp_path / "run.yaml"
+    run.write_text(
+        "apiVersion: evalkube.io/v1alpha1\nkind: EvalRun\nmetadata: {name: r}\nspec:\n"
+        "  models: ['fake:m']\n  judgeModel: fake:judge-9\n"
+        f"  providers:\n    fake:\n      baseURL: {upstream.base_url}\n"
+        "      credentialsSecretRef: {name: s, key: api-key}\n      api: chat_completions\n"
+    )
+    grader_sock, control_sock = tmp_path / "g" / "model.sock", tmp_path / "c" / "control.sock"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "EVALKUBE_PROVIDER_KEYS_DIR": str(key_file.parent),
+        "PYTHONPATH": ":".join(sys.path),
+        **({"EVALKUBE_PROXY_BIN": native_or_skip()} if engine == "native" else {}),
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable, "-c", "from evalkube.proxy.cli import app; app()",
+            "--listen", f"unix:{grader_sock}", "--control-listen", f"unix:{control_sock}",
+            "--run-spec", str(run), "--max-calls", "1", "--planned-executions", "1",
+            "--engine", engine,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        _wait_for(control_sock, process)
+        _wait_for(grader_sock, process)
+        status, _ = _unix_request(
+            str(control_sock), "POST", "/evalkube/v1/executions:open", {"tokens": ["s1"]}
+        )
+        assert status == 200
+        answer = Context(f"unix:{grader_sock}", "s1", "t").responses_create(input="hi")
+        assert answer["output_text"] == "echo: hi"
+        assert answer["id"] == "chatcmpl-0001"
+        assert [r.path for r in upstream.received] == ["/v1/chat/completions"]
+        assert upstream.received[0].body["messages"] == [{"role": "user", "content": "hi"}]
+        assert upstream.received[0].headers["Authorization"] == f"Bearer {KEY}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 0, stderr
