@@ -20,6 +20,18 @@ class OperatorMetrics:
             ["namespace", "suite", "task", "model", "metric"],
             registry=r,
         )
+        self.gate_passed = Gauge(
+            "evalkube_gate_passed",
+            "Gate of the latest completed EvalRun of a suite: 1 passed, 0 failed (absent: no gate).",
+            ["namespace", "suite", "run"],
+            registry=r,
+        )
+        self.baseline_delta = Gauge(
+            "evalkube_score_baseline_delta",
+            "Latest aggregate score minus its gate baseline's, per suite, task, model and metric.",
+            ["namespace", "suite", "task", "model", "metric"],
+            registry=r,
+        )
         self.runs = Gauge(
             "evalkube_runs", "EvalRuns known to the operator, by phase.", ["phase"], registry=r
         )
