@@ -22,7 +22,7 @@ class OperatorMetrics:
         )
         self.gate_passed = Gauge(
             "evalkube_gate_passed",
-            "Gate of the latest completed EvalRun of a suite: 1 passed, 0 failed (absent: no gate).",
+            "Gate of the latest completed EvalRun of a suite: 1 passed, 0 failed.",
             ["namespace", "suite", "run"],
             registry=r,
         )
