@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from evalkube import __version__
+from evalkube.compare_view import gate_table
 from evalkube.engine import (
     ConfigError,
     LocalEngine,
@@ -31,6 +32,8 @@ from evalkube.engine import (
     load_files,
     resolve_run_spec,
 )
+from evalkube.grading.gate import gate_message, gate_run
+from evalkube.models import EvalRunSpec, GateStatus
 from evalkube.sandbox import SandboxError, SandboxUnavailable, resolve_backend
 from evalkube.store import ResultStore, StoreError
 from evalkube.store.views import STATUS_FILTERS, sample_view
@@ -38,6 +41,7 @@ from evalkube.store.views import STATUS_FILTERS, sample_view
 EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 3
+EXIT_GATE_FAILED = 1
 EXIT_INTERRUPTED = 130
 DEFAULT_DB = ".evalkube/results.db"
 
@@ -234,8 +238,41 @@ def run(
     console.print(f"sandbox: {summary.sandbox} · {summary.seconds:.2f} s", highlight=False)
     for problem in summary.problems:
         errors.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
+    gate = _local_gate(db, summary)
+    if gate is not None:
+        console.print(gate_table(gate))
     if output is not None:
-        output.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+        document = summary.to_json()
+        if gate is not None:
+            document["gate"] = gate.to_wire()
+        output.write_text(json.dumps(document, indent=2) + "\n")
+    if gate is not None and not gate.passed:
+        errors.print(f"[red]gate failed:[/] {escape(gate_message(gate))}", highlight=False)
+        raise typer.Exit(EXIT_GATE_FAILED)
+
+
+def _local_gate(db: str | None, summary: RunSummary) -> GateStatus | None:
+    """The run's gate (its EvalRun's ``spec.gate``) on a Succeeded local run: a named
+    baseline is a run id of the same store, ``lastSucceeded`` the suite's latest one there."""
+    if summary.phase != "Succeeded":
+        return None
+    store = _open_store(db)
+    try:
+        record = store.get_run(summary.run_id)
+        spec = EvalRunSpec.model_validate(record.spec["run"]) if record is not None else None
+        if spec is None or spec.gate is None:
+            return None
+        baseline = spec.gate.baseline
+        return gate_run(
+            store,
+            spec.gate,
+            summary.run_id,
+            summary.results,
+            suite=summary.suite,
+            baseline_id=baseline.run if baseline is not None else None,
+        )
+    finally:
+        store.close()
 
 
 def _bridge_factory() -> Any:
@@ -264,6 +301,44 @@ def runs(db: DbOption = None, limit: Annotated[int, typer.Option(min=1)] = 20) -
             str(record.created_at)[:19],
         )
     console.print(table)
+
+
+@app.command()
+def compare(
+    baseline: Annotated[str, typer.Argument(help="Baseline run id (see `evalkube runs`)")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id to compare with it")],
+    confidence: Annotated[
+        float, typer.Option(min=0.5, max=0.999, help="Confidence of the paired interval")
+    ] = 0.95,
+    flipped: Annotated[
+        int, typer.Option(min=0, max=50, help="Changed samples listed per metric")
+    ] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    db: DbOption = None,
+) -> None:
+    """Per-metric change of RUN against BASELINE over the samples both graded, with a paired
+    bootstrap confidence interval, and the samples whose score changed."""
+    from evalkube.compare_view import comparison_table, flipped_table
+    from evalkube.grading.compare import compare_runs
+
+    store = _open_store(db)
+    try:
+        for name in (baseline, run_id):
+            if store.get_run(name) is None:
+                _fail(f"run {name!r} not found in {_store_url(db)}", EXIT_CONFIG)
+        deltas = compare_runs(store, baseline, run_id, confidence=confidence)
+    finally:
+        store.close()
+    if as_json:
+        payload = {"baseline": baseline, "run": run_id, "metrics": [d.to_dict() for d in deltas]}
+        sys.stdout.write(json.dumps(payload, indent=1) + "\n")
+        return
+    if not deltas:
+        console.print(f"{run_id} and {baseline} share no samples (no common task x model)")
+        return
+    console.print(comparison_table(baseline, run_id, deltas))
+    if flipped and any(d.flipped for d in deltas):
+        console.print(flipped_table(deltas, flipped))
 
 
 @app.command()

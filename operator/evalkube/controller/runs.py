@@ -28,7 +28,8 @@ from evalkube.engine.driver import has_model_access
 from evalkube.engine.local import aggregate_results
 from evalkube.engine.plan import Unit
 from evalkube.engine.pod import Snapshot, parse_snapshot
-from evalkube.models import EvalRunSpec, SpecError, validate_spec
+from evalkube.grading.gate import gate_message, gate_run
+from evalkube.models import EvalRunSpec, GateStatus, SpecError, TaskModelResult, validate_spec
 from evalkube.store import ResultStore, RunRecord
 
 FINAL_PHASES = ("Succeeded", "Failed")
@@ -52,6 +53,12 @@ def condition(
         "observedGeneration": generation,
         "lastTransitionTime": _now(),
     }
+
+
+def gate_condition(gate: GateStatus, generation: int | None) -> dict[str, Any]:
+    """The ``Passed`` condition of a gated run (Argo CD's health check reads it)."""
+    reason = "GatePassed" if gate.passed else "GateFailed"
+    return condition("Passed", gate.passed, reason, gate_message(gate), generation)
 
 
 def merge_conditions(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -105,6 +112,8 @@ class RunReconciler:
         #: What ``_setup`` found per EvalRun uid: the snapshot and the token never change, so
         #: timer passes skip re-reading them (rebuilt from the cluster after a restart).
         self._setups: dict[str, _Setup] = {}
+        self._gated_runs: dict[tuple[str, str], str] = {}
+        """(namespace, suite) -> the run whose gate ``evalkube_gate_passed`` shows."""
         #: Settings of work-unit Jobs: the ingest and gateway URLs with ClusterIPs (the pods
         #: have no DNS), and when they were resolved.
         self._unit_settings_cache: tuple[float, OperatorSettings] | None = None
@@ -424,6 +433,12 @@ class RunReconciler:
                     "RunSucceeded",
                     f"{decision.total} units completed; {new['summary']}",
                 )
+                if setup.spec.gate is not None:
+                    gate = await self._gate(body, setup, results)
+                    new["gate"] = gate.to_wire()
+                    conditions.append(gate_condition(gate, generation))
+                    if not gate.passed:
+                        self.event(body, "Warning", "GateFailed", gate_message(gate)[:1000])
             await asyncio.to_thread(
                 self.store.finish_run,
                 setup.entry.run_id,
@@ -434,6 +449,47 @@ class RunReconciler:
             self._setups.pop(body["metadata"]["uid"], None)
         new["conditions"] = merge_conditions(status.get("conditions") or [], conditions)
         return self._changed(body, status, new, None)
+
+    async def _gate(
+        self, body: Mapping[str, Any], setup: _Setup, results: list[TaskModelResult]
+    ) -> GateStatus:
+        """The gate of a run that succeeded: a named baseline is an EvalRun of the same
+        namespace; ``lastSucceeded`` the latest earlier Succeeded run of the suite there."""
+        gate = setup.spec.gate
+        assert gate is not None
+        namespace = body["metadata"]["namespace"]
+        baseline_id, problem = None, None
+        if gate.baseline is not None and gate.baseline.run is not None:
+            other = await self.kube.run(namespace, gate.baseline.run)
+            if other is None:
+                problem = f"baseline EvalRun {namespace}/{gate.baseline.run} not found"
+            else:
+                baseline_id = names.run_id(namespace, gate.baseline.run, other["metadata"]["uid"])
+        status = await asyncio.to_thread(
+            gate_run,
+            self.store,
+            gate,
+            setup.entry.run_id,
+            results,
+            suite=setup.entry.suite,
+            baseline_id=baseline_id,
+            baseline_problem=problem,
+            id_prefix=f"{namespace}.",
+        )
+        suite = setup.entry.suite
+        name = body["metadata"]["name"]
+        previous = self._gated_runs.get((namespace, suite))
+        if previous is not None and previous != name:
+            # one series per suite: an alert on an old failed run must clear when a newer passes
+            self.metrics.gate_passed.remove(namespace, suite, previous)
+        self._gated_runs[(namespace, suite)] = name
+        self.metrics.gate_passed.labels(namespace, suite, name).set(1 if status.passed else 0)
+        for check in status.checks:
+            if check.kind == "baseline" and check.metric and check.value is not None:
+                self.metrics.baseline_delta.labels(
+                    namespace, suite, check.task, check.model, check.metric
+                ).set(check.value)
+        return status
 
     def _changed(
         self,

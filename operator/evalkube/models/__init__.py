@@ -1,6 +1,7 @@
 """Pydantic specs and statuses: the single source of truth for the CRDs and the CLI files."""
 
 from evalkube.models.errors import SpecError, format_validation_error, validate_spec
+from evalkube.models.gate import BaselineSpec, GateCheck, GateSpec, GateStatus, ThresholdSpec
 from evalkube.models.grader import GraderSpec, PreprocessSpec
 from evalkube.models.meta import ObjectMeta
 from evalkube.models.run import (
@@ -29,6 +30,7 @@ from evalkube.models.suite import (
 
 __all__ = [
     "PRECOMPUTED",
+    "BaselineSpec",
     "Condition",
     "ConfigMapKeyRef",
     "DatasetSpec",
@@ -38,6 +40,9 @@ __all__ = [
     "EvalSuite",
     "EvalSuiteSpec",
     "ExtractionSpec",
+    "GateCheck",
+    "GateSpec",
+    "GateStatus",
     "GenerationSpec",
     "GraderSpec",
     "Message",
@@ -51,6 +56,7 @@ __all__ = [
     "SuiteRef",
     "TaskModelResult",
     "TaskSpec",
+    "ThresholdSpec",
     "format_validation_error",
     "validate_spec",
 ]

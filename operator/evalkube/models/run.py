@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from evalkube import limits
 from evalkube.models.base import SpecModel
+from evalkube.models.gate import GateSpec, GateStatus
 from evalkube.models.meta import ObjectMeta
 
 MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9_-]*(:.+)?$")
@@ -93,6 +94,8 @@ class EvalRunSpec(SpecModel):
     """Candidate generation parameters."""
     shard_size: int = Field(default=limits.SHARD_SIZE_DEFAULT, ge=1, le=1_000_000)
     """Rows per work unit."""
+    gate: GateSpec | None = None
+    """Thresholds, error rate and baseline the finished run must pass (the Passed condition)."""
 
     @field_validator("models")
     @classmethod
@@ -210,6 +213,8 @@ class EvalRunStatus(SpecModel):
     """Ready and Succeeded conditions, with observedGeneration."""
     results: list[TaskModelResult] = Field(default_factory=list)
     """Aggregates per task x model."""
+    gate: GateStatus | None = None
+    """The gate's checks, when the run has a gate."""
 
 
 class EvalRun(SpecModel):

@@ -221,6 +221,23 @@ class ResultStore:
             ).all()
         return [_run(row) for row in rows]
 
+    def last_run(
+        self, suite_name: str, *, phase: str = "Succeeded", id_prefix: str = "", exclude: str = ""
+    ) -> RunRecord | None:
+        """The latest finished run of ``suite_name`` in ``phase`` whose id starts with
+        ``id_prefix`` (a namespace's runs), other than ``exclude``: a gate's baseline."""
+        c = schema.runs.c
+        query = (
+            select(schema.runs)
+            .where(c.suite_name == suite_name, c.phase == phase, c.run_id != exclude)
+            .where(c.run_id.startswith(id_prefix, autoescape=True))
+            .order_by(c.completed_at.desc())
+            .limit(1)
+        )
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        return _run(row) if row is not None else None
+
     def finish_run(self, run_id: str, phase: str, summary: dict[str, Any] | None) -> None:
         with self.engine.begin() as conn:
             conn.execute(
@@ -440,6 +457,23 @@ class ResultStore:
         with self.engine.connect() as conn:
             for row in conn.execution_options(yield_per=5000).execute(query):
                 yield row[0], row[1], row[2], jsonfast.loads(row[3]), (_load(row[4]) or {})
+
+    def iter_keyed_scores(
+        self, run_id: str
+    ) -> Iterator[tuple[str, str, str, str, dict[str, float]]]:
+        """Stream ``(task, model, key, status, scores)`` of every sample, where ``key`` names
+        the dataset row across runs (its id, else ``#position``): paired comparisons."""
+        c = schema.samples.c
+        query = (
+            select(c.task_id, c.model, c.detail, c.seq, c.status, c.scores)
+            .where(c.run_id == run_id)
+            .order_by(c.task_id, c.model, c.seq)
+        )
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=5000).execute(query):
+                row_id = (_load(row[2]) or {}).get("row_id")
+                key = str(row_id) if row_id is not None else f"#{row[3]}"
+                yield row[0], row[1], key, row[4], jsonfast.loads(row[5])
 
     # -- task results -----------------------------------------------------------------------
     def save_task_result(self, result: TaskResultRecord) -> None:
