@@ -47,7 +47,7 @@ class SlowUpstream(FakeUpstream):
         return await super()._responses(request)
 
 
-def make_suite(directory: Path, base_url: str) -> tuple[Path, Path]:
+def make_suite(directory: Path, base_url: str, shard_size: int) -> tuple[Path, Path]:
     with (directory / "rows.jsonl").open("w") as handle:
         for n in range(ROWS):
             handle.write(json.dumps({"id": f"r{n}", "q": f"question {n}"}) + "\n")
@@ -67,6 +67,7 @@ def make_suite(directory: Path, base_url: str) -> tuple[Path, Path]:
         "  models: ['openai:gpt-test']\n"
         f"  providers: {{openai: {{baseURL: '{base_url}', apiKeyEnv: TEST_KEY}}}}\n"
         "  generation: {concurrency: 8}\n"
+        f"  shardSize: {shard_size}\n"
     )
     return suite, run
 
@@ -82,25 +83,34 @@ def query(db: Path, sql: str) -> list[tuple[object, ...]]:
         return conn.execute(sql).fetchall()
 
 
-def test_ctrl_c_during_generation_repeats_no_model_call(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("workers", "shard_size"),
+    [(1, ROWS), (2, ROWS // 4)],
+    ids=["one-process", "two-unit-processes"],
+)
+def test_ctrl_c_during_generation_repeats_no_model_call(
+    tmp_path: Path, workers: int, shard_size: int
+) -> None:
     db = tmp_path / "results.db"
     with SlowUpstream() as upstream:
-        suite, run = make_suite(tmp_path, upstream.base_url)
+        suite, run = make_suite(tmp_path, upstream.base_url, shard_size)
         process = subprocess.Popen(
-            [EVALKUBE, "run", str(suite), str(run), "--sandbox", "process", "--db", str(db)],
+            [EVALKUBE, "run", str(suite), str(run), "--sandbox", "process", "--db", str(db),
+             f"--workers={workers}"],
             cwd=tmp_path,
             env=env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )
+            start_new_session=True,
+        )  # fmt: skip
         try:
             deadline = time.monotonic() + 60
             while len(upstream.received) < ROWS // 3:
                 assert process.poll() is None, process.communicate()
                 assert time.monotonic() < deadline, "the run made no model call"
                 time.sleep(0.02)
-            process.send_signal(signal.SIGINT)
+            os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
             _, stderr = process.communicate(timeout=60)
         finally:
             if process.poll() is None:
@@ -116,11 +126,12 @@ def test_ctrl_c_during_generation_repeats_no_model_call(tmp_path: Path) -> None:
         # every answer that arrived is kept, although no sample was graded yet
         kept = query(db, "SELECT count(*) FROM evalkube_answers")[0][0]
         assert kept == calls_before
-        assert query(db, "SELECT count(*) FROM evalkube_samples")[0][0] == 0
+        if workers == 1:
+            assert query(db, "SELECT count(*) FROM evalkube_samples")[0][0] == 0
 
         done = subprocess.run(
             [EVALKUBE, "run", "--resume", str(run_id), "--sandbox", "process", "--db", str(db),
-             "--output", str(tmp_path / "out.json")],
+             "--output", str(tmp_path / "out.json"), f"--workers={workers}"],
             cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
