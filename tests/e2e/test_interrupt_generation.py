@@ -146,3 +146,42 @@ def test_ctrl_c_during_generation_repeats_no_model_call(
     assert result["metrics"] == {"score": 1.0}
     assert result["model_calls"] == {"candidate": ROWS}
     assert query(db, "SELECT count(*) FROM evalkube_answers")[0][0] == 0  # dropped once stored
+
+
+def test_kill_during_generation_repeats_at_most_the_calls_in_flight(tmp_path: Path) -> None:
+    # A crash lets no call finish: only the (at most 8) calls in flight are made again.
+    db = tmp_path / "results.db"
+    with SlowUpstream() as upstream:
+        suite, run = make_suite(tmp_path, upstream.base_url, ROWS)
+        process = subprocess.Popen(
+            [EVALKUBE, "run", str(suite), str(run), "--sandbox", "process", "--db", str(db)],
+            cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while len(upstream.received) < ROWS // 3:
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "the run made no model call"
+                time.sleep(0.02)
+            process.kill()
+            process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        ((run_id,),) = query(db, "SELECT run_id FROM evalkube_runs")
+        kept = query(db, "SELECT count(*) FROM evalkube_answers")[0][0]
+        assert kept >= ROWS // 3 - 8
+        done = subprocess.run(
+            [EVALKUBE, "run", "--resume", str(run_id), "--sandbox", "process", "--db", str(db),
+             "--output", str(tmp_path / "out.json")],
+            cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        prompts = collections.Counter(r.body["input"] for r in upstream.received)
+    repeated = sum(n - 1 for n in prompts.values())
+    assert len(prompts) == ROWS
+    assert repeated <= 8, f"{repeated} calls made again; at most the 8 in flight may be"
+    (result,) = json.loads((tmp_path / "out.json").read_text())["results"]
+    assert result["counts"]["valid"] == ROWS
+    assert result["metrics"] == {"score": 1.0}
