@@ -301,7 +301,9 @@ def _draining_on_interrupt(stop: asyncio.Event) -> Iterator[None]:
         yield
     finally:
         loop.remove_signal_handler(signal.SIGINT)
-        signal.signal(signal.SIGINT, previous)
+        # a unit process keeps ignoring the copies of its first SIGINT while it cleans up
+        interrupted_child = stop.is_set() and not abandon
+        signal.signal(signal.SIGINT, signal.SIG_IGN if interrupted_child else previous)
 
 
 def _from_response(response: Any, ms: float) -> Candidate:
