@@ -9,10 +9,13 @@ failure, ``Failed``); 4 stopped by ``--max-error-rate`` (``Failed``); 130 interr
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -87,6 +90,51 @@ def _fail(message: str, code: int) -> NoReturn:
     # messages quote user input (task ids in brackets, YAML, code): never parse them as markup
     errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+class _OncePerCause(logging.Handler):
+    """Shows each distinct failure of the model bridge once, then counts its repeats.
+
+    Graders call models once per sample: a key the provider rejects or a missing endpoint
+    would otherwise print one stderr line per sample. The message without its execution id
+    is the cause; :meth:`summary` says how many more calls failed that way.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        cause = re.sub(r"\(execution [^,]*, ", "(", text)
+        self.counts[cause] = self.counts.get(cause, 0) + 1
+        if self.counts[cause] == 1:
+            errors.print(f"[yellow]warning:[/] {escape(cause)}", highlight=False, soft_wrap=True)
+
+    def summary(self) -> None:
+        for cause, count in self.counts.items():
+            if count > 1:
+                errors.print(
+                    f"[yellow]warning:[/] {count - 1} more model calls failed the same way: "
+                    f"{escape(cause)}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+
+
+@contextlib.contextmanager
+def _bridge_failures_once() -> Iterator[None]:
+    """While a local run goes, its bridge's failures are shown once per cause."""
+    logger = logging.getLogger("evalkube.proxy")
+    handler = _OncePerCause()
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        handler.summary()
 
 
 def _generates(unit: Unit) -> bool:
@@ -253,7 +301,7 @@ def run(
         max_error_rate=None if keep_going else max_error_rate,
     )
     try:
-        with progress:
+        with _bridge_failures_once(), progress:
             if resume is not None:
                 summary = engine.resume(resume, reload=reload)
             else:

@@ -163,6 +163,38 @@ def test_all_calls_failing_stops_the_run_fast_failed_with_one_message(tmp_path: 
     assert f"evalkube run --resume {run_id}" in done.stderr
 
 
+JUDGED = """
+def grade(sample, item, ctx):
+    ctx.responses_create(input="is this right? " + sample["output_text"])
+    return 1.0
+"""
+
+
+def test_failing_judge_calls_stop_the_run_and_are_reported_once(tmp_path: Path) -> None:
+    with FakeUpstream() as failing:
+        missing = Scripted(status=404, body={"error": {"message": "no route /v1/responses"}})
+        failing.then(*[missing] * ROWS)
+        suite, run = write_suite(tmp_path, base_url=failing.base_url, precomputed=True)
+        suite.write_text(
+            suite.read_text().replace("type: python,", "type: python, contract: model_backed,")
+        )
+        run.write_text(
+            run.read_text().replace("  generation:", "  judgeModel: openai:judge-1\n  generation:")
+        )
+        (tmp_path / "grader.py").write_text(JUDGED)
+        done = evalkube(tmp_path, "run", str(suite), str(run))
+        calls = len(failing.received)
+    assert done.returncode == 4, done.stderr
+    assert 20 <= calls < ROWS
+    assert "20 of the first 20 samples failed" in done.stderr
+    failures = [line for line in done.stderr.splitlines() if "HTTP 404" in line]
+    # the cause once, then how many more failed that way, then the error: not a line a sample
+    assert len(failures) == 3, done.stderr
+    assert failures[0].startswith("warning: model call failed: provider openai answered HTTP 404")
+    assert failures[1].startswith(f"warning: {calls - 1} more model calls failed the same way")
+    assert len(error_lines(done.stderr)) == 1
+
+
 def test_when_every_sample_errors_the_metric_counts_zero(
     tmp_path: Path, upstream: FakeUpstream
 ) -> None:

@@ -79,6 +79,23 @@ def used_providers(spec: EvalRunSpec) -> dict[str, str]:
     return used
 
 
+def check_local_models(spec: EvalRunSpec) -> list[str]:
+    """``local:`` models the run names can be served here (their optional extra installed)."""
+    from evalkube.proxy.local_embeddings import unavailable_reason
+
+    problems = []
+    for field, model in (
+        *(("models", m) for m in spec.models),
+        ("judgeModel", spec.judge_model),
+        ("embeddingModel", spec.embedding_model),
+    ):
+        if model and model.startswith("local:"):
+            reason = unavailable_reason(model.split(":", 1)[1])
+            if reason is not None:
+                problems.append(f"run.spec.{field}: {reason}")
+    return problems
+
+
 def check_providers(spec: EvalRunSpec) -> list[str]:
     """Each provider the run names is declared, has an http(s) base URL, and its key is set."""
     problems = []
@@ -149,7 +166,7 @@ def preflight(
     """Raise :class:`ConfigError` listing every problem found (nothing is run or recorded)."""
     problems = check_datasets(loaded)
     if spec is not None:
-        problems += check_providers(spec)
+        problems += check_providers(spec) + check_local_models(spec)
     if not problems:  # sandboxes and probes only once the cheap checks pass
         problems += check_imports(loaded, backend)
     if spec is not None and probe and not problems:
