@@ -110,6 +110,14 @@ def test_unset_key_stops_before_any_call_or_record(tmp_path: Path, upstream: Fak
     assert runs(tmp_path) == []  # nothing recorded: there is nothing to resume
 
 
+def test_a_model_of_an_undeclared_provider_stops_before_the_run(tmp_path: Path) -> None:
+    suite, run = write_suite(tmp_path)
+    done = evalkube(tmp_path, "run", str(suite), str(run), "--model", "nowhere:model-1")
+    assert done.returncode == 2, done.stderr
+    assert "run.spec.providers.nowhere: provider 'nowhere' is not declared" in done.stderr
+    assert runs(tmp_path) == []
+
+
 def test_validate_reads_every_row_and_tries_imports_in_the_sandbox(tmp_path: Path) -> None:
     suite, run = write_suite(tmp_path)
     with (tmp_path / "rows.jsonl").open("a") as handle:
@@ -243,15 +251,23 @@ def test_failed_import_ends_failed_then_resume_reload_takes_the_fixed_grader(
     assert output["results"][0]["metrics"] == {"score": 1.0}
 
 
-def test_a_broken_row_mid_run_ends_failed_with_the_reason(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["broken row", "missing file"])
+def test_a_dataset_that_breaks_the_run_ends_failed_with_the_reason(
+    tmp_path: Path, damage: str
+) -> None:
     suite, run = write_suite(tmp_path, precomputed=True)
-    with (tmp_path / "rows.jsonl").open("a") as handle:
-        handle.write('{"id": "broken", "q": }\n')
+    if damage == "broken row":
+        with (tmp_path / "rows.jsonl").open("a") as handle:
+            handle.write('{"id": "broken", "q": }\n')
+        reason = f"line {ROWS + 1}: invalid JSON"
+    else:
+        (tmp_path / "rows.jsonl").unlink()
+        reason = f"cannot read {tmp_path / 'rows.jsonl'}"
     done = evalkube(tmp_path, "run", str(suite), str(run))
     assert done.returncode == 2
     ((run_id, phase, _, summary),) = runs(tmp_path)
     assert phase == "Failed"
-    assert f"line {ROWS + 1}: invalid JSON" in json.loads(summary)["reason"]
+    assert reason in json.loads(summary)["reason"]
     assert f"run {run_id} is recorded as Failed" in done.stderr
 
 
