@@ -297,6 +297,8 @@ class LocalEngine:
         sandboxes = TaskModelSandboxes()
         writer = SampleWriter(self.store)
         answers = AnswerLog(self.store, run_id)
+        if bridge is not None and hasattr(bridge, "keep_answers"):
+            bridge.keep_answers(answers)  # graders' model calls too
         try:
             for (task_id, model), group in _group(units):
                 runtime = runtimes[task_id]

@@ -222,6 +222,8 @@ class _Buffer:
         if not owned:
             return
         usage = self.ctx.bridge.take_usage([token for _, token in owned])
+        if self.ctx.answers is not None:
+            self.ctx.answers.unlabel([token for _, token in owned])
         for record, token in owned:
             calls = usage.get(token)
             if not calls:
@@ -551,6 +553,9 @@ def _grade_samples(
             return
         while chunk := list(itertools.islice(ready, limits.WORKER_BATCH_SIZE)):
             tokens = [execution_token() for _ in chunk]
+            if ctx.answers is not None:  # their answers are kept, and given back on resume
+                samples = (p.sample_id for p in chunk)
+                ctx.answers.label(dict(zip(tokens, samples, strict=True)), resuming=ctx.resuming)
             bridge.open_executions(tokens)
             for p, token in zip(chunk, tokens, strict=True):
                 buffer.tokens[p.sample_id] = token

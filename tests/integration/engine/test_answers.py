@@ -37,3 +37,28 @@ def test_answers_are_committed_by_flush_and_read_back_by_another_store(tmp_path:
         log.close()
         other.close()
         store.close()
+
+
+def test_grader_calls_replay_in_order_until_the_grader_asks_something_else(
+    tmp_path: Path,
+) -> None:
+    store = ResultStore.open(f"sqlite:///{tmp_path / 'r.db'}")
+    first = AnswerLog(store, "run-1")
+    first.label({"tok-a": "s1"}, resuming=False)
+    first.keep("tok-a", "responses", {"model": "j", "input": "one"}, b'{"id": "resp_1"}')
+    first.keep("tok-a", "responses", {"model": "j", "input": "two"}, b'{"id": "resp_2"}')
+    first.close()  # the run stops here; its answers are committed
+
+    resumed = AnswerLog(store, "run-1")
+    resumed.label({"tok-b": "s1"}, resuming=True)  # a fresh token for the same sample
+    assert resumed.replay("tok-b", "responses", {"input": "one", "model": "j"}) == (
+        b'{"id": "resp_1"}'
+    )
+    # the second request differs: call the provider, and forget the stale answer
+    assert resumed.replay("tok-b", "responses", {"model": "j", "input": "other"}) is None
+    resumed.keep("tok-b", "responses", {"model": "j", "input": "other"}, b'{"id": "resp_3"}')
+    assert resumed.replay("tok-x", "responses", {"model": "j", "input": "one"}) is None
+    resumed.close()
+    kept = store.recorded_answers("run-1", "ctx", ["s1"])["s1"]
+    assert [call["answer"] for call in kept] == ['{"id": "resp_1"}', '{"id": "resp_3"}']
+    store.close()
