@@ -1,16 +1,21 @@
 """``evalkube``: run suites on this machine, inspect samples, and start the cluster parts.
 
 Exit codes: 0 the run finished and printed its scores (invalid samples included);
-2 configuration error (bad YAML, spec, grader that does not load); 3 the run could not
-complete (sandbox or store failure); 130 interrupted (resume with ``--resume RUN_ID``).
+2 configuration error (bad YAML, spec, dataset, provider or key, grader that does not load;
+a run that had started ends ``Failed``); 3 the run could not complete (sandbox or store
+failure, ``Failed``); 4 stopped by ``--max-error-rate`` (``Failed``); 130 interrupted
+(``Interrupted``; resume with ``--resume RUN_ID``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -21,7 +26,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evalkube import __version__
+from evalkube import __version__, limits
 from evalkube.compare_view import gate_table
 from evalkube.engine import (
     ConfigError,
@@ -32,6 +37,8 @@ from evalkube.engine import (
     load_files,
     resolve_run_spec,
 )
+from evalkube.engine.guard import RunAborted
+from evalkube.engine.preflight import preflight
 from evalkube.grading.gate import gate_message, gate_run
 from evalkube.models import EvalRunSpec, GateStatus
 from evalkube.sandbox import SandboxError, SandboxUnavailable, resolve_backend
@@ -42,6 +49,7 @@ EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 3
 EXIT_GATE_FAILED = 1
+EXIT_ABORTED = 4
 EXIT_INTERRUPTED = 130
 DEFAULT_DB = ".evalkube/results.db"
 
@@ -88,8 +96,58 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
+class _OncePerCause(logging.Handler):
+    """Shows each distinct failure of the model bridge once, then counts its repeats.
+
+    Graders call models once per sample: a key the provider rejects or a missing endpoint
+    would otherwise print one stderr line per sample. The message without its execution id
+    is the cause; :meth:`summary` says how many more calls failed that way.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        cause = re.sub(r"\(execution [^,]*, ", "(", text)
+        self.counts[cause] = self.counts.get(cause, 0) + 1
+        if self.counts[cause] == 1:
+            errors.print(f"[yellow]warning:[/] {escape(cause)}", highlight=False, soft_wrap=True)
+
+    def summary(self) -> None:
+        for cause, count in self.counts.items():
+            if count > 1:
+                errors.print(
+                    f"[yellow]warning:[/] {count - 1} more model calls failed the same way: "
+                    f"{escape(cause)}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+
+
+@contextlib.contextmanager
+def _bridge_failures_once() -> Iterator[None]:
+    """While a local run goes, its bridge's failures are shown once per cause."""
+    logger = logging.getLogger("evalkube.proxy")
+    handler = _OncePerCause()
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        handler.summary()
+
+
+def _generates(unit: Unit) -> bool:
+    return unit.kind == "shard" and unit.model.split(":", 1)[0] not in ("precomputed", "local")
+
+
 class _RichProgress:
-    """Draws one bar per task x model from the engine's unit events."""
+    """Draws bars per task x model from the engine's unit events: one counting model answers
+    as they arrive (generated candidates), one counting graded and recorded samples."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
@@ -97,29 +155,37 @@ class _RichProgress:
         #: Samples each unit was expected to have, until it says how many it has.
         self.expected: dict[str, int] = {}
 
-    def _bar(self, unit: Unit) -> Any:
-        key = (unit.task_id, unit.model, unit.kind)
+    def _bar(self, unit: Unit, stage: str = "") -> Any:
+        stage = stage or ("grade" if _generates(unit) else unit.kind)
+        key = (unit.task_id, unit.model, stage)
         if key not in self.bars:
-            label = f"{unit.task_id} · {unit.model}" + (
-                " · grade_batch" if unit.kind == "aggregate" else ""
-            )
+            suffix = {"aggregate": " · grade_batch", "shard": ""}.get(stage, f" · {stage}")
+            label = f"{unit.task_id} · {unit.model}{suffix}"
             self.bars[key] = self.progress.add_task(label, total=0)
         return self.bars[key]
+
+    def _grow(self, bar: Any, by: int) -> None:
+        self.progress.update(bar, total=(self.progress.tasks[bar].total or 0) + by)
 
     def planned(self, units: Sequence[Unit]) -> None:
         """Size every bar up front (units run in parallel would otherwise grow it)."""
         for unit in units:
             self.expected[unit.unit_id] = rows = unit.stop - unit.start
-            bar = self._bar(unit)
-            self.progress.update(bar, total=(self.progress.tasks[bar].total or 0) + rows)
+            if _generates(unit):
+                self._grow(self._bar(unit, "generate"), rows)
+            self._grow(self._bar(unit), rows)
 
     def unit_started(self, unit: Unit, total: int) -> None:
-        bar = self._bar(unit)
-        current = self.progress.tasks[bar].total or 0
-        self.progress.update(bar, total=current + total - self.expected.pop(unit.unit_id, 0))
+        change = total - self.expected.pop(unit.unit_id, 0)
+        if _generates(unit):
+            self._grow(self._bar(unit, "generate"), change)
+        self._grow(self._bar(unit), change)
 
     def advance(self, unit: Unit, samples: int) -> None:
         self.progress.advance(self._bar(unit), samples)
+
+    def generated(self, unit: Unit, answers: int) -> None:
+        self.progress.advance(self._bar(unit, "generate"), answers)
 
 
 def _utf8(text: str) -> bytes:
@@ -173,6 +239,31 @@ def run(
         str | None, typer.Option("--resume", help="Continue an interrupted run by id")
     ] = None,
     db: DbOption = None,
+    reload: Annotated[
+        bool,
+        typer.Option(
+            "--reload",
+            help="With --resume: take the suite and grader files from disk (fixed since the "
+            "run started) instead of the copy saved with the run; the run records the change",
+        ),
+    ] = False,
+    probe: Annotated[
+        bool, typer.Option("--probe", help="Before starting, make one real call per provider")
+    ] = False,
+    max_error_rate: Annotated[
+        float,
+        typer.Option(
+            "--max-error-rate",
+            min=0.0,
+            max=1.0,
+            help="Stop the run (Failed, exit 4) once a task x model has "
+            f"{limits.ERROR_RATE_MIN_SAMPLES}+ model calls or samples ended and at least this "
+            "share of them failed",
+        ),
+    ] = limits.MAX_ERROR_RATE_DEFAULT,
+    keep_going: Annotated[
+        bool, typer.Option("--keep-going", help="Never stop on errors (no --max-error-rate)")
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars")] = False,
     workers: Annotated[
         int | None,
@@ -189,6 +280,8 @@ def run(
     """Run every task x model of a suite on this machine and print the scores."""
     if (suite is None) == (resume is None):
         _fail("give a SUITE file, or --resume RUN_ID", EXIT_CONFIG)
+    if reload and resume is None:
+        _fail("--reload goes with --resume RUN_ID (a new run reads the files anyway)", EXIT_CONFIG)
     try:
         backend = resolve_backend(sandbox)
     except SandboxUnavailable as exc:
@@ -209,31 +302,40 @@ def run(
         progress=_RichProgress(progress),
         bridge_factory=_bridge_factory(),
         workers=workers,
+        max_error_rate=None if keep_going else max_error_rate,
     )
-    run_id = resume
     try:
-        with progress:
+        with _bridge_failures_once(), progress:
             if resume is not None:
-                summary = engine.resume(resume)
+                summary = engine.resume(resume, reload=reload)
             else:
                 assert suite is not None
                 loaded, run_resource = load_files(suite, run_file)
                 spec = resolve_run_spec(loaded, run_resource, model)
                 errors.print(f"sandbox: [bold]{backend.describe()}[/]", highlight=False)
-                summary = engine.start(loaded, spec)
+                summary = engine.start(loaded, spec, probe=probe)
     except (ConfigError, UnitFailed) as exc:
-        _fail(str(exc), EXIT_CONFIG)
+        _fail(str(exc) + _ended_failed(engine.run_id, reload=True), EXIT_CONFIG)
+    except RunAborted as exc:
+        _fail(str(exc) + _ended_failed(engine.run_id), EXIT_ABORTED)
     except (SandboxError, StoreError) as exc:
-        _fail(f"{exc}; recorded samples are kept, resume with --resume", EXIT_RUNTIME)
+        _fail(f"{exc}; recorded samples are kept" + _ended_failed(engine.run_id), EXIT_RUNTIME)
     except KeyboardInterrupt:
         errors.print(
-            "[yellow]interrupted:[/] recorded samples are kept; continue with "
-            "`evalkube run --resume <run id>` (see `evalkube runs`)"
+            "[yellow]interrupted:[/] recorded samples and model answers are kept; continue "
+            f"with `evalkube run --resume {engine.run_id or '<run id>'}`",
+            highlight=False,
+            soft_wrap=True,
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
         store.close()
-    del run_id
+    for change in summary.reloads:
+        errors.print(
+            f"suite version changed: {change['from'][:19]} -> {change['to'][:19]} "
+            f"(--reload, {change['at']})",
+            highlight=False,
+        )
     console.print(_results_table(summary))
     console.print(f"sandbox: {summary.sandbox} · {summary.seconds:.2f} s", highlight=False)
     for problem in summary.problems:
@@ -273,6 +375,14 @@ def _local_gate(db: str | None, summary: RunSummary) -> GateStatus | None:
         )
     finally:
         store.close()
+
+
+def _ended_failed(run_id: str | None, *, reload: bool = False) -> str:
+    """How to continue a run that was recorded before it failed (nothing when none was)."""
+    if run_id is None:
+        return ""
+    how = f"`evalkube run --resume {run_id}" + (" --reload`" if reload else "`")
+    return f"\nrun {run_id} is recorded as Failed; once the cause is fixed, continue it with {how}"
 
 
 def _bridge_factory() -> Any:
@@ -460,17 +570,37 @@ def _api_samples(
 def validate(
     suite: Annotated[Path, typer.Argument(help="EvalSuite YAML")],
     run_file: Annotated[Path | None, typer.Argument(metavar="[RUN]")] = None,
+    sandbox: Annotated[
+        str, typer.Option(help="Where grader imports are tried: auto|gvisor|nsjail|bwrap|process")
+    ] = "auto",
+    probe: Annotated[
+        bool, typer.Option("--probe", help="Also make one real call per provider of the run")
+    ] = False,
 ) -> None:
-    """Check a suite (and run) without running anything: specs, templates, grader code."""
+    """Check a suite (and run) before running it: specs, templates, grader code, every
+    dataset row, grader imports (in the sandbox), the run's providers and their keys."""
     from evalkube.engine.runtime import TaskRuntime
     from evalkube.engine.validate import check_programs
 
     try:
-        loaded, _run = load_files(suite, run_file)
+        backend = resolve_backend(sandbox)
+    except SandboxUnavailable as exc:
+        if sandbox != "auto":
+            _fail(str(exc), EXIT_CONFIG)
+        errors.print(
+            "[yellow]warning:[/] grader imports not tried: no isolating sandbox here "
+            "(`--sandbox process` tries them without isolation)",
+            highlight=False,
+        )
+        backend = None
+    try:
+        loaded, run_resource = load_files(suite, run_file)
         for task in loaded.suite.spec.tasks:
             TaskRuntime.build(loaded, task)
         check_programs(loaded)
-    except ConfigError as exc:
+        spec = run_resource.spec if run_resource is not None else None
+        preflight(loaded, spec, backend, probe=probe)
+    except (ConfigError, UnitFailed) as exc:
         _fail(str(exc), EXIT_CONFIG)
     console.print(
         f"[green]ok[/]: {loaded.name} ({len(loaded.suite.spec.tasks)} tasks, {loaded.version[:19]})"

@@ -87,3 +87,9 @@ STORE_CHUNK_SIZE: Final = 5_000
 #: Seconds a work-unit runner waits for its NetworkPolicy to be enforced (the policy canary
 #: refused) before it gives grader code anything; past it the unit fails.
 POLICY_ENFORCED_TIMEOUT_SECONDS: Final = 120
+#: A task x model stops the run once this many of its samples (or model calls) have ended
+#: and the share that failed reached ``--max-error-rate``: a missing key or a provider
+#: that cannot answer stops a run after this many calls, not after the whole dataset.
+ERROR_RATE_MIN_SAMPLES: Final = 20
+#: Default ``--max-error-rate``: stop only when every one of them failed.
+MAX_ERROR_RATE_DEFAULT: Final = 1.0

@@ -141,7 +141,7 @@ def test_undeclared_batch_metric_is_dropped_with_a_warning(example_run: ExampleR
     macro = next(r for r in example_run.output["results"] if r["task"] == "macro_f1")
     assert "debug_label_count" not in macro["metrics"]
     assert example_run.output["problems"] == [
-        "undeclared batch metrics dropped: ['debug_label_count']"
+        "task 'macro_f1' · precomputed: undeclared batch metrics dropped: ['debug_label_count']"
     ]
     assert "debug_label_count" in example_run.process.stderr
 

@@ -7,8 +7,11 @@ concurrency; every failure is recorded on its sample, never raised out of the un
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,11 +34,20 @@ class Candidate:
     model_calls: dict[str, Any] = field(default_factory=dict)
 
 
+#: Called with a candidate's position in the shard as soon as it is known (generated
+#: sources: as each answer arrives, so the engine keeps it before anything else happens).
+OnAnswer = Callable[[int, Candidate], None]
+
+
 class CandidateSource(Protocol):
     """Produces candidates for a shard's rows (in order)."""
 
     def candidates(
-        self, rows: Sequence[Mapping[str, Any]], row_ids: Sequence[str], prompts: Sequence[Any]
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        row_ids: Sequence[str],
+        prompts: Sequence[Any],
+        on_answer: OnAnswer | None = None,
     ) -> list[Candidate]: ...
 
 
@@ -67,7 +79,11 @@ class PrecomputedSource:
         return index
 
     def candidates(
-        self, rows: Sequence[Mapping[str, Any]], row_ids: Sequence[str], prompts: Sequence[Any]
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        row_ids: Sequence[str],
+        prompts: Sequence[Any],
+        on_answer: OnAnswer | None = None,
     ) -> list[Candidate]:
         out: list[Candidate] = []
         column, extracted_column = self.spec.column, self.spec.extracted_column
@@ -130,11 +146,17 @@ class GeneratedSource:
         self.bridge_control = bridge_control
 
     def candidates(
-        self, rows: Sequence[Mapping[str, Any]], row_ids: Sequence[str], prompts: Sequence[Any]
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        row_ids: Sequence[str],
+        prompts: Sequence[Any],
+        on_answer: OnAnswer | None = None,
     ) -> list[Candidate]:
         if self.bridge_control is not None:
-            return asyncio.run(self._generate_via_bridge(list(prompts), self.bridge_control))
-        return asyncio.run(self._generate(list(prompts)))
+            return asyncio.run(
+                self._generate_via_bridge(list(prompts), self.bridge_control, on_answer)
+            )
+        return asyncio.run(self._generate(list(prompts), on_answer))
 
     def _body(self, prompt: Any, model: str) -> dict[str, Any]:
         generation = self.spec.generation
@@ -145,7 +167,9 @@ class GeneratedSource:
             body["max_output_tokens"] = generation.max_output_tokens
         return body
 
-    async def _generate_via_bridge(self, prompts: list[Any], endpoint: str) -> list[Candidate]:
+    async def _generate_via_bridge(
+        self, prompts: list[Any], endpoint: str, on_answer: OnAnswer | None = None
+    ) -> list[Candidate]:
         """The same requests through the proxy (it retries upstream failures itself)."""
         import httpx
 
@@ -179,9 +203,11 @@ class GeneratedSource:
                     )
                 return _from_response(data, ms)
 
-            return list(await asyncio.gather(*(one(p) for p in prompts)))
+            return await _gather(one, prompts, on_answer, self.spec.generation.concurrency)
 
-    async def _generate(self, prompts: list[Any]) -> list[Candidate]:
+    async def _generate(
+        self, prompts: list[Any], on_answer: OnAnswer | None = None
+    ) -> list[Candidate]:
         generation = self.spec.generation
         semaphore = asyncio.Semaphore(generation.concurrency)
         async with Upstream(self.providers, retries=generation.retries) as upstream:
@@ -199,7 +225,86 @@ class GeneratedSource:
                     ms = (time.perf_counter() - started) * 1000
                 return _from_response(response, ms)
 
-            return list(await asyncio.gather(*(one(p) for p in prompts)))
+            return await _gather(one, prompts, on_answer, self.spec.generation.concurrency)
+
+
+async def _gather(
+    one: Callable[[Any], Awaitable[Candidate]],
+    prompts: list[Any],
+    on_answer: OnAnswer | None,
+    concurrency: int,
+) -> list[Candidate]:
+    """``one(prompt)`` for every prompt, ``concurrency`` at a time, each telling
+    ``on_answer`` as soon as it has its candidate (``gather`` alone would say nothing until
+    the last call returned).
+
+    Ctrl-C starts no new call but lets those in flight finish, so their answers (paid for)
+    reach ``on_answer`` before :class:`KeyboardInterrupt` is raised; a second Ctrl-C in the
+    main process abandons them (a unit process ignores the copies of the first it gets).
+    """
+    stop = asyncio.Event()
+    gate = asyncio.Semaphore(concurrency)
+
+    async def told(position: int, prompt: Any) -> Candidate:
+        async with gate:
+            if stop.is_set():
+                return Candidate(error="interrupted before the call")
+            candidate = await one(prompt)
+        if on_answer is not None:
+            on_answer(position, candidate)
+        return candidate
+
+    with _draining_on_interrupt(stop):
+        candidates = await asyncio.gather(*(told(i, p) for i, p in enumerate(prompts)))
+    if stop.is_set():
+        raise KeyboardInterrupt
+    return list(candidates)
+
+
+#: Whether a second Ctrl-C abandons the calls in flight (not in a unit process, which gets
+#: the terminal's SIGINT and its parent's copy of it).
+_SECOND_INTERRUPT_ABANDONS = True
+
+
+def ignore_repeated_interrupts() -> None:
+    """In a unit process: repeated SIGINTs while calls finish are copies of the first."""
+    global _SECOND_INTERRUPT_ABANDONS
+    _SECOND_INTERRUPT_ABANDONS = False
+
+
+@contextlib.contextmanager
+def _draining_on_interrupt(stop: asyncio.Event) -> Iterator[None]:
+    """While the body runs, the first SIGINT sets ``stop`` (instead of raising)."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    previous = signal.getsignal(signal.SIGINT)
+    abandon = _SECOND_INTERRUPT_ABANDONS
+
+    def interrupted() -> None:
+        if not stop.is_set():
+            stop.set()
+            if abandon:
+                print(
+                    "evalkube: waiting for the model calls in flight (their answers are "
+                    "kept); Ctrl-C again to abandon them",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        elif abandon and main is not None:
+            main.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupted)
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        # a unit process keeps ignoring the copies of its first SIGINT while it cleans up
+        interrupted_child = stop.is_set() and not abandon
+        signal.signal(signal.SIGINT, signal.SIG_IGN if interrupted_child else previous)
 
 
 def _from_response(response: Any, ms: float) -> Candidate:

@@ -46,6 +46,10 @@ class LoadedSuite:
     version: str = ""
     dataset_paths: dict[str, Path] = field(default_factory=dict)
     """Task id -> JSONL file, for datasets given by reference (ConfigMaps mounted in a pod)."""
+    suite_file: Path | None = None
+    """The file the suite was loaded from (``--resume --reload`` loads it again)."""
+    saved_run: str | None = None
+    """The run whose saved copy of the code this is (plain ``--resume``), for messages."""
 
     @property
     def name(self) -> str:
@@ -106,7 +110,7 @@ def load_files(suite_path: Path, run_path: Path | None) -> tuple[LoadedSuite, Ev
         )
     except SpecError as exc:
         raise ConfigError(str(exc)) from None
-    loaded = LoadedSuite(suite, suite_path.resolve().parent)
+    loaded = LoadedSuite(suite, suite_path.resolve().parent, suite_file=suite_path.resolve())
     for task in suite.spec.tasks:
         loaded.sources[(task.id, "grader")] = _source(loaded.base_dir, task, "grader", task.grader)
         if task.preprocess is not None:

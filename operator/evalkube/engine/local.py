@@ -19,23 +19,29 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
+from evalkube import limits
+from evalkube.engine.answers import AnswerLog
 from evalkube.engine.candidates import candidate_source
 from evalkube.engine.driver import drive_unit, has_model_access, plan_run
+from evalkube.engine.guard import ErrorGuard
 from evalkube.engine.loading import (
     ConfigError,
     LoadedSuite,
     count_dataset_rows,
     iter_dataset,
+    load_files,
     suite_version,
 )
 from evalkube.engine.parallel import ParallelRun, choose_workers, run_parallel
 from evalkube.engine.plan import Unit
+from evalkube.engine.preflight import pays, preflight
 from evalkube.engine.runner import (
     BridgeControl,
     NoProgress,
     Progress,
     TaskModelSandboxes,
     UnitContext,
+    UnitFailed,
     observe_into,
 )
 from evalkube.engine.runtime import TaskRuntime
@@ -59,6 +65,8 @@ class RunSummary:
     results: list[TaskModelResult] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    reloads: list[dict[str, str]] = field(default_factory=list)
+    """Suite versions taken from disk by ``--resume --reload``: ``{"from", "to", "at"}``."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +77,7 @@ class RunSummary:
             "phase": self.phase,
             "seconds": round(self.seconds, 3),
             "problems": self.problems,
+            **({"reloads": self.reloads} if self.reloads else {}),
             "results": [
                 {
                     "task": r.task,
@@ -112,6 +121,7 @@ class LocalEngine:
         progress: Progress | None = None,
         bridge_factory: BridgeFactory | None = None,
         workers: int | None = 1,
+        max_error_rate: float | None = limits.MAX_ERROR_RATE_DEFAULT,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -122,48 +132,96 @@ class LocalEngine:
         self.workers = workers
         #: How many the last run used.
         self.last_workers = 1
+        #: A task x model whose calls or samples fail at this rate stops the run
+        #: (:class:`~evalkube.engine.guard.ErrorGuard`); ``None``: never.
+        self.max_error_rate = max_error_rate
+        #: The run being started or resumed (set before anything can fail).
+        self.run_id: str | None = None
+        #: Suite versions taken from disk by the last ``resume(..., reload=True)``.
+        self.reloads: list[dict[str, str]] = []
 
     def start(
-        self, loaded: LoadedSuite, spec: EvalRunSpec, run_id: str | None = None
+        self,
+        loaded: LoadedSuite,
+        spec: EvalRunSpec,
+        run_id: str | None = None,
+        *,
+        probe: bool = False,
     ) -> RunSummary:
-        """Start a new run of ``loaded`` with ``spec``."""
+        """Start a new run of ``loaded`` with ``spec``; a run that calls models is checked
+        first (:func:`~evalkube.engine.preflight.preflight`, ``probe``: one call per
+        provider), and nothing is recorded when a check fails."""
         check_programs(loaded)
         for task in loaded.suite.spec.tasks:
             TaskRuntime.build(loaded, task)
-        run_id = run_id or new_run_id(loaded.name)
-        snapshot = {
-            "suite": loaded.suite.to_wire(),
-            "run": spec.to_wire(),
-            "base_dir": str(loaded.base_dir),
-            "sources": {f"{t}/{k}": list(v) for (t, k), v in loaded.sources.items()},
-        }
+        if probe or pays(loaded, spec):
+            preflight(loaded, spec, self.backend, probe=probe)
+        run_id = self.run_id = run_id or new_run_id(loaded.name)
         self.store.create_run(
-            RunRecord(run_id, loaded.name, loaded.version, snapshot, self.backend.describe())
+            RunRecord(
+                run_id,
+                loaded.name,
+                loaded.version,
+                _snapshot(loaded, spec),
+                self.backend.describe(),
+            )
         )
         return self._execute(run_id, loaded, spec, resuming=False)
 
-    def resume(self, run_id: str) -> RunSummary:
-        """Continue an interrupted run from what the store holds."""
+    def resume(self, run_id: str, *, reload: bool = False) -> RunSummary:
+        """Continue an interrupted or failed run from what the store holds: with the copy of
+        the suite saved when it started, or (``reload``) with the suite files on disk now,
+        recording the change of suite version on the run."""
         record = self.store.get_run(run_id)
         if record is None:
-            raise ConfigError(f"run {run_id!r} is not in the store; list runs with `evalkube runs`")
+            raise ConfigError(
+                f"run {run_id!r} is not in the store {self.store.location}; list its runs with "
+                "`evalkube runs` (and --db to read another store)"
+            )
         if record.phase == "Succeeded":
             raise ConfigError(f"run {run_id!r} already succeeded; nothing to resume")
-        snapshot = record.spec
-        suite = validate_spec(EvalSuite, snapshot["suite"], prefix="")
-        loaded = LoadedSuite(suite, Path(snapshot["base_dir"]))
-        for key, (source, filename) in snapshot["sources"].items():
-            task_id, kind = key.split("/", 1)
-            loaded.sources[(task_id, kind)] = (source, filename)
-        loaded.version = suite_version(loaded)
-        if loaded.version != record.suite_version:
-            raise ConfigError(
-                f"run {run_id!r}: its dataset or output files changed since it started "
-                f"({record.suite_version[:19]} -> {loaded.version[:19]}); start a new run instead"
-            )
-        spec = validate_spec(EvalRunSpec, snapshot["run"], prefix="run.spec")
+        self.run_id = run_id
+        spec = validate_spec(EvalRunSpec, record.spec["run"], prefix="run.spec")
+        loaded = self._reload(record, spec) if reload else _saved_suite(record)
         self.store.set_run_phase(run_id, "Running", sandbox=self.backend.describe())
-        return self._execute(run_id, loaded, spec, resuming=True)
+        try:
+            return self._execute(run_id, loaded, spec, resuming=True)
+        except (ConfigError, UnitFailed) as exc:
+            if reload:
+                raise
+            raise type(exc)(
+                f"{exc}\n(this is the copy of the suite saved when run {run_id} started, not "
+                f"the files on disk; once they are fixed, take them with "
+                f"`evalkube run --resume {run_id} --reload`)"
+            ) from None
+
+    def _reload(self, record: RunRecord, spec: EvalRunSpec) -> LoadedSuite:
+        """The run's suite loaded again from its file; the new version recorded on the run."""
+        suite_file = record.spec.get("suite_file")
+        if not suite_file:
+            raise ConfigError(
+                f"run {record.run_id!r} does not name its suite file (started by an older "
+                "evalkube); --reload cannot find it: start a new run"
+            )
+        loaded, _ = load_files(Path(suite_file), None)
+        check_programs(loaded)
+        for task in loaded.suite.spec.tasks:
+            TaskRuntime.build(loaded, task)
+        if pays(loaded, spec):
+            preflight(loaded, spec, self.backend)
+        reloads = list(record.spec.get("reloads") or [])
+        if loaded.version != record.suite_version:
+            reloads.append(
+                {
+                    "from": record.suite_version,
+                    "to": loaded.version,
+                    "at": datetime.now(UTC).isoformat(timespec="seconds"),
+                }
+            )
+            snapshot = {**_snapshot(loaded, spec), "reloads": reloads}
+            self.store.update_run_suite(record.run_id, loaded.version, snapshot)
+        self.reloads = reloads
+        return loaded
 
     def _execute(
         self, run_id: str, loaded: LoadedSuite, spec: EvalRunSpec, *, resuming: bool
@@ -215,9 +273,21 @@ class LocalEngine:
             )
         )
         self.last_workers = workers
+        # only runs that pay for model calls stop early; a free one shows every failure
+        max_error_rate = self.max_error_rate if pays(loaded, spec) else None
+        guard = None if max_error_rate is None else ErrorGuard(max_error_rate)
         if workers > 1:
             job = ParallelRun(
-                run_id, loaded, spec, self.store, self.backend, runtimes, units, resuming, use_live
+                run_id,
+                loaded,
+                spec,
+                self.store,
+                self.backend,
+                runtimes,
+                units,
+                resuming,
+                use_live,
+                max_error_rate,
             )
             for key, aggregate in run_parallel(job, pending, workers, self.progress).items():
                 live.setdefault(key, TaskAggregate()).merge(aggregate)
@@ -226,6 +296,9 @@ class LocalEngine:
         # One sandbox per task x model, shared by its shards only.
         sandboxes = TaskModelSandboxes()
         writer = SampleWriter(self.store)
+        answers = AnswerLog(self.store, run_id)
+        if bridge is not None and hasattr(bridge, "keep_answers"):
+            bridge.keep_answers(answers)  # graders' model calls too
         try:
             for (task_id, model), group in _group(units):
                 runtime = runtimes[task_id]
@@ -239,6 +312,8 @@ class LocalEngine:
                     resuming=resuming,
                     observe=observe if use_live else None,
                     writer=writer,
+                    answers=answers,
+                    guard=guard,
                 )
                 rows: Iterator[dict[str, Any]] = iter(())
                 position = -1
@@ -269,11 +344,20 @@ class LocalEngine:
                 sandboxes.close()
             finally:
                 try:
-                    writer.close()  # what was graded before an interruption is kept
+                    try:
+                        answers.close()  # every model answer that arrived is kept
+                    finally:
+                        writer.close()  # and what was graded before an interruption
                 finally:
                     if bridge:
                         bridge.close()
-        results = aggregate_results(self.store, run_id, live if use_live else None)
+        expected = {
+            task.id: (task.metrics or [task.grader.metric_id])
+            if task.grader.resolved_execution == "per_sample"
+            else []
+            for task in loaded.suite.spec.tasks
+        }
+        results = aggregate_results(self.store, run_id, live if use_live else None, expected)
         order = {
             (t.id, m): i
             for i, (t, m) in enumerate((t, m) for t in loaded.suite.spec.tasks for m in spec.models)
@@ -286,9 +370,15 @@ class LocalEngine:
             self.backend.describe(),
             "Succeeded",
             results,
-            [p for r in self.store.task_results(run_id) for p in r.problems],
+            [
+                f"task {r.task_id!r} · {r.model}: {p}"
+                for r in self.store.task_results(run_id)
+                for p in r.problems
+            ],
             time.perf_counter() - started,
+            list(self.reloads) if resuming else [],
         )
+        self.store.forget_answers(run_id)  # its samples hold every answer now
         self.store.finish_run(run_id, summary.phase, summary.to_json())
         return summary
 
@@ -304,8 +394,12 @@ def aggregate_results(
     store: ResultStore,
     run_id: str,
     live: dict[tuple[str, str], TaskAggregate] | None = None,
+    expected: dict[str, list[str]] | None = None,
 ) -> list[TaskModelResult]:
-    """Aggregates per task x model from the stored samples (or ``live`` ones) and batch results."""
+    """Aggregates per task x model from the stored samples (or ``live`` ones) and batch results.
+
+    ``expected``: per task, the metrics reported as 0 when no sample of it is valid.
+    """
     aggregates: dict[tuple[str, str], TaskAggregate] = dict(live) if live is not None else {}
     rows = store.iter_scores(run_id) if live is None else iter(())
     for task_id, model, status, scores, calls in rows:
@@ -322,10 +416,43 @@ def aggregate_results(
             TaskModelResult(
                 task=task_id,
                 model=model,
-                metrics=aggregate.metrics(task_result.metrics if task_result else None),
+                metrics=aggregate.metrics(
+                    task_result.metrics if task_result else None,
+                    (expected or {}).get(task_id, ()),
+                ),
                 counts=SampleCounts(**aggregate.counts()),
                 model_calls=dict(sorted(aggregate.model_calls.items())),
                 error=task_result.error if task_result else None,
             )
         )
     return results
+
+
+def _snapshot(loaded: LoadedSuite, spec: EvalRunSpec) -> dict[str, Any]:
+    """What a run keeps of its suite and spec, so that ``--resume`` runs the same code."""
+    return {
+        "suite": loaded.suite.to_wire(),
+        "run": spec.to_wire(),
+        "base_dir": str(loaded.base_dir),
+        "suite_file": str(loaded.suite_file) if loaded.suite_file else None,
+        "sources": {f"{t}/{k}": list(v) for (t, k), v in loaded.sources.items()},
+    }
+
+
+def _saved_suite(record: RunRecord) -> LoadedSuite:
+    """The suite as saved when the run started (its datasets are read from disk)."""
+    snapshot = record.spec
+    suite = validate_spec(EvalSuite, snapshot["suite"], prefix="")
+    loaded = LoadedSuite(suite, Path(snapshot["base_dir"]))
+    for key, (source, filename) in snapshot["sources"].items():
+        task_id, kind = key.split("/", 1)
+        loaded.sources[(task_id, kind)] = (source, filename)
+    loaded.saved_run = record.run_id
+    loaded.version = suite_version(loaded)
+    if loaded.version != record.suite_version:
+        raise ConfigError(
+            f"run {record.run_id!r}: its dataset or output files changed since it started "
+            f"({record.suite_version[:19]} -> {loaded.version[:19]}); take the files on disk "
+            f"with `evalkube run --resume {record.run_id} --reload`, or start a new run"
+        )
+    return loaded

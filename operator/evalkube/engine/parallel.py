@@ -35,8 +35,14 @@ from multiprocessing.synchronize import Event
 from types import FrameType
 from typing import Any
 
-from evalkube.engine.candidates import CandidateSource, candidate_source
+from evalkube.engine.answers import AnswerLog
+from evalkube.engine.candidates import (
+    CandidateSource,
+    candidate_source,
+    ignore_repeated_interrupts,
+)
 from evalkube.engine.driver import drive_unit
+from evalkube.engine.guard import ErrorGuard, RunAborted
 from evalkube.engine.loading import ConfigError, LoadedSuite, shard_rows
 from evalkube.engine.plan import Unit
 from evalkube.engine.runner import (
@@ -67,6 +73,7 @@ _ERRORS: tuple[tuple[str, type[Exception]], ...] = (
     ("config", ConfigError),
     ("sandbox", SandboxError),
     ("store", StoreError),
+    ("aborted", RunAborted),
 )
 
 
@@ -84,6 +91,8 @@ class ParallelRun:
     resuming: bool
     live: bool
     """Count per-unit aggregates for the parent to merge (a fresh run without grade_batch)."""
+    max_error_rate: float | None = None
+    """The run's ``--max-error-rate`` (``None``: never stop on errors)."""
 
 
 def choose_workers(requested: int | None, pending_samples: int, shard_units: int) -> int:
@@ -109,6 +118,9 @@ class _EventProgress:
     def advance(self, unit: Unit, samples: int) -> None:
         self.events.put(("advance", unit.unit_id, samples))
 
+    def generated(self, unit: Unit, answers: int) -> None:
+        self.events.put(("generated", unit.unit_id, answers))
+
 
 def _interrupt_once(signum: int, frame: FrameType | None) -> None:
     """Ctrl-C in a unit process: the first one stops it; the copies that follow (the
@@ -120,12 +132,15 @@ def _interrupt_once(signum: int, frame: FrameType | None) -> None:
 def _child(job: ParallelRun, jobs: Any, events: Any, stop: Event, parent: int) -> None:
     """A unit process: run shard units from ``jobs`` until the sentinel or ``stop``."""
     signal.signal(signal.SIGINT, _interrupt_once)
+    ignore_repeated_interrupts()
     # A parent killed outright (kill -9) leaves no one to hand out units: behave as on
     # Ctrl-C (commit what was graded, close the sandboxes) instead of grading on alone.
     if not signal_on_parent_death(signal.SIGINT, parent):
         return
     job.store.engine.dispose(close=False)  # the parent's pooled connections are not ours
     writer = SampleWriter(job.store)
+    answers = AnswerLog(job.store, job.run_id)
+    guard = None if job.max_error_rate is None else ErrorGuard(job.max_error_rate)
     sandboxes = TaskModelSandboxes()
     sources: dict[tuple[str, str], CandidateSource] = {}
     try:
@@ -151,6 +166,8 @@ def _child(job: ParallelRun, jobs: Any, events: Any, stop: Event, parent: int) -
                 resuming=job.resuming,
                 observe=functools.partial(observe_into, live) if job.live else None,
                 writer=writer,
+                answers=answers,
+                guard=guard,
             )
             ctx.sandbox = sandboxes.get(ctx, unit)
             # only suites without model access run in parallel: no bridge
@@ -167,7 +184,10 @@ def _child(job: ParallelRun, jobs: Any, events: Any, stop: Event, parent: int) -
             sandboxes.close()
         finally:
             try:
-                writer.close()  # what was graded before an interruption is kept
+                try:
+                    answers.close()  # every model answer that arrived is kept
+                finally:
+                    writer.close()  # and what was graded before an interruption
             except BaseException as exc:
                 events.put(("failed", _kind(exc), str(exc)))
             events.put(("exit",))
@@ -218,6 +238,8 @@ def run_parallel(
             progress.unit_started(by_id[event[1]], event[2])
         elif kind == "advance":
             progress.advance(by_id[event[1]], event[2])
+        elif kind == "generated":
+            progress.generated(by_id[event[1]], event[2])
         elif kind == "done":
             for key, aggregate in event[2].items():
                 merged.setdefault(key, TaskAggregate()).merge(aggregate)

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from evalkube import limits
 from evalkube.engine.candidates import Candidate, CandidateSource
@@ -34,6 +34,10 @@ from evalkube.grading import (
 from evalkube.sandbox import Execution, GraderSandbox, ProgramLoadError, SandboxBackend
 from evalkube.store import SampleRecord, SampleWriter, TaskResultRecord
 from evalkube.store.protocol import SampleStore
+
+if TYPE_CHECKING:
+    from evalkube.engine.answers import AnswerLog
+    from evalkube.engine.guard import ErrorGuard
 
 
 class BridgeControl(Protocol):
@@ -70,7 +74,11 @@ class Progress(Protocol):
     def unit_started(self, unit: Unit, total: int) -> None:
         """``unit`` has ``total`` samples to record (its exact size)."""
 
-    def advance(self, unit: Unit, samples: int) -> None: ...
+    def advance(self, unit: Unit, samples: int) -> None:
+        """``samples`` more of ``unit`` are graded and recorded."""
+
+    def generated(self, unit: Unit, answers: int) -> None:
+        """``answers`` more model answers of ``unit`` arrived (or were kept from before)."""
 
 
 class NoProgress:
@@ -81,6 +89,9 @@ class NoProgress:
         pass
 
     def advance(self, unit: Unit, samples: int) -> None:
+        pass
+
+    def generated(self, unit: Unit, answers: int) -> None:
         pass
 
 
@@ -107,6 +118,11 @@ class UnitContext:
     sandbox: GraderSandbox | None = None
     """A started sandbox of this task x model that its shard units share (a local run's
     :class:`TaskModelSandboxes`). ``None``: each shard starts and closes its own."""
+    answers: AnswerLog | None = None
+    """Keeps every model answer as it arrives and gives kept ones back on resume (a local
+    run). ``None``: candidates live only until their sample is recorded."""
+    guard: ErrorGuard | None = None
+    """Stops the run when a task x model fails past the maximum error rate."""
 
 
 @dataclass
@@ -164,6 +180,15 @@ class _Buffer:
         self.tokens: dict[str, str] = {}
 
     def add(self, record: SampleRecord) -> None:
+        guard = self.ctx.guard
+        if guard is not None:
+            error = record.error if record.status in ("errored", "invalid") else None
+            guard.count(
+                "samples",
+                record.task_id,
+                record.model,
+                None if error is None else f"{error.get('type')}: {error.get('message')}",
+            )
         self.records.append(record)
         if len(self.records) >= limits.STORE_CHUNK_SIZE:
             self.submit()
@@ -197,6 +222,8 @@ class _Buffer:
         if not owned:
             return
         usage = self.ctx.bridge.take_usage([token for _, token in owned])
+        if self.ctx.answers is not None:
+            self.ctx.answers.unlabel([token for _, token in owned])
         for record, token in owned:
             calls = usage.get(token)
             if not calls:
@@ -223,10 +250,12 @@ def run_shard(ctx: UnitContext, unit: Unit, rows: list[dict[str, Any]]) -> UnitR
         prepared = _preprocess(ctx, sandbox, unit, rows, buffer)
         if ctx.resuming:
             done = ctx.store.recorded_sample_ids(ctx.run_id, unit.task_id, unit.model)
+            if ctx.answers is not None:  # failed model calls are made again
+                done -= ctx.answers.retry_ids(unit.task_id, unit.model)
             report.skipped = sum(1 for p in prepared if p.sample_id in done)
             prepared = [p for p in prepared if p.sample_id not in done]
         ctx.progress.unit_started(unit, len(prepared) + buffer.written + len(buffer.records))
-        ready = _candidates(ctx, prepared, buffer)
+        ready = _candidates(ctx, unit, prepared, buffer)
         if runtime.task.grader.resolved_execution == "aggregate":
             for p in ready:
                 p.record.status = "pending"
@@ -267,7 +296,7 @@ def _start_sandbox(
     try:
         sandbox.start()
     except ProgramLoadError as exc:
-        raise UnitFailed(_load_message(runtime, exc)) from None
+        raise UnitFailed(program_load_message(runtime, exc)) from None
     return sandbox
 
 
@@ -309,16 +338,25 @@ class TaskModelSandboxes:
             sandbox.close()
 
 
-def _load_message(runtime: TaskRuntime, exc: ProgramLoadError) -> str:
+def program_load_message(runtime: TaskRuntime, exc: ProgramLoadError) -> str:
     error = exc.error
     line = error.get("line")
     spec = runtime.task.grader if exc.program == "grader" else runtime.task.preprocess
     where = f"task {runtime.task.id!r} {exc.program}"
-    if spec is not None and spec.file:
-        where += f" ({spec.file}{f', line {line}' if line else ''})"
+    message = str(error.get("message"))
+    at = f", line {line}" if line else ""
+    if spec is not None and spec.file and runtime.saved_run:
+        # a resumed run runs the code it started with: say so, not the file on disk
+        program = runtime.grader if exc.program == "grader" else runtime.preprocess
+        copy = f"the copy of {spec.file} saved when run {runtime.saved_run} started"
+        where += f" ({copy}{at})"
+        if program is not None:
+            message = message.replace(program.filename, "it")
+    elif spec is not None and spec.file:
+        where += f" ({spec.file}{at})"
     elif line:
         where += f" (line {line})"
-    return f"{where}: {error.get('type')}: {error.get('message')}"
+    return f"{where}: {error.get('type')}: {message}"
 
 
 def _base_record(
@@ -419,7 +457,7 @@ def _preprocess_error(execution: Execution, function: str, expected: str) -> dic
 
 
 def _candidates(
-    ctx: UnitContext, prepared: list[_Prepared], buffer: _Buffer
+    ctx: UnitContext, unit: Unit, prepared: list[_Prepared], buffer: _Buffer
 ) -> Iterator[_Prepared]:
     """Render, fetch candidates and extract; errored samples go to the buffer."""
     runtime = ctx.runtime
@@ -434,16 +472,39 @@ def _candidates(
         p.record.prompt, p.record.target = prompt, target
         p.choices = runtime.choices(p.row)
         rendered.append(p)
-    assert ctx.source is not None
-    candidates = ctx.source.candidates(
-        [p.row for p in rendered], [p.row_id for p in rendered], [p.record.prompt for p in rendered]
-    )
+    candidates = _fetch(ctx, unit, rendered)
     stop = runtime.task.stop
     for p, candidate in zip(rendered, candidates, strict=True):
         if _apply_candidate(runtime, p, candidate, stop):
             yield p
         else:
             buffer.add(p.record)
+
+
+def _fetch(ctx: UnitContext, unit: Unit, rendered: list[_Prepared]) -> list[Candidate]:
+    """Candidates of ``rendered``: answers kept by an earlier attempt of the run, then the
+    source's, each kept and counted the moment it arrives."""
+    assert ctx.source is not None
+    answers, guard, progress = ctx.answers, ctx.guard, ctx.progress
+    kept = answers.kept([p.sample_id for p in rendered]) if answers and ctx.resuming else {}
+    if kept:
+        progress.generated(unit, len(kept))
+    todo = [p for p in rendered if p.sample_id not in kept]
+
+    def arrived(position: int, candidate: Candidate) -> None:
+        if answers is not None:
+            answers.add(todo[position].sample_id, candidate)
+        progress.generated(unit, 1)
+        if guard is not None and candidate.model_calls:
+            guard.count("model calls", unit.task_id, unit.model, candidate.error)
+
+    fresh = ctx.source.candidates(
+        [p.row for p in todo], [p.row_id for p in todo], [p.record.prompt for p in todo], arrived
+    )
+    if not kept:
+        return fresh
+    by_id = {p.sample_id: c for p, c in zip(todo, fresh, strict=True)} | kept
+    return [by_id[p.sample_id] for p in rendered]
 
 
 def _apply_candidate(
@@ -492,6 +553,9 @@ def _grade_samples(
             return
         while chunk := list(itertools.islice(ready, limits.WORKER_BATCH_SIZE)):
             tokens = [execution_token() for _ in chunk]
+            if ctx.answers is not None:  # their answers are kept, and given back on resume
+                samples = (p.sample_id for p in chunk)
+                ctx.answers.label(dict(zip(tokens, samples, strict=True)), resuming=ctx.resuming)
             bridge.open_executions(tokens)
             for p, token in zip(chunk, tokens, strict=True):
                 buffer.tokens[p.sample_id] = token
@@ -572,7 +636,7 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
     try:
         sandbox.start()
     except ProgramLoadError as exc:
-        raise UnitFailed(_load_message(runtime, exc)) from None
+        raise UnitFailed(program_load_message(runtime, exc)) from None
     token = unit.unit_id
     if ctx.bridge is not None:
         token = execution_token()

@@ -21,6 +21,8 @@ class TaskRuntime:
     grader: Program
     preprocess: Program | None
     context: dict[str, Any]
+    saved_run: str | None = None
+    """Set when the programs are the copy saved by this run (messages name it, not files)."""
 
     @property
     def programs(self) -> list[Program]:
@@ -71,4 +73,5 @@ class TaskRuntime:
             grader,
             preprocess,
             {"few_shot": task.few_shot, "task_id": task.id},
+            loaded.saved_run,
         )

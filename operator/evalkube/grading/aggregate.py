@@ -8,7 +8,7 @@ the score down instead of silently shrinking the denominator. Batch metrics from
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,13 +59,24 @@ class TaskAggregate:
         for purpose, count in other.model_calls.items():
             self.model_calls[purpose] = self.model_calls.get(purpose, 0) + count
 
-    def metrics(self, batch_metrics: Mapping[str, float] | None = None) -> dict[str, float]:
-        """Per-sample means (missing counts 0) plus batch metrics, sorted by name."""
+    def metrics(
+        self,
+        batch_metrics: Mapping[str, float] | None = None,
+        expected: Iterable[str] = (),
+    ) -> dict[str, float]:
+        """Per-sample means (missing counts 0) plus batch metrics, sorted by name.
+
+        ``expected``: the task's per-sample metric names, reported as 0 when no sample is
+        valid (every one errored or was invalid) instead of vanishing from the results.
+        """
         out = (
             {name: total / self.samples for name, total in self.sums.items()}
             if self.samples
             else {}
         )
+        if self.samples and not self.valid:
+            for name in expected:
+                out.setdefault(name, 0.0)
         out.update(batch_metrics or {})
         return dict(sorted(out.items()))
 

@@ -25,7 +25,13 @@ from evalkube import limits
 from evalkube.models.run import EvalRunSpec
 from evalkube.proxy.bridge_base import CONTROL_TIMEOUT, BridgeLifecycle, grader_listen
 from evalkube.proxy.providers import providers_from_spec
-from evalkube.proxy.server import ProxyServer, ProxyService, build_service, new_event_loop
+from evalkube.proxy.server import (
+    CallRecorder,
+    ProxyServer,
+    ProxyService,
+    build_service,
+    new_event_loop,
+)
 from evalkube.proxy.upstream import Provider, Upstream
 
 T = TypeVar("T")
@@ -219,6 +225,11 @@ class ModelBridge(BridgeLifecycle):
             return service.budgets.snapshot()
 
         return self._call(snapshot())
+
+    def keep_answers(self, recorder: CallRecorder) -> None:
+        """Keep every answer of graders' calls with ``recorder``, and take kept ones from it
+        instead of calling again (a resumed local run)."""
+        self._running().recorder = recorder
 
     def metrics(self) -> str:
         """The bridge's Prometheus exposition (graders cannot read it)."""

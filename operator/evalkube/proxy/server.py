@@ -37,10 +37,10 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -85,6 +85,17 @@ class Answer:
     body: bytes
 
 
+class CallRecorder(Protocol):
+    """Keeps the answers of graders' calls and gives them back to a resumed run (the local
+    engine's :class:`evalkube.engine.answers.AnswerLog`)."""
+
+    def replay(self, execution_id: str, kind: str, body: Mapping[str, Any]) -> bytes | None: ...
+
+    def keep(
+        self, execution_id: str, kind: str, body: Mapping[str, Any], answer: bytes
+    ) -> None: ...
+
+
 class ProxyService:
     """What the proxy does for one model call, independent of HTTP plumbing."""
 
@@ -108,6 +119,8 @@ class ProxyService:
         self.metrics = metrics
         self.usage = usage if usage is not None else UsageLedger()
         self.local_embeddings = local_embeddings
+        #: Set by a local run: answers kept as they arrive, kept ones replayed on resume.
+        self.recorder: CallRecorder | None = None
         if upstream.on_retry is None:
             upstream.on_retry = metrics.retry
 
@@ -196,6 +209,12 @@ class ProxyService:
                 self.metrics.rejected(exc.scope)
                 self.metrics.call(purpose, provider, "budget_exhausted", None)
                 return Answer(429, error_body("budget_exhausted", str(exc), scope=exc.scope))
+        recorder = self.recorder if execution_id is not None else None
+        if recorder is not None:
+            assert execution_id is not None
+            kept = recorder.replay(execution_id, kind, body)
+            if kept is not None:  # paid for by this run before it was interrupted
+                return self._replayed(kind, execution_id, purpose, kept)
         started = time.perf_counter()
         try:
             if provider == LOCAL_PROVIDER:
@@ -220,6 +239,9 @@ class ProxyService:
         self.metrics.call(purpose, provider, "ok", seconds)
         if tokens:
             self.metrics.add_tokens(purpose, tokens)
+        if recorder is not None:
+            assert execution_id is not None
+            recorder.keep(execution_id, kind, body, out)
         if execution_id is not None:
             self.usage.record(
                 execution_id,
@@ -229,6 +251,23 @@ class ProxyService:
                 tokens=tokens,
             )
         return Answer(200, out)
+
+    def _replayed(self, kind: Kind, execution_id: str, purpose: str, answer: bytes) -> Answer:
+        """A kept answer, counted on its execution like the call it answered."""
+        try:
+            data = json.loads(answer)
+        except ValueError:
+            data = {}
+        data = data if isinstance(data, dict) else {}
+        response_id = data.get("id") if kind == "responses" else None
+        self.usage.record(
+            execution_id,
+            purpose,
+            latency_ms=0.0,
+            response_id=response_id if isinstance(response_id, str) else None,
+            tokens=token_usage(data),
+        )
+        return Answer(200, answer)
 
     def take_usage(self, execution_ids: list[str] | None) -> dict[str, dict[str, Any]]:
         """Remove and return the usage of ``execution_ids`` (``None``: of every execution) and

@@ -91,3 +91,14 @@ task_results = Table(
     Column("error", Text),
     Column("problems", Text),
 )
+
+#: Model answers as they arrive, before their sample is graded and stored: a run stopped
+#: between the two (Ctrl-C, a crash) reuses them on ``--resume`` instead of paying again.
+answers = Table(
+    "evalkube_answers",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("sample_id", String(64), primary_key=True),
+    Column("purpose", String(16), primary_key=True),
+    Column("answer", Text, nullable=False),
+)

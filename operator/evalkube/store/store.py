@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from itertools import groupby
 from operator import itemgetter
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
@@ -189,6 +190,14 @@ class ResultStore:
             )
         return cls(engine)
 
+    @property
+    def location(self) -> str:
+        """The store's URL without its password (a SQLite store: its file), for messages."""
+        url = self.engine.url
+        if url.get_backend_name() == "sqlite" and url.database:
+            return str(Path(url.database).resolve())
+        return url.render_as_string(hide_password=True)
+
     def close(self) -> None:
         self.engine.dispose()
 
@@ -244,6 +253,15 @@ class ResultStore:
                 update(schema.runs)
                 .where(schema.runs.c.run_id == run_id)
                 .values(phase=phase, completed_at=datetime.now(UTC), summary=_json(summary))
+            )
+
+    def update_run_suite(self, run_id: str, suite_version: str, spec: dict[str, Any]) -> None:
+        """A resumed run took new suite files (``--reload``): its version and snapshot."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(schema.runs)
+                .where(schema.runs.c.run_id == run_id)
+                .values(suite_version=suite_version, spec=_json(spec))
             )
 
     def set_run_phase(self, run_id: str, phase: str, sandbox: str | None = None) -> None:
@@ -309,6 +327,21 @@ class ResultStore:
             rows = conn.execute(
                 select(c.sample_id).where(
                     and_(c.run_id == run_id, c.task_id == task_id, c.model == model)
+                )
+            )
+            return {row[0] for row in rows}
+
+    def generation_errored_ids(self, run_id: str, task_id: str, model: str) -> set[str]:
+        """Samples whose model call failed: a resumed run calls again (a failure cost
+        nothing, and its cause, a missing key or a provider down, may be fixed by now)."""
+        c = schema.samples.c
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(c.sample_id).where(
+                    c.run_id == run_id,
+                    c.task_id == task_id,
+                    c.model == model,
+                    c.error_stage == "generation",
                 )
             )
             return {row[0] for row in rows}
@@ -474,6 +507,41 @@ class ResultStore:
                 row_id = (_load(row[2]) or {}).get("row_id")
                 key = str(row_id) if row_id is not None else f"#{row[3]}"
                 yield row[0], row[1], key, row[4], jsonfast.loads(row[5])
+
+    # -- model answers ----------------------------------------------------------------------
+    def record_answers(self, run_id: str, purpose: str, answers: Sequence[tuple[str, Any]]) -> None:
+        """Keep ``(sample_id, answer)`` pairs (one transaction, idempotent by sample id)."""
+        self._upsert(
+            schema.answers,
+            [
+                {"run_id": run_id, "sample_id": sid, "purpose": purpose, "answer": _dumps(answer)}
+                for sid, answer in answers
+            ],
+            ("run_id", "sample_id", "purpose"),
+        )
+
+    def recorded_answers(
+        self, run_id: str, purpose: str, sample_ids: Sequence[str]
+    ) -> dict[str, Any]:
+        """The kept answers of ``sample_ids`` (those that have one)."""
+        c = schema.answers.c
+        found: dict[str, Any] = {}
+        with self.engine.connect() as conn:
+            for start in range(0, len(sample_ids), 500):
+                rows = conn.execute(
+                    select(c.sample_id, c.answer).where(
+                        c.run_id == run_id,
+                        c.purpose == purpose,
+                        c.sample_id.in_(list(sample_ids[start : start + 500])),
+                    )
+                )
+                found.update((row[0], jsonfast.loads(row[1])) for row in rows)
+        return found
+
+    def forget_answers(self, run_id: str) -> None:
+        """Drop a run's kept answers (its samples hold them once it has succeeded)."""
+        with self.engine.begin() as conn:
+            conn.execute(schema.answers.delete().where(schema.answers.c.run_id == run_id))
 
     # -- task results -----------------------------------------------------------------------
     def save_task_result(self, result: TaskResultRecord) -> None:

@@ -430,7 +430,10 @@ def test_batch_metrics_declared_kept_and_per_sample_means(engine_run: Run) -> No
     problems = engine_run.summary.problems
     assert any("s_unknown" in p for p in problems)
     assert any("samples[6].sample_id is required" in p for p in problems)
-    assert "undeclared batch metrics dropped: ['undeclared']" in problems
+    # warnings name their task and model (a suite may have many batch tasks)
+    assert "task 'batch_ok' · precomputed: undeclared batch metrics dropped: ['undeclared']" in (
+        problems
+    )
 
 
 def test_batch_updates_of_one_sample_merge_their_scores(engine_run: Run) -> None:

@@ -189,7 +189,8 @@ def test_model_backed_suites_stay_in_one_process(tmp_path: Path) -> None:
     loaded, run_resource = load_files(suite, run)
     store = ResultStore.open(f"sqlite:///{tmp_path / 'r.db'}")
     try:
-        engine = LocalEngine(store, ProcessBackend(), workers=2)
+        # one task of this suite fails extraction on every sample: keep going regardless
+        engine = LocalEngine(store, ProcessBackend(), workers=2, max_error_rate=None)
         summary = engine.start(loaded, resolve_run_spec(loaded, run_resource, None))
         assert engine.last_workers == 1
         assert summary.phase == "Succeeded"

@@ -71,3 +71,19 @@ def test_streaming_many_samples_is_exact() -> None:
         agg.add("valid" if i % 4 else "invalid", {"m": 1.0 if i % 2 else 0.0})
     assert agg.metrics() == {"m": 0.5}
     assert agg.counts() == {"samples": 10_000, "valid": 7_500, "invalid": 2_500, "errored": 0}
+
+
+def test_expected_metrics_count_zero_when_no_sample_is_valid() -> None:
+    # every sample errored (a missing key): the metric is there, at 0, not missing
+    agg = TaskAggregate()
+    for _ in range(3):
+        agg.add("errored", None)
+    assert agg.metrics(expected=["score"]) == {"score": 0.0}
+    assert agg.metrics() == {}
+
+
+def test_expected_metrics_do_not_add_names_valid_samples_did_not_use() -> None:
+    agg = TaskAggregate()
+    agg.add("valid", {"f1": 1.0})
+    agg.add("errored", None)
+    assert agg.metrics(expected=["score"]) == {"f1": 0.5}

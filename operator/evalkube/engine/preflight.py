@@ -1,0 +1,179 @@
+"""Checks before a run spends anything: datasets, grader imports, providers, keys.
+
+``evalkube validate`` runs all of them; ``evalkube run`` runs them before it records the run
+when it would pay for model calls (generated candidates or graders with model access): a
+run over precomputed outputs costs nothing to stop at its first broken row. Every problem
+found is reported at once, each naming where it is and what to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from evalkube.engine.driver import has_model_access
+from evalkube.engine.loading import ConfigError, LoadedSuite, iter_dataset
+from evalkube.engine.runner import program_load_message
+from evalkube.engine.runtime import TaskRuntime
+from evalkube.models import EvalRunSpec
+from evalkube.proxy import Upstream, UpstreamError
+from evalkube.proxy.providers import key_file_env, providers_from_spec
+from evalkube.sandbox import GraderSandbox, ProgramLoadError, SandboxBackend
+
+#: Providers that need no entry under ``providers`` (they are not called over HTTP).
+_BUILTIN = ("precomputed", "local")
+
+
+def pays(loaded: LoadedSuite, spec: EvalRunSpec) -> bool:
+    """Whether the run calls models: candidates generated, or graders with model access."""
+    generated = any(model.split(":", 1)[0] not in _BUILTIN for model in spec.models)
+    return generated or any(has_model_access(t) for t in loaded.suite.spec.tasks)
+
+
+def check_datasets(loaded: LoadedSuite) -> list[str]:
+    """Every row of every dataset parses (file, line and what is wrong otherwise)."""
+    problems = []
+    for task in loaded.suite.spec.tasks:
+        try:
+            for _ in iter_dataset(loaded, task):
+                pass
+        except ConfigError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def check_imports(loaded: LoadedSuite, backend: SandboxBackend | None) -> list[str]:
+    """Each task's programs load in a sandbox of ``backend`` (imports run there, not here)."""
+    problems: list[str] = []
+    if backend is None:  # no sandbox to try them in (validate without one)
+        return problems
+    for task in loaded.suite.spec.tasks:
+        runtime = TaskRuntime.build(loaded, task)
+        sandbox = GraderSandbox(
+            backend,
+            runtime.programs,
+            task_id=task.id,
+            load_timeout=float(task.grader.timeout_seconds),
+            isolation=task.grader.resolved_isolation,
+        )
+        try:
+            sandbox.start()
+        except ProgramLoadError as exc:
+            problems.append(program_load_message(runtime, exc))
+        finally:
+            sandbox.close()
+    return problems
+
+
+def used_providers(spec: EvalRunSpec) -> dict[str, str]:
+    """Provider name -> the first model the run uses it for (a probe's model)."""
+    used: dict[str, str] = {}
+    for model in [*spec.models, spec.judge_model, spec.embedding_model]:
+        if model:
+            provider, _, name = model.partition(":")
+            if provider not in _BUILTIN:
+                used.setdefault(provider, name)
+    return used
+
+
+def check_local_models(spec: EvalRunSpec) -> list[str]:
+    """``local:`` models the run names can be served here (their optional extra installed)."""
+    from evalkube.proxy.local_embeddings import unavailable_reason
+
+    problems = []
+    for field, model in (
+        *(("models", m) for m in spec.models),
+        ("judgeModel", spec.judge_model),
+        ("embeddingModel", spec.embedding_model),
+    ):
+        if model and model.startswith("local:"):
+            reason = unavailable_reason(model.split(":", 1)[1])
+            if reason is not None:
+                problems.append(f"run.spec.{field}: {reason}")
+    return problems
+
+
+def check_providers(spec: EvalRunSpec) -> list[str]:
+    """Each provider the run names is declared, has an http(s) base URL, and its key is set."""
+    problems = []
+    for name in used_providers(spec):
+        provider = spec.providers.get(name)
+        where = f"run.spec.providers.{name}"
+        if provider is None:
+            problems.append(f"{where}: provider {name!r} is not declared; add its baseURL")
+            continue
+        url = urlsplit(provider.base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            problems.append(
+                f"{where}.baseURL: {provider.base_url!r} is not an http(s) URL "
+                "(for example https://api.openai.com/v1)"
+            )
+        key_file = os.environ.get(key_file_env(name))
+        if key_file:
+            try:
+                empty = not Path(key_file).read_text().strip()
+            except OSError as exc:
+                problems.append(
+                    f"{where}: key file {key_file} ({key_file_env(name)}) cannot be read "
+                    f"({exc.strerror})"
+                )
+                continue
+            if empty:
+                problems.append(f"{where}: key file {key_file} ({key_file_env(name)}) is empty")
+        elif provider.api_key_env and not os.environ.get(provider.api_key_env):
+            problems.append(
+                f"{where}.apiKeyEnv: the environment variable {provider.api_key_env} is not set "
+                f"(or empty); export it with the provider's API key"
+            )
+    return problems
+
+
+def probe_providers(spec: EvalRunSpec) -> list[str]:
+    """One real, small call per provider the run uses (its first model)."""
+    return asyncio.run(_probe(spec))
+
+
+async def _probe(spec: EvalRunSpec) -> list[str]:
+    problems = []
+    async with Upstream(providers_from_spec(spec), retries=0) as upstream:
+        for name, model in used_providers(spec).items():
+            body: dict[str, Any]
+            if spec.embedding_model == f"{name}:{model}" and f"{name}:{model}" not in (
+                *spec.models,
+                spec.judge_model,
+            ):
+                path, body = "/embeddings", {"model": model, "input": ["ping"]}
+            else:
+                path = "/responses"
+                body = {"model": model, "input": "Reply with OK.", "max_output_tokens": 16}
+            try:
+                await upstream.call(name, path, body)
+            except UpstreamError as exc:
+                problems.append(f"probe of provider {name!r} ({model}, POST {path}): {exc}")
+    return problems
+
+
+def preflight(
+    loaded: LoadedSuite,
+    spec: EvalRunSpec | None,
+    backend: SandboxBackend | None,
+    *,
+    probe: bool = False,
+) -> None:
+    """Raise :class:`ConfigError` listing every problem found (nothing is run or recorded)."""
+    problems = check_datasets(loaded)
+    if spec is not None:
+        problems += check_providers(spec) + check_local_models(spec)
+    if not problems:  # sandboxes and probes only once the cheap checks pass
+        problems += check_imports(loaded, backend)
+    if spec is not None and probe and not problems:
+        problems += probe_providers(spec)
+    if problems:
+        raise ConfigError(
+            "pre-flight found "
+            + (f"{len(problems)} problems:\n- " if len(problems) > 1 else "a problem: ")
+            + "\n- ".join(problems)
+        )
