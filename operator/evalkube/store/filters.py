@@ -1,0 +1,159 @@
+"""Which samples a view or an export selects, shared by ``evalkube samples`` and the samples API.
+
+Every filter becomes SQL (scores and text are read out of the JSON columns by the database),
+so a page of the view is ``limit`` matching samples, and an export streams only what matches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Float, Table, and_, cast, func, literal, or_, select
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.elements import ColumnElement
+
+#: ``--status`` / ``?status=`` values and the sample statuses they select. ``wrong`` is a valid
+#: sample (the grader could grade it) that scored 0 or less on at least one metric.
+STATUS_FILTERS = {
+    "failed": ["invalid", "errored"],
+    "valid": ["valid"],
+    "wrong": ["valid"],
+    "invalid": ["invalid"],
+    "errored": ["errored"],
+    "pending": ["pending"],
+}
+
+#: Detail fields the text search looks in: what the model said, what it should have said,
+#: and what went wrong.
+SEARCHED = (
+    ("output_text",),
+    ("extracted_output",),
+    ("target",),
+    ("error", "type"),
+    ("error", "message"),
+    ("error", "traceback"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreRange:
+    """``low <= scores[metric] <= high`` (either bound may be open)."""
+
+    metric: str
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SampleFilter:
+    """The samples to select; the defaults select all of them."""
+
+    task: str | None = None
+    model: str | None = None
+    status: str | None = None
+    scores: tuple[ScoreRange, ...] = field(default_factory=tuple)
+    search: str | None = None
+
+    @classmethod
+    def parse(
+        cls,
+        *,
+        task: str | None = None,
+        model: str | None = None,
+        status: str | None = None,
+        min_score: Sequence[str] = (),
+        max_score: Sequence[str] = (),
+        search: str | None = None,
+        prefix: str = "--",
+    ) -> SampleFilter:
+        """Build a filter from option text; :class:`ValueError` names the bad option.
+
+        ``prefix`` is how the message spells an option (``--`` on the command line, empty
+        for query parameters).
+        """
+        if status is not None and status not in STATUS_FILTERS:
+            raise ValueError(f"{prefix}status must be one of {', '.join(STATUS_FILTERS)}")
+        ranges = [
+            ScoreRange(metric, low=value)
+            for metric, value in (_bound(text, f"{prefix}min_score") for text in min_score)
+        ] + [
+            ScoreRange(metric, high=value)
+            for metric, value in (_bound(text, f"{prefix}max_score") for text in max_score)
+        ]
+        return cls(
+            task=task or None,
+            model=model or None,
+            status=status or None,
+            scores=tuple(ranges),
+            search=search or None,
+        )
+
+
+def _bound(text: str, option: str) -> tuple[str, float]:
+    metric, sep, number = text.rpartition("=")
+    option = option.replace("_", "-") if option.startswith("--") else option
+    if not sep or not metric:
+        raise ValueError(
+            f"{option} takes METRIC=VALUE (e.g. {option.lstrip('-')} exact_match=0.5), got {text!r}"
+        )
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{option}: {number!r} is not a number (in {text!r})") from None
+    if math.isnan(value):
+        raise ValueError(f"{option}: the bound of {metric!r} is NaN; give a number")
+    return metric, value
+
+
+def conditions(where: SampleFilter, table: Table, dialect: str) -> list[ColumnElement[bool]]:
+    """SQL conditions on ``table`` (the samples table) for ``where`` on ``dialect``."""
+    c = table.c
+    out: list[ColumnElement[bool]] = []
+    if where.task is not None:
+        out.append(c.task_id == where.task)
+    if where.model is not None:
+        out.append(c.model == where.model)
+    if where.status is not None:
+        out.append(c.status.in_(STATUS_FILTERS[where.status]))
+        if where.status == "wrong":
+            out.append(_any_score(c.scores, dialect, None, None, 0.0))
+    for bound in where.scores:
+        out.append(_any_score(c.scores, dialect, bound.metric, bound.low, bound.high))
+    if where.search is not None:
+        out.append(
+            or_(
+                *(
+                    _detail_text(c.detail, dialect, path).icontains(where.search, autoescape=True)
+                    for path in SEARCHED
+                )
+            )
+        )
+    return out
+
+
+def _any_score(
+    scores: Any, dialect: str, metric: str | None, low: float | None, high: float | None
+) -> ColumnElement[bool]:
+    """Some score (named ``metric``, if given) lies within ``[low, high]``."""
+    if dialect == "postgresql":
+        each = func.jsonb_each_text(cast(scores, JSONB)).table_valued("key", "value")
+    else:
+        each = func.json_each(scores).table_valued("key", "value")
+    value = cast(each.c.value, Float)
+    tests: list[ColumnElement[bool]] = []
+    if metric is not None:
+        tests.append(each.c.key == metric)
+    if low is not None:
+        tests.append(value >= low)
+    if high is not None:
+        tests.append(value <= high)
+    return select(literal(1)).select_from(each).where(and_(*tests)).exists()
+
+
+def _detail_text(detail: Any, dialect: str, path: tuple[str, ...]) -> ColumnElement[str]:
+    if dialect == "postgresql":
+        return func.jsonb_extract_path_text(cast(detail, JSONB), *path)
+    return func.json_extract(detail, "$." + ".".join(path))
