@@ -7,7 +7,6 @@ complete (sandbox or store failure); 130 interrupted (resume with ``--resume RUN
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from evalkube.engine import (
     load_files,
     resolve_run_spec,
 )
+from evalkube.reporting.output import write_run_output
 from evalkube.sandbox import SandboxError, SandboxUnavailable, resolve_backend
 from evalkube.store import StoreError
 
@@ -120,6 +120,9 @@ def run(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write the run's results as JSON")
     ] = None,
+    output_samples: Annotated[
+        bool, typer.Option("--output-samples", help="Add every sample's view to --output")
+    ] = False,
     model: Annotated[
         list[str] | None,
         typer.Option("--model", "-m", help="Model(s) to run, overriding the run file"),
@@ -145,6 +148,8 @@ def run(
     """Run every task x model of a suite on this machine and print the scores."""
     if (suite is None) == (resume is None):
         _fail("give a SUITE file, or --resume RUN_ID", EXIT_CONFIG)
+    if output_samples and output is None:
+        _fail("--output-samples adds the samples to --output FILE: give --output too", EXIT_CONFIG)
     try:
         backend = resolve_backend(sandbox)
     except SandboxUnavailable as exc:
@@ -195,7 +200,7 @@ def run(
     for problem in summary.problems:
         errors.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
     if output is not None:
-        output.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+        write_run_output(output, summary.to_json(), db, samples=output_samples)
 
 
 def _bridge_factory() -> Any:

@@ -75,31 +75,21 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m{rest:02d}s" if hours else f"{minutes}m{rest:02d}s"
 
 
-def _scores_cell(results: list[dict[str, Any]]) -> str:
-    lines = []
-    for result in results:
-        metrics = ", ".join(f"{name} = {value:.4f}" for name, value in result["metrics"].items())
-        lines.append(
-            f"{escape(str(result['task']))} · {escape(str(result['model']))}: "
-            f"{escape(metrics) if metrics else '-'}"
-        )
-        if result.get("error"):
-            lines.append(f"  [red]batch failed: {escape(str(result['error']))}[/]")
+def _metrics_cell(result: dict[str, Any]) -> str:
+    lines = [f"{escape(name)} = {value:.4f}" for name, value in result["metrics"].items()]
+    if result.get("error"):
+        lines.append(f"[red]batch failed: {escape(str(result['error']))}[/]")
     return "\n".join(lines) or "-"
 
 
-def _counts_cell(results: list[dict[str, Any]]) -> str:
-    total = dict.fromkeys(("samples", *COUNTED), 0)
-    for result in results:
-        for key in total:
-            total[key] += int(result["counts"].get(key) or 0)
-    parts = [f"{total['samples']}", f"[green]{total['valid']}[/] valid"]
-    if total["invalid"]:
-        parts.append(f"[yellow]{total['invalid']}[/] invalid")
-    if total["errored"]:
-        parts.append(f"[red]{total['errored']}[/] errored")
-    if total["pending"]:
-        parts.append(f"{total['pending']} pending")
+def _counts_cell(counts: dict[str, Any]) -> str:
+    parts = [str(counts.get("samples") or 0), f"[green]{counts.get('valid') or 0}[/] valid"]
+    if counts.get("invalid"):
+        parts.append(f"[yellow]{counts['invalid']}[/] invalid")
+    if counts.get("errored"):
+        parts.append(f"[red]{counts['errored']}[/] errored")
+    if counts.get("pending"):
+        parts.append(f"{counts['pending']} pending")
     return " · ".join(parts)
 
 
@@ -123,27 +113,34 @@ def runs(
         print(json.dumps({"store": where, "runs": overviews}, indent=2, ensure_ascii=False))
         return
     table = Table(title=f"runs in {escape(where)}", title_justify="left")
-    table.add_column("run", overflow="fold")
-    table.add_column("suite", overflow="fold")
-    table.add_column("phase")
+    table.add_column("run", no_wrap=True)
+    table.add_column("phase · duration", overflow="fold")
     table.add_column("created", no_wrap=True)
-    table.add_column("duration", justify="right", no_wrap=True)
-    table.add_column("samples", overflow="fold")
-    table.add_column("scores (task · model: metric)", overflow="fold")
+    table.add_column("task", overflow="fold")
+    table.add_column("model", overflow="fold")
+    table.add_column("samples", no_wrap=True)
+    table.add_column("scores", no_wrap=True)
     for view in overviews:
         color = _PHASE_COLOR.get(view["phase"], "white")
-        phase = f"[{color}]{escape(view['phase'])}[/]"
+        phase = f"[{color}]{escape(view['phase'])}[/] · {_duration(view['seconds'])}"
         if view.get("reason"):
             phase += f"\n{escape(view['reason'][:200])}"
-        table.add_row(
-            escape(view["run_id"]),
-            escape(view["suite"]),
+        run = [
+            f"{escape(view['run_id'])}\n[dim]{escape(view['suite'])}[/]",
             phase,
-            (view["created_at"] or "")[:19].replace("T", " "),
-            _duration(view["seconds"]),
-            _counts_cell(view["results"]),
-            _scores_cell(view["results"]),
-        )
+            (view["created_at"] or "")[:16].replace("T", " "),
+        ]
+        # one row per task x model; the run's own columns on its first row only
+        for result in view["results"] or [{"task": "-", "model": "-", "metrics": {}, "counts": {}}]:
+            table.add_row(
+                *run,
+                escape(str(result["task"])),
+                escape(str(result["model"])),
+                _counts_cell(result["counts"]),
+                _metrics_cell(result),
+            )
+            run = ["", "", ""]
+        table.add_section()
     console.print(table)
     if not overviews:
         console.print("no runs yet", highlight=False)
