@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from evalkube.reporting.report import report
 from evalkube.reporting.runs import runs
 from evalkube.reporting.samples import samples
 
@@ -11,3 +12,4 @@ from evalkube.reporting.samples import samples
 def register(app: typer.Typer) -> None:
     app.command("runs")(runs)
     app.command("samples")(samples)
+    app.command("report")(report)
