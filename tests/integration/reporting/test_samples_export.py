@@ -147,7 +147,7 @@ def test_json_stays_an_array_and_the_table_shows_ten(store: ResultStore, tmp_pat
     [
         (["--min-score", "0.5"], "--min-score takes METRIC=VALUE"),
         (["--max-score", "f1=high"], "--max-score: 'high' is not a number"),
-        (["--status", "broken"], "--status must be one of"),
+        (["--status", "broken"], "--status must be one of failed, valid, wrong"),
         (["--format", "xml"], "--format must be one of table, json, jsonl, csv"),
     ],
 )
