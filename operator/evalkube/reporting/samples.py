@@ -117,11 +117,13 @@ def samples(
         fail(str(exc), EXIT_CONFIG)
     if limit is None and fmt == "table":
         limit = TABLE_LIMIT
+    # the terminal view reads one more, to say when it left samples out
+    wanted = limit + 1 if limit is not None and fmt == "table" else limit
     if api is not None:
         source = ApiSamples(api, namespace, run_id, os.environ.get("EVALKUBE_API_TOKEN"))
         try:
             metrics = source.metrics(where) if fmt == "csv" else []
-            _write(source.views(where, limit), fmt, out, metrics)
+            _write(source.views(where, wanted), fmt, out, metrics, limit)
         except ApiError as exc:
             fail(str(exc), EXIT_RUNTIME if exc.unreachable else EXIT_CONFIG)
         return
@@ -135,18 +137,24 @@ def samples(
                 EXIT_CONFIG,
             )
         metrics = store.score_names(run_id) if fmt == "csv" else []
-        _write(store_views(store, run_id, where, limit), fmt, out, metrics)
+        _write(store_views(store, run_id, where, wanted), fmt, out, metrics, limit)
     finally:
         store.close()
 
 
-def _write(views: Iterator[dict[str, Any]], fmt: str, out: Path | None, metrics: list[str]) -> None:
+def _write(
+    views: Iterator[dict[str, Any]],
+    fmt: str,
+    out: Path | None,
+    metrics: list[str],
+    limit: int | None = None,
+) -> None:
     if fmt == "table":
         if out is None:
-            _print_panels(views, console)
+            _print_panels(views, console, limit)
         else:
             with out.open("w", encoding="utf-8", errors="backslashreplace") as handle:
-                _print_panels(views, Console(file=handle, width=160, no_color=True))
+                _print_panels(views, Console(file=handle, width=160, no_color=True), limit)
         return
     if out is not None:
         with out.open("wb") as binary, text_stream(binary) as stream:
@@ -170,9 +178,16 @@ def _export(views: Iterator[dict[str, Any]], fmt: str, stream: IO[str], metrics:
     return write_json(views, stream)
 
 
-def _print_panels(views: Iterator[dict[str, Any]], target: Console) -> None:
+def _print_panels(views: Iterator[dict[str, Any]], target: Console, limit: int | None) -> None:
     shown = 0
     for view in views:
+        if limit is not None and shown >= limit:
+            errors.print(
+                f"showing the first {shown}; more samples match: raise --limit, or export "
+                "them all with --format jsonl|csv",
+                highlight=False,
+            )
+            return
         target.print(panel(view), highlight=False)
         shown += 1
     if not shown:

@@ -136,6 +136,7 @@ def test_json_stays_an_array_and_the_table_shows_ten(store: ResultStore, tmp_pat
     table = evalkube("samples", RUN, "--status", "errored", "--db", db, cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     assert table.stdout.count("errored") == 10
+    assert "showing the first 10; more samples match" in table.stderr
     # the traceback is printed as the lines Python wrote, not a JSON string
     lines = table.stdout.splitlines()
     assert any(line.startswith('│   File "grader.py", line 3 ') for line in lines)
