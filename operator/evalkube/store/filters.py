@@ -154,6 +154,14 @@ def _any_score(
 
 
 def _detail_text(detail: Any, dialect: str, path: tuple[str, ...]) -> ColumnElement[str]:
+    """A text field of the ``detail`` JSON column.
+
+    A NUL in model output is stored as the escape ``\\u0000``, which PostgreSQL's JSON
+    refuses to turn into text (the whole query would fail) and SQLite's text ends at; it is
+    read as U+FFFD instead. (Rewriting ``\\\\u0000``, an escaped backslash, the same way
+    still leaves valid JSON.)
+    """
+    readable = func.replace(detail, "\\u0000", "\\ufffd")
     if dialect == "postgresql":
-        return func.jsonb_extract_path_text(cast(detail, JSONB), *path)
-    return func.json_extract(detail, "$." + ".".join(path))
+        return func.jsonb_extract_path_text(cast(readable, JSONB), *path)
+    return func.json_extract(readable, "$." + ".".join(path))

@@ -103,3 +103,20 @@ def test_score_names_and_status_counts(store: ResultStore) -> None:
 def test_bad_filters_name_the_option(options: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SampleFilter.parse(**options)  # type: ignore[arg-type]
+
+
+def test_search_survives_nul_characters_in_untrusted_text(store: ResultStore) -> None:
+    """Model output may hold NUL (stored as ``\\u0000`` in the JSON column), which
+    PostgreSQL's jsonb refuses: one such sample must not break every search of the run."""
+    store.create_run(RunRecord(RUN, "s", "sha256:0", {}, "process"))
+    store.record_samples(
+        [
+            SampleRecord(RUN, "nul", "t", "m", 0, "valid", output_text="a\x00b needle",
+                         scores={"x": 0.0}),
+            SampleRecord(RUN, "plain", "t", "m", 1, "valid", output_text="needle \\u0000",
+                         scores={"x": 1.0}),
+            SampleRecord(RUN, "other", "t", "m", 2, "valid", output_text="hay", scores={"x": 1.0}),
+        ]
+    )  # fmt: skip
+    assert selected(store, search="needle") == ["nul", "plain"]
+    assert selected(store, search="b needle") == ["nul"]
