@@ -60,6 +60,21 @@ def test_output_samples_adds_every_sample_to_the_results(
     assert miss["output_text"] == "I am not sure."
 
 
+def test_wrong_reads_the_main_metric_of_each_recipe(
+    recipes: tuple[Path, dict[str, Any]],
+) -> None:
+    """numeric_tolerance scores ``absolute_error = 0`` on a right answer: only its main metric
+    (``metricId: numeric_match``) says whether an answer is wrong."""
+    cwd, output = recipes
+    done = evalkube("samples", output["run_id"], "--status", "wrong", "-f", "jsonl", cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    views = [json.loads(line) for line in done.stdout.splitlines()]
+    numeric = [v for v in views if v["task_id"] == "numeric_tolerance"]
+    assert [v["scores"]["numeric_match"] for v in numeric] == [0.0]
+    assert ("case_insensitive", "Milan") in {(v["task_id"], v["output_text"]) for v in views}
+    assert all(v["status"] == "valid" for v in views)
+
+
 def test_output_samples_needs_output(tmp_path: Path) -> None:
     done = evalkube("run", str(RECIPES), "--output-samples", cwd=tmp_path)
     assert done.returncode == 2

@@ -195,6 +195,9 @@ class ApiServer:
                 decode_cursor(cursor)
             except ValueError as exc:
                 return _error(400, str(exc))
+        if where.status == "wrong":
+            record = await asyncio.to_thread(self.store.get_run, entry.run_id)
+            where = where.for_run(record.spec if record else None)
         page, next_cursor = await asyncio.to_thread(
             self.store.page_samples, entry.run_id, cursor=cursor, limit=limit, where=where
         )

@@ -26,6 +26,7 @@ from evalkube.cli_support import EXIT_CONFIG, DbOption, errors, fail, open_store
 from evalkube.cli_support import store_url as _store_url
 from evalkube.reporting.runs import run_overview
 from evalkube.store import ResultStore
+from evalkube.store.filters import is_wrong, main_metrics
 from evalkube.store.views import sample_view
 
 BINS = 10
@@ -117,13 +118,6 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
 
 
-def _is_wrong(view: dict[str, Any]) -> bool:
-    """Same as ``--status wrong``: graded valid, 0 or less on some metric."""
-    return view["status"] == "valid" and any(
-        _finite(v) and v <= 0 for v in (view.get("scores") or {}).values()
-    )
-
-
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("evalkube.reporting", "templates"),
@@ -150,13 +144,14 @@ def render_report(store: ResultStore, run_id: str, max_samples: int = MAX_SAMPLE
     if record is None:
         raise LookupError(run_id)
     overview = run_overview(store, record)
+    main = main_metrics(record.spec)
     views: list[dict[str, Any]] = []
     total = sum(int(r["counts"].get("samples") or 0) for r in overview["results"])
     for sample in store.iter_pages(run_id, page_size=1000):
         if len(views) >= max_samples:
             break
         view = sample_view(sample)
-        view["wrong"] = _is_wrong(view)
+        view["wrong"] = is_wrong(view["status"], view["scores"], main.get(view["task_id"]))
         views.append(view)
     script, script_hash = _script()
     return (

@@ -61,7 +61,7 @@ def samples(
     status: Annotated[
         str | None,
         typer.Option(
-            help=f"{'|'.join(STATUS_FILTERS)}: wrong = valid with a score <= 0 on some metric"
+            help=f"{'|'.join(STATUS_FILTERS)}; wrong = valid, main metric (metricId) <= 0"
         ),
     ] = None,
     task: Annotated[str | None, typer.Option(help="Only this task")] = None,
@@ -130,12 +130,14 @@ def samples(
     url = store_url(db)
     store = open_store(db)
     try:
-        if store.get_run(run_id) is None:
+        record = store.get_run(run_id)
+        if record is None:
             fail(
                 f"run {run_id!r} is not in the store {shown_store(url)}; list its runs with "
                 "`evalkube runs` (or pass --db)",
                 EXIT_CONFIG,
             )
+        where = where.for_run(record.spec)
         metrics = store.score_names(run_id) if fmt == "csv" else []
         _write(store_views(store, run_id, where, wanted), fmt, out, metrics, limit)
     finally:

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import Float, Table, and_, cast, func, literal, or_, select
+from sqlalchemy import Float, Table, and_, case, cast, func, literal, or_, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
 #: ``--status`` / ``?status=`` values and the sample statuses they select. ``wrong`` is a valid
-#: sample (the grader could grade it) that scored 0 or less on at least one metric.
+#: sample (the grader could grade it) whose task's main metric (the grader's ``metricId``)
+#: is 0 or less; a sample without that score is wrong when any of its scores is.
 STATUS_FILTERS = {
     "failed": ["invalid", "errored"],
     "valid": ["valid"],
@@ -56,6 +57,12 @@ class SampleFilter:
     status: str | None = None
     scores: tuple[ScoreRange, ...] = field(default_factory=tuple)
     search: str | None = None
+    #: ``(task, metric)``: each task's main metric, which ``wrong`` looks at first.
+    main_metrics: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def for_run(self, spec: dict[str, Any] | None) -> SampleFilter:
+        """This filter with the main metrics of the run whose stored spec is ``spec``."""
+        return replace(self, main_metrics=tuple(sorted(main_metrics(spec).items())))
 
     @classmethod
     def parse(
@@ -92,6 +99,32 @@ class SampleFilter:
         )
 
 
+def main_metrics(spec: dict[str, Any] | None) -> dict[str, str]:
+    """Task id -> its grader's ``metricId`` (default ``score``), from a run's stored spec
+    (``evalkube run`` stores the suite under ``suite``, the operator under ``snapshot``)."""
+    spec = spec or {}
+    suite = (spec.get("snapshot") or spec).get("suite") or {}
+    found: dict[str, str] = {}
+    for task in (suite.get("spec") or {}).get("tasks") or []:
+        if isinstance(task, dict) and isinstance(task.get("id"), str):
+            grader = task.get("grader") or {}
+            found[task["id"]] = str(grader.get("metricId") or grader.get("metric_id") or "score")
+    return found
+
+
+def is_wrong(status: str, scores: dict[str, Any], main: str | None) -> bool:
+    """``status=wrong`` for one sample in Python (the HTML report's badge and filter)."""
+    if status != "valid":
+        return False
+    if main is not None and _number(scores.get(main)):
+        return bool(scores[main] <= 0)
+    return any(_number(value) and value <= 0 for value in scores.values())
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _bound(text: str, option: str) -> tuple[str, float]:
     metric, sep, number = text.rpartition("=")
     option = option.replace("_", "-") if option.startswith("--") else option
@@ -119,7 +152,7 @@ def conditions(where: SampleFilter, table: Table, dialect: str) -> list[ColumnEl
     if where.status is not None:
         out.append(c.status.in_(STATUS_FILTERS[where.status]))
         if where.status == "wrong":
-            out.append(_any_score(c.scores, dialect, None, None, 0.0))
+            out.append(_wrong(where, table, dialect))
     for bound in where.scores:
         out.append(_any_score(c.scores, dialect, bound.metric, bound.low, bound.high))
     if where.search is not None:
@@ -134,10 +167,23 @@ def conditions(where: SampleFilter, table: Table, dialect: str) -> list[ColumnEl
     return out
 
 
+def _wrong(where: SampleFilter, table: Table, dialect: str) -> ColumnElement[bool]:
+    c = table.c
+    any_low = _any_score(c.scores, dialect, None, None, 0.0)
+    if not where.main_metrics:
+        return any_low
+    main = case(dict(where.main_metrics), value=c.task_id, else_=None)
+    return or_(
+        _any_score(c.scores, dialect, main, None, 0.0),
+        and_(~_any_score(c.scores, dialect, main, None, None), any_low),
+    )
+
+
 def _any_score(
-    scores: Any, dialect: str, metric: str | None, low: float | None, high: float | None
+    scores: Any, dialect: str, metric: Any, low: float | None, high: float | None
 ) -> ColumnElement[bool]:
-    """Some score (named ``metric``, if given) lies within ``[low, high]``."""
+    """Some score (named ``metric``, a name or an SQL expression, if given) lies within
+    ``[low, high]``."""
     if dialect == "postgresql":
         each = func.jsonb_each_text(cast(scores, JSONB)).table_valued("key", "value")
     else:

@@ -120,3 +120,40 @@ def test_search_survives_nul_characters_in_untrusted_text(store: ResultStore) ->
     )  # fmt: skip
     assert selected(store, search="needle") == ["nul", "plain"]
     assert selected(store, search="b needle") == ["nul"]
+
+
+def test_wrong_looks_at_each_tasks_main_metric_first(store: ResultStore) -> None:
+    """``absolute_error = 0`` is a perfect answer: ``wrong`` reads the grader's ``metricId``
+    when the sample has it, and any score only when it does not."""
+    spec = {
+        "suite": {
+            "spec": {
+                "tasks": [
+                    {"id": "num", "grader": {"metricId": "numeric_match"}},
+                    {"id": "plain", "grader": {}},  # metricId defaults to "score"
+                ]
+            }
+        }
+    }
+    store.create_run(RunRecord(RUN, "s", "sha256:0", spec, "process"))
+    store.record_samples(
+        [
+            SampleRecord(RUN, "num-right", "num", "m", 0, "valid",
+                         scores={"numeric_match": 1.0, "absolute_error": 0.0}),
+            SampleRecord(RUN, "num-wrong", "num", "m", 1, "valid",
+                         scores={"numeric_match": 0.0, "absolute_error": 0.5}),
+            SampleRecord(RUN, "num-no-main", "num", "m", 2, "valid", scores={"other": 0.0}),
+            SampleRecord(RUN, "plain-wrong", "plain", "m", 0, "valid", scores={"score": 0.0}),
+            SampleRecord(RUN, "plain-right", "plain", "m", 1, "valid",
+                         scores={"score": 1.0, "penalty": 0.0}),
+            SampleRecord(RUN, "unknown-task", "gone", "m", 0, "valid", scores={"x": 0.0}),
+        ]
+    )  # fmt: skip
+    where = SampleFilter.parse(status="wrong").for_run(store.get_run(RUN).spec)  # type: ignore[union-attr]
+    assert sorted(r.sample_id for r in store.iter_pages(RUN, where)) == [
+        "num-no-main", "num-wrong", "plain-wrong", "unknown-task",
+    ]  # fmt: skip
+    # an operator run stores the suite under "snapshot"
+    assert SampleFilter().for_run({"snapshot": spec}).main_metrics == (
+        ("num", "numeric_match"), ("plain", "score"),
+    )  # fmt: skip
