@@ -199,5 +199,8 @@ def report(
     finally:
         store.close()
     target = out or Path(f"{run_id}.html")
-    target.write_text(html, encoding="utf-8", errors="backslashreplace")
+    try:
+        target.write_text(html, encoding="utf-8", errors="backslashreplace")
+    except OSError as exc:
+        fail(f"cannot write --out {target}: {exc.strerror or exc}", EXIT_CONFIG)
     errors.print(f"wrote {target.resolve()}", highlight=False, soft_wrap=True)

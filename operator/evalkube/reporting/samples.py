@@ -120,6 +120,8 @@ def samples(
     # the terminal view reads one more, to say when it left samples out
     wanted = limit + 1 if limit is not None and fmt == "table" else limit
     if api is not None:
+        if out is not None:
+            _check_writable(out)
         source = ApiSamples(api, namespace, run_id, os.environ.get("EVALKUBE_API_TOKEN"))
         try:
             metrics = source.metrics(where) if fmt == "csv" else []
@@ -127,6 +129,8 @@ def samples(
         except ApiError as exc:
             fail(str(exc), EXIT_RUNTIME if exc.unreachable else EXIT_CONFIG)
         return
+    if out is not None:
+        _check_writable(out)
     url = store_url(db)
     store = open_store(db)
     try:
@@ -142,6 +146,18 @@ def samples(
         _write(store_views(store, run_id, where, wanted), fmt, out, metrics, limit)
     finally:
         store.close()
+
+
+def _check_writable(out: Path) -> None:
+    """Refuse a bad ``--out`` before reading anything (an export may take minutes)."""
+    existed = out.exists()
+    try:
+        with out.open("ab"):
+            pass
+        if not existed:
+            out.unlink()
+    except OSError as exc:
+        fail(f"cannot write --out {out}: {exc.strerror or exc}", EXIT_CONFIG)
 
 
 def _write(

@@ -106,3 +106,10 @@ def test_unknown_run_is_exit_2_naming_the_store(tmp_path: Path) -> None:
     done = evalkube("report", "nope", "--db", str(db), cwd=tmp_path)
     assert done.returncode == 2
     assert f"run 'nope' is not in the store {db}" in done.stderr.replace("\n", "")
+
+
+def test_an_unwritable_out_is_exit_2(store_url: str, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "r.html"
+    done = evalkube("report", RUN, "--db", store_url, "--out", str(missing), cwd=tmp_path)
+    assert done.returncode == 2
+    assert f"cannot write --out {missing}" in done.stderr.replace("\n", "")

@@ -161,6 +161,15 @@ def test_bad_options_are_exit_2_naming_the_option(
     assert message in done.stderr
 
 
+def test_an_unwritable_out_is_exit_2(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "x.csv"
+    done = evalkube("samples", "any", "-f", "csv", "--out", str(missing), cwd=tmp_path)
+    assert done.returncode == 2
+    assert f"cannot write --out {missing}: No such file or directory" in done.stderr.replace(
+        "\n", ""
+    )
+
+
 def test_unknown_run_names_the_store_file(tmp_path: Path) -> None:
     (tmp_path / "work").mkdir()
     done = evalkube("samples", "nope", cwd=tmp_path / "work")
