@@ -7,6 +7,7 @@ SQLite store -> aggregates), each engine pass in a fresh process so peak RSS is 
 
     python benchmarks/grading.py                 # 100k samples, sandbox=process
     python benchmarks/grading.py --sizes 10000 100000 1000000 --sandbox auto
+    python benchmarks/grading.py --sizes 10000 --sandbox auto --isolation unit sample
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ TOKEN_F1 = textwrap.dedent(
 GRADERS = {"exact_match": EXACT, "token_f1": TOKEN_F1}
 
 
-def write_suite(folder: Path, grader: str, size: int) -> Path:
+def write_suite(folder: Path, grader: str, size: int, isolation: str = "unit") -> Path:
     with (folder / "rows.jsonl").open("w") as handle:
         for i in range(size):
             answer = str(i % 97)
@@ -75,7 +76,12 @@ def write_suite(folder: Path, grader: str, size: int) -> Path:
                     "target": "{{ item.a }}",
                     "extraction": {"type": "regex", "pattern": r"(\d+)"},
                     "outputs": {"column": "out"},
-                    "grader": {"type": "python", "source": GRADERS[grader], "metricId": grader},
+                    "grader": {
+                        "type": "python",
+                        "source": GRADERS[grader],
+                        "metricId": grader,
+                        "isolation": isolation,
+                    },
                 }
             ]
         },
@@ -167,6 +173,13 @@ def main() -> None:
     parser.add_argument("--sandbox", default="process")
     parser.add_argument("--graders", nargs="+", default=list(GRADERS))
     parser.add_argument(
+        "--isolation",
+        nargs="+",
+        default=["unit"],
+        choices=["unit", "sample"],
+        help="grader isolation modes to compare (`sample`: a fork per execution)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=None,
@@ -182,34 +195,42 @@ def main() -> None:
         return
     print(
         f"{'grader':<12} {'samples':>9} {'bare loop/s':>12} {'workers':>7} {'engine/s':>10} "
-        f"{'ratio':>7} {'peak RSS MB':>12} {'CPU µs/sample':>14}  sandbox"
+        f"{'ratio':>7} {'peak RSS MB':>12} {'CPU µs/sample':>14}  {'isolation':<9} sandbox"
     )
-    for grader in args.graders:
-        for size in args.sizes:
-            bare = bare_loop(grader, min(size, 1_000_000))
-            with tempfile.TemporaryDirectory(prefix="evalkube-bench-") as tmp:
-                folder = Path(tmp)
-                suite = write_suite(folder, grader, size)
-                out = subprocess.run(
-                    [
-                        sys.executable,
-                        __file__,
-                        "--inner",
-                        str(suite),
-                        args.sandbox,
-                        str(folder / "r.db"),
-                        *([f"--workers={args.workers}"] if args.workers else []),
-                    ],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                result = json.loads(out.strip().splitlines()[-1])
-            print(
-                f"{grader:<12} {size:>9,} {bare:>12,.0f} {result['workers']:>7} "
-                f"{result['per_second']:>10,.0f} {bare / result['per_second']:>6.0f}x "
-                f"{result['peak_rss_mb']:>12.0f} {result['cpu_us']:>14.1f}  {result['sandbox']}"
-            )
+    per_second: dict[tuple[str, int, str], float] = {}
+    for grader, size, isolation in (
+        (g, n, i) for g in args.graders for n in args.sizes for i in args.isolation
+    ):
+        bare = bare_loop(grader, min(size, 1_000_000))
+        with tempfile.TemporaryDirectory(prefix="evalkube-bench-") as tmp:
+            folder = Path(tmp)
+            suite = write_suite(folder, grader, size, isolation)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--inner",
+                    str(suite),
+                    args.sandbox,
+                    str(folder / "r.db"),
+                    *([f"--workers={args.workers}"] if args.workers else []),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            result = json.loads(out.strip().splitlines()[-1])
+        print(
+            f"{grader:<12} {size:>9,} {bare:>12,.0f} {result['workers']:>7} "
+            f"{result['per_second']:>10,.0f} {bare / result['per_second']:>6.0f}x "
+            f"{result['peak_rss_mb']:>12.0f} {result['cpu_us']:>14.1f}  {isolation:<9} "
+            f"{result['sandbox']}"
+        )
+        per_second[grader, size, isolation] = result["per_second"]
+    for (grader, size, isolation), rate in per_second.items():
+        unit = per_second.get((grader, size, "unit"))
+        if isolation == "sample" and unit:
+            print(f"isolation: sample costs {unit / rate:.1f}x unit for {grader} at {size:,}")
     print(
         "target: engine >= 40,000 samples/s for exact_match at 100k; peak RSS flat from 10k to 1M"
     )

@@ -40,6 +40,9 @@ type ProviderConfig struct {
 	APIKeyFile *string           `json:"api_key_file"`
 	Headers    map[string]string `json:"headers"`
 	Timeout    float64           `json:"timeout"`
+	// API is what the provider serves for Responses requests: "responses" (default) or
+	// "chat_completions" (requests and answers translated, chat.go).
+	API string `json:"api"`
 }
 
 func defaultConfig() Config {
@@ -104,8 +107,16 @@ func parseConfig(raw []byte) (Config, error) {
 		}
 		if provider.Timeout <= 0 {
 			provider.Timeout = 60
-			config.Providers[name] = provider
 		}
+		switch provider.API {
+		case "":
+			provider.API = responsesAPI
+		case responsesAPI, chatCompletionsAPI:
+		default:
+			return Config{}, fmt.Errorf(
+				"invalid configuration: providers.%s.api must be responses or chat_completions (got %q)", name, provider.API)
+		}
+		config.Providers[name] = provider
 	}
 	if err := checkEgress(config); err != nil {
 		return Config{}, err

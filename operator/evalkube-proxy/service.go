@@ -136,17 +136,6 @@ func (s *Service) ModelCall(kind Kind, raw []byte, executionID, purpose string, 
 			"the local provider (on-machine embeddings) is served by the Python proxy only; "+
 				"run the sidecar with `evalkube proxy --engine python`")
 	}
-	if budgeted {
-		if exhausted := s.Budgets.Acquire(executionID); exhausted != nil {
-			s.Metrics.Rejected(exhausted.Scope)
-			if exhausted.Scope == "unknown_execution" {
-				s.Metrics.Call(purpose, provider, "unknown_execution", -1)
-				return 403, errorBody("unknown_execution", exhausted.Message)
-			}
-			s.Metrics.Call(purpose, provider, "budget_exhausted", -1)
-			return 429, errorBody("budget_exhausted", exhausted.Message, "scope", exhausted.Scope)
-		}
-	}
 	quoted, _ := json.Marshal(bare)
 	body["model"] = quoted
 	if kind == Responses {
@@ -158,8 +147,28 @@ func (s *Service) ModelCall(kind Kind, raw []byte, executionID, purpose string, 
 	if err != nil {
 		return 400, errorBody("invalid_request", "the request body could not be re-encoded")
 	}
+	path := kind.path()
+	if kind == Responses {
+		// Translated here, before any budget is charged: a request that a chat provider
+		// cannot take is refused like any other bad request.
+		var failure *UpstreamError
+		if path, payload, failure = s.Upstream.ResponsesCall(provider, payload); failure != nil {
+			return 400, errorBody("invalid_request", failure.Message, "provider", provider)
+		}
+	}
+	if budgeted {
+		if exhausted := s.Budgets.Acquire(executionID); exhausted != nil {
+			s.Metrics.Rejected(exhausted.Scope)
+			if exhausted.Scope == "unknown_execution" {
+				s.Metrics.Call(purpose, provider, "unknown_execution", -1)
+				return 403, errorBody("unknown_execution", exhausted.Message)
+			}
+			s.Metrics.Call(purpose, provider, "budget_exhausted", -1)
+			return 429, errorBody("budget_exhausted", exhausted.Message, "scope", exhausted.Scope)
+		}
+	}
 	started := time.Now()
-	reply, parsed, failure := s.Upstream.Post(provider, kind.path(), payload)
+	reply, parsed, failure := s.Upstream.PostCall(provider, path, payload)
 	seconds := time.Since(started).Seconds()
 	if failure != nil {
 		status, errorKind := errorStatus(failure)

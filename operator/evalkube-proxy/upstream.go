@@ -58,6 +58,8 @@ type Provider struct {
 	APIKeyFile string
 	headers    http.Header
 	Timeout    time.Duration
+	// API: responsesAPI or chatCompletionsAPI (Responses requests translated, chat.go).
+	API string
 
 	mu        sync.Mutex
 	keyStamp  [3]int64
@@ -71,6 +73,7 @@ func newProvider(name string, config ProviderConfig) *Provider {
 		BaseURL: strings.TrimRight(config.BaseURL, "/"),
 		headers: http.Header{},
 		Timeout: time.Duration(config.Timeout * float64(time.Second)),
+		API:     config.API,
 	}
 	if config.APIKeyEnv != nil {
 		p.APIKeyEnv = *config.APIKeyEnv
@@ -202,6 +205,59 @@ func (u *Upstream) ProviderNames() []string {
 type Answer struct {
 	ID    json.RawMessage `json:"id"`
 	Usage Usage           `json:"usage"`
+}
+
+// ResponsesCall is the path and payload of a Responses request for the provider: as is, or
+// translated to Chat Completions for an api "chat_completions" provider (an untranslatable
+// request is a configuration error: nothing is sent).
+func (u *Upstream) ResponsesCall(providerName string, payload []byte) (string, []byte, *UpstreamError) {
+	provider, ok := u.Providers[providerName]
+	if !ok || provider.API != chatCompletionsAPI {
+		return Responses.path(), payload, nil
+	}
+	chat, err := chatPayload(payload)
+	if err != nil {
+		return "", nil, &UpstreamError{
+			Message:  fmt.Sprintf("provider %s speaks Chat Completions (api: chat_completions): %s", providerName, err),
+			Provider: providerName,
+			Kind:     "configuration",
+		}
+	}
+	return chatPath, chat, nil
+}
+
+// PostCall posts what ResponsesCall built (or any other model call); a chat completion comes
+// back as the Responses object it stands for, with that object's id and usage.
+func (u *Upstream) PostCall(providerName, path string, payload []byte) ([]byte, Answer, *UpstreamError) {
+	raw, answer, failure := u.Post(providerName, path, payload)
+	if failure != nil || path != chatPath {
+		return raw, answer, failure
+	}
+	invalid := func(message string) ([]byte, Answer, *UpstreamError) {
+		return nil, Answer{}, &UpstreamError{
+			Message:  fmt.Sprintf("provider %s answered %s", providerName, message),
+			Status:   200,
+			Provider: providerName,
+			Kind:     "invalid_response",
+		}
+	}
+	chat, err := decodeObject(raw)
+	if err != nil {
+		return invalid("with invalid JSON")
+	}
+	translated, err := responsesAnswer(chat)
+	if err != nil {
+		return invalid(err.Error())
+	}
+	out, err := encodeJSON(translated)
+	if err != nil {
+		return invalid("with an answer that could not be re-encoded")
+	}
+	answer = Answer{}
+	if err := json.Unmarshal(out, &answer); err != nil {
+		return invalid("with an answer that could not be re-encoded")
+	}
+	return out, answer, nil
 }
 
 // Post sends payload to provider's path and returns the raw answer (a JSON object, passed on
@@ -395,6 +451,10 @@ func errorMessage(raw []byte, reason string) string {
 			}
 		case string:
 			return truncate(failure, errorMessageChars)
+		}
+		// vLLM: {"object": "error", "message": ...}
+		if message, ok := object["message"].(string); ok {
+			return truncate(message, errorMessageChars)
 		}
 	}
 	if reason == "" {

@@ -39,6 +39,7 @@ func TestErrorMessageShapes(t *testing.T) {
 		{`{"error": {"message": "slow down"}}`, "Too Many Requests", "slow down"},
 		{`{"error": "plain"}`, "", "plain"},
 		{`{"other": 1}`, "Bad Gateway", "Bad Gateway"},
+		{`{"object": "error", "message": "context too long", "code": 400}`, "Bad Request", "context too long"},
 		{`not json`, "Bad Gateway", "not json"},
 		{``, "", "error"},
 	}

@@ -293,9 +293,14 @@ def unit_command(
     datasets: Annotated[
         Path | None, typer.Option(help="Where dataset ConfigMaps are mounted")
     ] = None,
+    policy_canary: Annotated[
+        str | None,
+        typer.Option(help="URL the pod's NetworkPolicy refuses: wait until it is refused"),
+    ] = None,
 ) -> None:
     """Run one work unit of an EvalRun (the runner container of a work-unit pod)."""
     from evalkube.engine.pod import load_snapshot, run_pod_unit
+    from evalkube.engine.policy_gate import PolicyNotEnforced, wait_for_enforced_policy
     from evalkube.proxy.control import ControlClient
     from evalkube.sandbox.remote import PodSocketBackend
     from evalkube.store.remote import RemoteStore
@@ -307,6 +312,13 @@ def unit_command(
         loaded = load_snapshot(snapshot, datasets)
     except (OSError, ValueError, ConfigError) as exc:
         _fail(f"cannot read the snapshot {snapshot}: {exc}", EXIT_CONFIG)
+    if policy_canary:
+        # before the grader gets code or samples: its container shares this pod's network
+        try:
+            waited = wait_for_enforced_policy(policy_canary)
+        except PolicyNotEnforced as exc:
+            _fail(str(exc), EXIT_RUNTIME)
+        console.print(f"NetworkPolicy enforced (waited {waited:.1f} s)", highlight=False)
     backend = PodSocketBackend(worker.removeprefix("unix:")) if worker else resolve_backend(sandbox)
     store = RemoteStore(ingest_url, loaded.namespace, loaded.name, token)
     # the control socket sits in a volume only the proxy and this container mount

@@ -84,3 +84,6 @@ GENERATION_CONCURRENCY_DEFAULT: Final = 8
 GENERATION_RETRIES_DEFAULT: Final = 4
 #: Samples written to the store in one transaction.
 STORE_CHUNK_SIZE: Final = 5_000
+#: Seconds a work-unit runner waits for its NetworkPolicy to be enforced (the policy canary
+#: refused) before it gives grader code anything; past it the unit fails.
+POLICY_ENFORCED_TIMEOUT_SECONDS: Final = 120

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from evalkube.controller import names
+from evalkube.store import ResultStore, SampleRecord, default_url
 from tests.cluster.ctrlplane import wait_for
 from tests.cluster.realnode import POD_CIDR, RealNode
 
@@ -169,6 +171,7 @@ def diagnose(node: RealNode, namespace: str | None = None) -> str:
         ("get", "jobs", "-A"),
         ("get", "events", "-A", "--sort-by=.lastTimestamp"),
         ("-n", OPERATOR_NS, "logs", f"deploy/{RELEASE}", "--tail=60"),
+        ("-n", OPERATOR_NS, "logs", f"deploy/{RELEASE}", "--tail=60", "--previous"),
     ):
         out = node.kubectl(*args, check=False)
         parts.append(f"$ kubectl {' '.join(args)}\n{out.stdout[-6000:]}{out.stderr[-1000:]}")
@@ -226,3 +229,25 @@ def listening(netns: str, address: str) -> bool:
         ["ip", "netns", "exec", netns, "ss", "-Htln"], capture_output=True, text=True
     ).stdout
     return any(line.split()[3] == address for line in out.splitlines() if len(line.split()) > 3)
+
+
+def provider_calls(netns: str, port: int) -> list[dict[str, str]]:
+    """What the fake provider (tests/realnode/fake_provider.py) in ``netns`` received."""
+    out = subprocess.run(
+        ["nsenter", f"--net=/run/netns/{netns}", sys.executable, "-c",
+         "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
+         f"'http://{OUTSIDE_IP}:{port}/_calls').read().decode())"],
+        capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    calls: list[dict[str, str]] = json.loads(out.stdout)
+    return calls
+
+
+def stored_samples(node: RealNode, run: dict[str, Any]) -> list[SampleRecord]:
+    """Every sample of an EvalRun, read from the operator's SQLite store on its hostPath volume."""
+    meta = run["metadata"]
+    store = ResultStore.open(default_url(str(node.workdir / "pv" / "store" / "results.db")))
+    try:
+        return list(store.iter_samples(names.run_id(meta["namespace"], meta["name"], meta["uid"])))
+    finally:
+        store.close()

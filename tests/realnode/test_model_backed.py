@@ -10,14 +10,18 @@ exactly as often as the status says.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.cluster.realnode import RealNode
-from tests.realnode.support import OUTSIDE_IP, eval_run, outside_host, wait_finished
+from tests.realnode.support import (
+    OUTSIDE_IP,
+    eval_run,
+    outside_host,
+    provider_calls,
+    wait_finished,
+)
 
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
 
@@ -34,18 +38,6 @@ def grade(sample, item, ctx):
     verdict = json.loads(response["output_text"])["verdict"]
     return 1.0 if verdict == "correct" else 0.0
 """
-
-
-def provider_calls(ns: str) -> list[dict[str, str]]:
-    # the fake provider lives in its own netns: ask it from there
-    out = subprocess.run(
-        ["nsenter", f"--net=/run/netns/{ns}", sys.executable, "-c",
-         "import sys, urllib.request; "
-         f"sys.stdout.write(urllib.request.urlopen('http://{OUTSIDE_IP}:{PORT}/_calls').read().decode())"],
-        capture_output=True, text=True, check=True, timeout=30,
-    )  # fmt: skip
-    calls: list[dict[str, str]] = json.loads(out.stdout)
-    return calls
 
 
 def test_candidates_and_judge_through_the_proxy_with_call_counts_in_status(
@@ -95,7 +87,7 @@ def test_candidates_and_judge_through_the_proxy_with_call_counts_in_status(
             )
         )  # fmt: skip
         status = wait_finished(node, node_namespace, "judged")["status"]
-        calls = provider_calls(ns)
+        calls = provider_calls(ns, PORT)
     assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
     (result,) = status["results"]
     assert result["counts"] == {"samples": 3, "valid": 3, "invalid": 0, "errored": 0}

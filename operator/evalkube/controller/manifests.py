@@ -309,7 +309,7 @@ def unit_job(
         },
         "securityContext": _restricted(),
     }
-    runner = {
+    runner: dict[str, Any] = {
         "name": "runner",
         "image": settings.runner_image,
         "command": [
@@ -386,6 +386,9 @@ def unit_job(
     }
     if settings.egress_via_gateway:
         _through_egress_gateway(proxy, volumes, run_name, settings)
+        if settings.policy_canary_url:
+            # grader code runs only once the CNI enforces the policy (engine/policy_gate.py)
+            runner["command"] += ["--policy-canary", settings.policy_canary_url]
     if settings.runtime_class:
         pod_spec["runtimeClassName"] = settings.runtime_class
     if settings.node_selector:

@@ -331,8 +331,10 @@ class RunReconciler:
         if cached is not None and time.monotonic() - cached[0] < SERVICE_IP_CACHE_SECONDS:
             return cached[1]
         update: dict[str, str] = {}
-        for field in ("ingest_url", "egress_gateway_url"):
+        for field in ("ingest_url", "egress_gateway_url", "policy_canary_url"):
             url = getattr(self.settings, field)
+            if url is None:
+                continue
             service = egress.service_of(url)
             if service is None:
                 continue  # an IP already (or a name the pods cannot resolve: documented)

@@ -62,6 +62,10 @@ class OperatorSettings(BaseSettings):
     egress_gateway_url: str = "http://evalkube-egress.evalkube-system.svc:3128"
     """The gateway's Service URL; a ``<service>.<namespace>.svc`` host is resolved to the
     Service's ClusterIP, since work-unit pods have no DNS."""
+    policy_canary_url: str | None = None
+    """With ``egress_via_gateway``: an address every pod may reach but work-unit pods may not
+    (the chart: the gateway's metrics port). Each runner waits until it is refused, i.e. until
+    the CNI enforces the run's NetworkPolicy, before grader code runs; unset, no check."""
     egress_gateway_pod_labels: dict[str, str] = Field(
         default_factory=lambda: {"app.kubernetes.io/name": "evalkube-egress"}
     )

@@ -107,6 +107,7 @@ def providers_from_spec(spec: EvalRunSpec) -> dict[str, Provider]:
             api_key_env=p.api_key_env,
             headers=dict(p.headers),
             timeout=p.timeout_seconds,
+            api=p.api,
         )
         for name, p in spec.providers.items()
     }
@@ -192,7 +193,7 @@ class GeneratedSource:
                 async with semaphore:
                     started = time.perf_counter()
                     try:
-                        response = await upstream.call(self.provider, "/responses", body)
+                        response = await upstream.responses_create(self.provider, body)
                     except UpstreamError as exc:
                         return Candidate(error=str(exc), model_calls={"candidate": 1})
                     ms = (time.perf_counter() - started) * 1000

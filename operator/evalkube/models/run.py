@@ -24,8 +24,11 @@ class SecretKeyRef(SpecModel):
     """Key within the Secret."""
 
 
+ProviderAPI = Literal["responses", "chat_completions"]
+
+
 class ProviderSpec(SpecModel):
-    """An OpenAI-compatible provider (Responses and Embeddings APIs)."""
+    """An OpenAI-compatible provider (Responses or Chat Completions, and Embeddings APIs)."""
 
     base_url: str = Field(min_length=1, validation_alias="baseURL", serialization_alias="baseURL")
     """API base URL, for example ``https://api.openai.com/v1``."""
@@ -37,6 +40,10 @@ class ProviderSpec(SpecModel):
     """Extra request headers (never credentials: use the Secret or environment variable)."""
     timeout_seconds: float = Field(default=60.0, gt=0, le=600)
     """Per-request timeout."""
+    api: ProviderAPI = "responses"
+    """API serving model answers: ``responses`` (``POST /responses``) or ``chat_completions``
+    (``POST /chat/completions``, as vLLM, llama.cpp and Ollama serve; evalkube translates the
+    Responses requests of candidate generation and graders, and the answers back)."""
 
     @field_validator("headers")
     @classmethod

@@ -117,6 +117,7 @@ def native_config(
                 "api_key_file": p.api_key_file,
                 "headers": dict(p.headers),
                 "timeout": p.timeout,
+                "api": p.api,
             }
             for name, p in providers.items()
         },

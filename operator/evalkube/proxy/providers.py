@@ -52,6 +52,7 @@ def providers_from_spec(
             api_key_file=key_file,
             headers=dict(p.headers),
             timeout=p.timeout_seconds,
+            api=p.api,
         )
     return providers
 

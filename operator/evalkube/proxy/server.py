@@ -16,7 +16,8 @@ Two listeners, each TCP (``host:port``) or a unix socket (``unix:/path``):
 
 The proxy builds each upstream request itself: the body's ``model`` is resolved (``auto`` or
 missing -> the run's judge / embedding model; ``provider:model`` as given; the upstream sees the
-bare model name), responses are forced to ``stream=false, store=true, background=false``, and
+bare model name), responses are forced to ``stream=false, store=true, background=false`` (and
+translated to Chat Completions for ``api: chat_completions`` providers, :mod:`.chat`), and
 no client header is forwarded (a grader's ``Authorization`` never reaches a provider). Keys are
 added by :class:`~evalkube.proxy.upstream.ProviderAuth` and never appear in answers, logs or
 metrics.
@@ -169,6 +170,20 @@ class ProxyService:
             return Answer(
                 400, error_body("invalid_request", "the local provider serves embeddings only")
             )
+        body["model"] = model
+        if kind == "responses":
+            body.update(_FORCED_RESPONSE_FLAGS)
+        path, payload = _PATHS[kind], b""
+        if provider != LOCAL_PROVIDER:
+            try:
+                if kind == "responses":
+                    # Translated here, before any budget is charged: a request that a chat
+                    # provider cannot take is refused like any other bad request.
+                    path, payload = self.upstream.responses_call(provider, body)
+                else:
+                    payload = json.dumps(body).encode()
+            except UpstreamError as exc:
+                return Answer(400, error_body("invalid_request", str(exc), provider=provider))
         if budgeted:
             assert execution_id is not None
             try:
@@ -181,16 +196,13 @@ class ProxyService:
                 self.metrics.rejected(exc.scope)
                 self.metrics.call(purpose, provider, "budget_exhausted", None)
                 return Answer(429, error_body("budget_exhausted", str(exc), scope=exc.scope))
-        body["model"] = model
-        if kind == "responses":
-            body.update(_FORCED_RESPONSE_FLAGS)
         started = time.perf_counter()
         try:
             if provider == LOCAL_PROVIDER:
                 data = await self._local(model, body)
                 out = json.dumps(data).encode()
             else:
-                reply = await self.upstream.post(provider, _PATHS[kind], json.dumps(body).encode())
+                reply = await self.upstream.post_call(provider, path, payload)
                 data, out = reply.data, reply.raw
         except (UpstreamError, LocalModelError) as exc:
             seconds = time.perf_counter() - started

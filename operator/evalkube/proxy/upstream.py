@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from evalkube.proxy.chat import CHAT_PATH, ChatTranslationError, chat_request, responses_answer
 from evalkube.proxy.egress import EgressGateway, EgressUnavailable, refusal
 
 #: Shapes of API keys scrubbed from any provider text even when they are not the
@@ -38,6 +39,10 @@ _KEY_PATTERNS = re.compile(r"(?:sk|pk|rk|key)-[A-Za-z0-9_\-]{8,}|Bearer\s+[A-Za-
 REDACTED = "[redacted]"
 #: Characters of a provider's error message passed on.
 ERROR_MESSAGE_CHARS = 500
+#: ``Provider.api`` values: the API a provider serves for ``/responses`` requests.
+RESPONSES_API = "responses"
+CHAT_COMPLETIONS_API = "chat_completions"
+RESPONSES_PATH = "/responses"
 
 
 class UpstreamError(RuntimeError):
@@ -67,7 +72,9 @@ class Provider:
     """An OpenAI-compatible endpoint and where its API key comes from.
 
     ``api_key_file`` (a mounted Secret) wins over ``api_key_env``; the file is re-read when
-    its modification time changes, so a rotated Secret is used by the next call.
+    its modification time changes, so a rotated Secret is used by the next call. ``api`` is
+    ``chat_completions`` for servers without ``/responses``: Responses requests to it are
+    translated (:mod:`evalkube.proxy.chat`).
     """
 
     name: str
@@ -76,6 +83,7 @@ class Provider:
     api_key_file: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     timeout: float = 60.0
+    api: str = RESPONSES_API
     _cached_key: tuple[tuple[int, int, int], str | None] | None = field(default=None, repr=False)
 
     def key_source(self) -> str | None:
@@ -180,6 +188,10 @@ class UpstreamReply:
 class Upstream:
     """Calls providers' Responses and Embeddings APIs with retries and safe errors.
 
+    Responses calls go through :meth:`responses_call` / :meth:`post_call` (or
+    :meth:`responses_create`), which speak Chat Completions to ``api: chat_completions``
+    providers.
+
     Create it inside a running event loop (or use ``async with``); close it with
     :meth:`aclose`. ``on_retry(provider, reason)`` is called before each retry (metrics).
     """
@@ -250,6 +262,45 @@ class Upstream:
         """POST ``body`` to ``provider``'s ``path``; retry transient failures; return JSON."""
         reply = await self.post(provider_name, path, json.dumps(body).encode("utf-8"))
         return reply.data
+
+    def responses_call(self, provider_name: str, body: Mapping[str, Any]) -> tuple[str, bytes]:
+        """Path and payload of the Responses request ``body`` for the provider: as is, or
+        translated to Chat Completions for an ``api: chat_completions`` provider (an
+        untranslatable request is a ``configuration`` error: nothing is sent)."""
+        provider = self.provider(provider_name)
+        if provider.api != CHAT_COMPLETIONS_API:
+            return RESPONSES_PATH, json.dumps(body).encode("utf-8")
+        try:
+            chat = chat_request(body)
+        except ChatTranslationError as exc:
+            raise UpstreamError(
+                f"provider {provider_name} speaks Chat Completions (api: chat_completions): {exc}",
+                provider=provider_name,
+                kind="configuration",
+            ) from None
+        return CHAT_PATH, json.dumps(chat).encode("utf-8")
+
+    async def post_call(self, provider_name: str, path: str, payload: bytes) -> UpstreamReply:
+        """POST what :meth:`responses_call` built; a chat completion comes back as the
+        Responses object it stands for (raw bytes and decoded object alike)."""
+        reply = await self.post(provider_name, path, payload)
+        if path != CHAT_PATH:
+            return reply
+        try:
+            data = responses_answer(reply.data)
+        except ChatTranslationError as exc:
+            raise UpstreamError(
+                f"provider {provider_name} answered {exc}",
+                status=200,
+                provider=provider_name,
+                kind="invalid_response",
+            ) from None
+        return UpstreamReply(json.dumps(data).encode("utf-8"), data, reply.attempts)
+
+    async def responses_create(self, provider_name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A Responses API call whatever API the provider speaks; the Responses object."""
+        path, payload = self.responses_call(provider_name, body)
+        return (await self.post_call(provider_name, path, payload)).data
 
     async def post(self, provider_name: str, path: str, payload: bytes) -> UpstreamReply:
         """POST the JSON ``payload``; retry transient failures; the raw and decoded answer."""
@@ -403,6 +454,8 @@ def _error_message(raw: bytes, reason: str) -> str:
             return str(error["message"])[:ERROR_MESSAGE_CHARS]
         if isinstance(error, str):
             return error[:ERROR_MESSAGE_CHARS]
+        if isinstance(data.get("message"), str):  # vLLM: {"object": "error", "message": ...}
+            return str(data["message"])[:ERROR_MESSAGE_CHARS]
     return reason or "error"
 
 

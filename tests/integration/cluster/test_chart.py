@@ -236,6 +236,9 @@ def test_egress_gateway_renders_locked_down(control_plane: ControlPlane) -> None
         env["EVALKUBE_EGRESS_GATEWAY_URL"] == "http://ev-evalkube-egress.evalkube-system.svc:3128"
     )
     assert json.loads(env["EVALKUBE_EGRESS_GATEWAY_POD_LABELS"]).items() <= gateway_labels.items()
+    # the policy canary: the gateway's metrics port, open to every pod (below) but not allowed
+    # by a run's policy, so a runner that still reaches it knows the policy is not enforced
+    assert env["EVALKUBE_POLICY_CANARY_URL"] == "http://ev-evalkube-egress.evalkube-system.svc:9090"
     # its own policy: the proxy port from work-unit pods only; DNS and anywhere out
     spec = policy["spec"]
     assert spec["podSelector"]["matchLabels"].items() <= gateway_labels.items()
@@ -245,6 +248,10 @@ def test_egress_gateway_renders_locked_down(control_plane: ControlPlane) -> None
     [source] = proxy_rule["from"]
     assert source["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "work-unit"
     assert any(p["port"] == 53 for r in spec["egress"] for p in r.get("ports", []))
+    metrics_rule = next(
+        r for r in spec["ingress"] if r["ports"] == [{"protocol": "TCP", "port": 9090}]
+    )
+    assert "from" not in metrics_rule
     # the operator may read these two Services, nothing else
     [role] = by_kind(docs, "Role")
     [rule] = role["rules"]
@@ -263,6 +270,11 @@ def test_egress_can_be_turned_off_or_use_an_existing_key(control_plane: ControlP
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["EVALKUBE_EGRESS_VIA_GATEWAY"] == "false"
     assert "EVALKUBE_EGRESS_GATEWAY_URL" not in env
+    assert "EVALKUBE_POLICY_CANARY_URL" not in env
+    docs = render(control_plane, "evalkube-system", "egress.verifyPolicy=false")
+    [operator] = by_kind(docs, "Deployment", "operator")
+    container = operator["spec"]["template"]["spec"]["containers"][0]
+    assert "EVALKUBE_POLICY_CANARY_URL" not in {e["name"] for e in container["env"]}
     docs = render(control_plane, "evalkube-system", "egress.grantKey.existingSecret=mine")
     assert not by_kind(docs, "Secret", "egress-grant-key")
     for deployment in by_kind(docs, "Deployment"):

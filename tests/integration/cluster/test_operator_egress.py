@@ -55,6 +55,7 @@ def test_a_run_goes_through_the_gateway_or_waits_for_it(
         "operator_namespace": system,
         "egress_gateway_url": f"http://evalkube-egress.{system}.svc:3128",
         "egress_grant_key_file": str(key_file),
+        "policy_canary_url": f"http://evalkube-egress.{system}.svc:9090",
     }
     try:
         with running_operator(cp, tmp_path / "results.db", _free_port(), **settings):
@@ -136,5 +137,8 @@ def test_a_run_goes_through_the_gateway_or_waits_for_it(
     command = proxy["command"]
     assert command[command.index("--egress-proxy") + 1] == f"http://{ip}:3128"
     assert "egress-grant" in {m["name"] for m in proxy["volumeMounts"]}
+    # the runner waits for the policy on the gateway's metrics port, by ClusterIP (no DNS)
+    runner = next(c for c in pod["containers"] if c["name"] == "runner")
+    assert runner["command"][runner["command"].index("--policy-canary") + 1] == f"http://{ip}:9090"
     for container in pod["containers"]:
         assert "egress-grant" not in {m["name"] for m in container["volumeMounts"]}

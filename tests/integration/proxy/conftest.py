@@ -83,6 +83,7 @@ def make_bridge(
         base_url: str | None = None,
         retries: int = 2,
         socket_path: str | None = None,
+        api: str = "responses",
         **options: Any,
     ) -> ModelBridge | NativeBridge:
         provider = Provider(
@@ -91,6 +92,7 @@ def make_bridge(
             api_key_file=str(key_file),
             headers={"X-Org": "evalkube-tests"},
             timeout=timeout,
+            api=api,
         )
         options.setdefault("judge_model", "fake:judge-1")
         options.setdefault("embedding_model", "fake:embed-1")

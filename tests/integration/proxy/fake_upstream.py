@@ -1,5 +1,8 @@
 """A fake OpenAI-compatible provider: a real aiohttp server on loopback, in its own thread.
 
+It speaks the Responses, Chat Completions and Embeddings API shapes; ``chat_only=True`` makes
+it a server without ``/v1/responses`` (404), as many vLLM, llama.cpp and Ollama setups are.
+
 The only fake of the proxy tests (paid APIs cannot be called here). It records every
 request it receives (path, headers, JSON body) and answers from a script of canned replies
 (status, headers, body, delay) before falling back to a normal answer, so tests can ask for
@@ -38,9 +41,13 @@ class Scripted:
 class FakeUpstream:
     """``with FakeUpstream() as up: up.base_url`` -> ``http://127.0.0.1:PORT/v1``."""
 
-    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
-        """``ssl_context``: serve https (the egress tests tunnel through the gateway)."""
+    def __init__(
+        self, ssl_context: ssl.SSLContext | None = None, *, chat_only: bool = False
+    ) -> None:
+        """``ssl_context``: serve https (the egress tests tunnel through the gateway);
+        ``chat_only``: no ``/v1/responses`` route."""
         self.ssl_context = ssl_context
+        self.chat_only = chat_only
         self.received: list[Received] = []
         self.script: deque[Scripted] = deque()
         self._ids = itertools.count(1)
@@ -64,7 +71,9 @@ class FakeUpstream:
 
     async def _start(self) -> None:
         app = web.Application()
-        app.router.add_post("/v1/responses", self._responses)
+        if not self.chat_only:
+            app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=0.5
@@ -122,6 +131,47 @@ class FakeUpstream:
                     }
                 ],
                 "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7},
+            }
+        )
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        """Chat Completions: ``messages`` required (400 otherwise, as OpenAI and vLLM answer);
+        the answer echoes the last message's content."""
+        scripted = await self._record(request)
+        if scripted is not None and (scripted.status != 200 or scripted.body is not None):
+            return _reply(scripted)
+        body = self.received[-1].body
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "'messages' is a required property",
+                        "type": "invalid_request_error",
+                    }
+                },
+                status=400,
+            )
+        number = next(self._ids)
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{number:04d}",
+                "object": "chat.completion",
+                "created": 1764720000 + number,
+                "model": body.get("model"),
+                "system_fingerprint": "fp_fake",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": f"echo: {messages[-1].get('content')}",
+                        },
+                        "logprobs": None,
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
             }
         )
 

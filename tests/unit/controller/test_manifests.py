@@ -532,3 +532,13 @@ def test_only_the_proxy_mounts_the_grant_and_goes_through_the_gateway() -> None:
         assert "egress" not in " ".join(other["command"])
     assert "--egress-proxy" not in container(job(), "proxy")["command"]
     assert "egress-grant" not in {v["name"] for v in pod_spec(job())["volumes"]}
+
+
+def test_the_runner_waits_for_the_policy_only_when_a_canary_is_set() -> None:
+    canary = GATEWAY.model_copy(update={"policy_canary_url": "http://10.96.0.40:9090"})
+    command = container(job(settings=canary), "runner")["command"]
+    assert command[command.index("--policy-canary") + 1] == "http://10.96.0.40:9090"
+    assert "--policy-canary" not in container(job(settings=GATEWAY), "runner")["command"]
+    # without the gateway there is no policy to wait for that would keep the grader off the net
+    direct = OperatorSettings(policy_canary_url="http://10.96.0.40:9090")
+    assert "--policy-canary" not in container(job(settings=direct), "runner")["command"]

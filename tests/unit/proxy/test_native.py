@@ -43,6 +43,7 @@ def test_configuration_names_key_sources_never_keys(
         "api_key_file": "/var/run/secrets/evalkube/providers/openai/key",
         "headers": {"OpenAI-Organization": "org-1"},
         "timeout": 30.0,
+        "api": "responses",
     }
     assert config["control_token_file"] == str(tmp_path / "token")
     assert (config["max_calls"], config["planned_executions"], config["unit_id"]) == (
