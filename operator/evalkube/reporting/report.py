@@ -153,13 +153,19 @@ def render_report(store: ResultStore, run_id: str, max_samples: int = MAX_SAMPLE
         view = sample_view(sample)
         view["wrong"] = is_wrong(view["status"], view["scores"], main.get(view["task_id"]))
         views.append(view)
+    # distributions in the scores table's order
+    order = {(r["task"], r["model"]): i for i, r in enumerate(overview["results"])}
+    drawn = sorted(
+        histograms(store, run_id),
+        key=lambda h: (order.get((h.task, h.model), len(order)), h.task, h.model, h.metric),
+    )
     script, script_hash = _script()
     return (
         _environment()
         .get_template("report.html.j2")
         .render(
             run=overview,
-            histograms=histograms(store, run_id),
+            histograms=drawn,
             samples=views,
             total=max(total, len(views)),
             tasks=sorted({r["task"] for r in overview["results"]}),
