@@ -26,6 +26,7 @@ images:
 
 system-deps: sandboxes
 	bash .ci/postgres.sh
+	bash .ci/browser.sh
 
 lint: setup
 	$(VENV)/ruff check operator sandbox_image tests benchmarks

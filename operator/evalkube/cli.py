@@ -17,16 +17,26 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from evalkube import __version__, limits
+from evalkube.cli_support import (
+    EXIT_CONFIG,
+    EXIT_INTERRUPTED,
+    EXIT_RUNTIME,
+    DbOption,
+    console,
+    errors,
+    shown_store,
+    store_url,
+)
+from evalkube.cli_support import fail as _fail
+from evalkube.cli_support import open_store as _open_store
 from evalkube.compare_view import gate_table
 from evalkube.engine import (
     ConfigError,
@@ -41,17 +51,12 @@ from evalkube.engine.guard import RunAborted
 from evalkube.engine.preflight import preflight
 from evalkube.grading.gate import gate_message, gate_run
 from evalkube.models import EvalRunSpec, GateStatus
+from evalkube.reporting.output import write_run_output
 from evalkube.sandbox import SandboxError, SandboxUnavailable, resolve_backend
-from evalkube.store import ResultStore, StoreError
-from evalkube.store.views import STATUS_FILTERS, sample_view
+from evalkube.store import StoreError
 
-EXIT_OK = 0
-EXIT_CONFIG = 2
-EXIT_RUNTIME = 3
 EXIT_GATE_FAILED = 1
 EXIT_ABORTED = 4
-EXIT_INTERRUPTED = 130
-DEFAULT_DB = ".evalkube/results.db"
 
 app = typer.Typer(
     name="evalkube",
@@ -60,40 +65,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-# Piped or captured output has no terminal to fit: keep tables whole rather than at 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
-errors = Console(stderr=True)
-
-DbOption = Annotated[
-    str | None,
-    typer.Option(
-        "--db",
-        envvar="EVALKUBE_DB",
-        help=f"Results store URL or SQLite path [default: {DEFAULT_DB}]",
-    ),
-]
-
-
-def _store_url(db: str | None) -> str:
-    db = db or DEFAULT_DB
-    if "://" in db:
-        return db
-    path = Path(db)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
-
-
-def _open_store(db: str | None) -> ResultStore:
-    try:
-        return ResultStore.open(_store_url(db))
-    except StoreError as exc:
-        _fail(str(exc), EXIT_RUNTIME)
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    # messages quote user input (task ids in brackets, YAML, code): never parse them as markup
-    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 class _OncePerCause(logging.Handler):
@@ -188,12 +159,6 @@ class _RichProgress:
         self.progress.advance(self._bar(unit, "generate"), answers)
 
 
-def _utf8(text: str) -> bytes:
-    """``text`` as UTF-8, with lone surrogates (a grader may return them) as ``\\udXXX``
-    escapes: valid JSON inside a JSON string, and readable on a terminal."""
-    return text.encode("utf-8", "backslashreplace")
-
-
 def _results_table(summary: RunSummary) -> Table:
     table = Table(title=f"{summary.suite} · run {summary.run_id}", title_justify="left")
     table.add_column("task", overflow="fold")
@@ -230,6 +195,9 @@ def run(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write the run's results as JSON")
     ] = None,
+    output_samples: Annotated[
+        bool, typer.Option("--output-samples", help="Add every sample's view to --output")
+    ] = False,
     model: Annotated[
         list[str] | None,
         typer.Option("--model", "-m", help="Model(s) to run, overriding the run file"),
@@ -282,6 +250,8 @@ def run(
         _fail("give a SUITE file, or --resume RUN_ID", EXIT_CONFIG)
     if reload and resume is None:
         _fail("--reload goes with --resume RUN_ID (a new run reads the files anyway)", EXIT_CONFIG)
+    if output_samples and output is None:
+        _fail("--output-samples adds the samples to --output FILE: give --output too", EXIT_CONFIG)
     try:
         backend = resolve_backend(sandbox)
     except SandboxUnavailable as exc:
@@ -347,7 +317,7 @@ def run(
         document = summary.to_json()
         if gate is not None:
             document["gate"] = gate.to_wire()
-        output.write_text(json.dumps(document, indent=2) + "\n")
+        write_run_output(output, document, db, samples=output_samples)
     if gate is not None and not gate.passed:
         errors.print(f"[red]gate failed:[/] {escape(gate_message(gate))}", highlight=False)
         raise typer.Exit(EXIT_GATE_FAILED)
@@ -394,25 +364,6 @@ def _bridge_factory() -> Any:
 
 
 @app.command()
-def runs(db: DbOption = None, limit: Annotated[int, typer.Option(min=1)] = 20) -> None:
-    """List recent runs in the store."""
-    store = _open_store(db)
-    try:
-        records = store.list_runs(limit)
-    finally:
-        store.close()
-    table = Table("run", "suite", "phase", "sandbox", "created")
-    for record in records:
-        table.add_row(
-            record.run_id,
-            record.suite_name,
-            record.phase,
-            record.sandbox,
-            str(record.created_at)[:19],
-        )
-    console.print(table)
-
-
 @app.command()
 def compare(
     baseline: Annotated[str, typer.Argument(help="Baseline run id (see `evalkube runs`)")],
@@ -435,7 +386,7 @@ def compare(
     try:
         for name in (baseline, run_id):
             if store.get_run(name) is None:
-                _fail(f"run {name!r} not found in {_store_url(db)}", EXIT_CONFIG)
+                _fail(f"run {name!r} not found in {shown_store(store_url(db))}", EXIT_CONFIG)
         deltas = compare_runs(store, baseline, run_id, confidence=confidence)
     finally:
         store.close()
@@ -451,122 +402,6 @@ def compare(
         console.print(flipped_table(deltas, flipped))
 
 
-@app.command()
-def samples(
-    run_id: Annotated[
-        str, typer.Argument(help="Run id (see `evalkube runs`), or the EvalRun name with --api")
-    ],
-    status: Annotated[str | None, typer.Option(help="failed|valid|invalid|errored")] = None,
-    task: Annotated[str | None, typer.Option(help="Only this task")] = None,
-    model: Annotated[str | None, typer.Option(help="Only this model")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=1_000)] = 10,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
-    db: DbOption = None,
-    api: Annotated[
-        str | None,
-        typer.Option(envvar="EVALKUBE_API", help="Read from the operator's samples API (URL)"),
-    ] = None,
-    namespace: Annotated[str, typer.Option("--namespace", "-n", help="With --api")] = "default",
-) -> None:
-    """Show samples of a run: prompt, target, output, extraction, scores, judge, error."""
-    if status is not None and status not in STATUS_FILTERS:
-        _fail(f"--status must be one of {', '.join(STATUS_FILTERS)}", EXIT_CONFIG)
-    if api is not None:
-        views = _api_samples(api, namespace, run_id, status, task, model, limit)
-    else:
-        store = _open_store(db)
-        try:
-            if store.get_run(run_id) is None:
-                _fail(
-                    f"run {run_id!r} is not in the store; list runs with `evalkube runs`",
-                    EXIT_CONFIG,
-                )
-            records, _ = store.page_samples(
-                run_id,
-                task_id=task,
-                model=model,
-                status=STATUS_FILTERS.get(status or ""),
-                limit=limit,
-            )
-        finally:
-            store.close()
-        views = [sample_view(r) for r in records]
-    if as_json:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(_utf8(json.dumps(views, indent=2, ensure_ascii=False) + "\n"))
-        sys.stdout.buffer.flush()
-        return
-    if not views:
-        console.print("no samples match")
-    for view in views:
-        lines = []
-        for key in (
-            "prompt",
-            "target",
-            "output_text",
-            "extracted_output",
-            "scores",
-            "judge",
-            "error",
-            "stdout",
-            "stderr",
-        ):
-            value = view[key]
-            if value is None or value == {}:
-                continue
-            text = (
-                value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
-            )
-            lines.append(f"[bold]{key}[/]: {escape(_utf8(text).decode())}")
-        color = {"valid": "green", "invalid": "yellow", "errored": "red"}.get(
-            view["status"], "white"
-        )
-        console.print(
-            Panel(
-                "\n".join(lines),
-                title=(
-                    f"{view['sample_id']} · {view['task_id']} · {escape(view['model'])} · "
-                    f"[{color}]{view['status']}[/]"
-                ),
-                title_align="left",
-            ),
-            highlight=False,
-        )
-
-
-def _api_samples(
-    api: str,
-    namespace: str,
-    name: str,
-    status: str | None,
-    task: str | None,
-    model: str | None,
-    limit: int,
-) -> list[dict[str, Any]]:
-    """One page of the debugging view from ``GET .../evalruns/{name}/samples``."""
-    import httpx
-
-    params = {"status": status, "task": task, "model": model, "limit": str(limit)}
-    url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/evalruns/{name}/samples"
-    try:
-        token = os.environ.get("EVALKUBE_API_TOKEN")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        response = httpx.get(
-            url, params={k: v for k, v in params.items() if v}, headers=headers, timeout=30
-        )
-    except httpx.HTTPError as exc:
-        _fail(f"cannot reach the samples API at {api}: {exc}", EXIT_RUNTIME)
-    if response.status_code != 200:
-        try:
-            detail = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            detail = response.text[:300]
-        _fail(f"samples API answered HTTP {response.status_code}: {detail}", EXIT_CONFIG)
-    views: list[dict[str, Any]] = response.json()["samples"]
-    return views
-
-
-@app.command()
 def validate(
     suite: Annotated[Path, typer.Argument(help="EvalSuite YAML")],
     run_file: Annotated[Path | None, typer.Argument(metavar="[RUN]")] = None,
@@ -616,8 +451,10 @@ def version() -> None:
 def _mount_subcommands() -> None:
     from evalkube.controller.crds_cli import crds
     from evalkube.proxy import cli as proxy_cli
+    from evalkube.reporting import commands as reporting
 
     app.command("crds")(crds)
+    reporting.register(app)
     app.add_typer(proxy_cli.app, name="proxy")
 
 

@@ -8,7 +8,9 @@ ingest port only; ``docs/security.md``):
   A run this replica has not seen yet (a standby replica, a restarted operator) is looked up
   from durable state (the EvalRun and its token Secret) through ``resolve``.
 - :attr:`ApiServer.api_app`: ``GET .../samples``, the debugging view
-  (``?status=failed&task=&model=&limit=&cursor=``, as ``evalkube samples`` shows it), which
+  (``?status=&task=&model=&min_score=M=V&max_score=M=V&search=&limit=&cursor=``, as
+  ``evalkube samples`` shows it; ``next_cursor`` pages on; ``metrics=true`` adds the run's
+  metric names), which
   always needs a token: the operator's read token (``EVALKUBE_API_TOKEN``) or that run's own
   token; plus ``/metrics`` and ``/healthz``.
 
@@ -29,9 +31,10 @@ from evalkube import jsonfast
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunEntry, RunRegistry
 from evalkube.store import ResultStore, TaskResultRecord
+from evalkube.store.filters import SampleFilter
 from evalkube.store.remote import sample_from_wire
 from evalkube.store.store import decode_cursor
-from evalkube.store.views import STATUS_FILTERS, sample_view
+from evalkube.store.views import sample_view
 
 PREFIX = "/api/v1/namespaces/{namespace}/evalruns/{name}"
 MAX_BODY = 256 * 1024 * 1024
@@ -168,9 +171,18 @@ class ApiServer:
         if entry is None:
             return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
         query = request.query
-        status = query.get("status")
-        if status is not None and status not in STATUS_FILTERS:
-            return _error(400, f"status must be one of {', '.join(STATUS_FILTERS)}")
+        try:
+            where = SampleFilter.parse(
+                task=query.get("task"),
+                model=query.get("model"),
+                status=query.get("status"),
+                min_score=query.getall("min_score", []),
+                max_score=query.getall("max_score", []),
+                search=query.get("search"),
+                prefix="",
+            )
+        except ValueError as exc:
+            return _error(400, str(exc))
         try:
             limit = int(query.get("limit", "10"))
             if not 1 <= limit <= 1000:
@@ -183,16 +195,19 @@ class ApiServer:
                 decode_cursor(cursor)
             except ValueError as exc:
                 return _error(400, str(exc))
+        if where.status == "wrong":
+            record = await asyncio.to_thread(self.store.get_run, entry.run_id)
+            where = where.for_run(record.spec if record else None)
         page, next_cursor = await asyncio.to_thread(
-            self.store.page_samples,
-            entry.run_id,
-            task_id=query.get("task"),
-            model=query.get("model"),
-            status=STATUS_FILTERS.get(status or ""),
-            cursor=cursor,
-            limit=limit,
+            self.store.page_samples, entry.run_id, cursor=cursor, limit=limit, where=where
         )
-        return _json({"samples": [sample_view(r) for r in page], "next_cursor": next_cursor})
+        answer: dict[str, Any] = {
+            "samples": [sample_view(r) for r in page],
+            "next_cursor": next_cursor,
+        }
+        if query.get("metrics") in ("1", "true"):
+            answer["metrics"] = await asyncio.to_thread(self.store.score_names, entry.run_id)
+        return _json(answer)
 
     async def sample_ids(self, request: web.Request) -> web.Response:
         entry = await self._authorized(request)

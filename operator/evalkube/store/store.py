@@ -30,18 +30,23 @@ from sqlalchemy import (
     Engine,
     and_,
     bindparam,
+    cast,
     create_engine,
     event,
+    func,
     inspect,
     select,
+    true,
     tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import make_url
 
 from evalkube import jsonfast, limits
 from evalkube.store import schema
+from evalkube.store.filters import SampleFilter, conditions
 from evalkube.store.records import RunRecord, SampleRecord, TaskResultRecord
 
 _dumps = jsonfast.dumps_str
@@ -356,10 +361,13 @@ class ResultStore:
         after: tuple[str, str, int] | None = None,
         limit: int | None = None,
         columns: str = "all",
+        where: SampleFilter | None = None,
     ) -> Iterator[SampleRecord]:
         """Stream samples ordered by task, model, position; filters are optional."""
         c = schema.samples.c
         query = select(schema.samples).where(c.run_id == run_id)
+        if where is not None:
+            query = query.where(*conditions(where, schema.samples, self._dialect))
         if task_id is not None:
             query = query.where(c.task_id == task_id)
         if model is not None:
@@ -387,18 +395,71 @@ class ResultStore:
         status: str | Sequence[str] | None = None,
         cursor: str | None = None,
         limit: int = 10,
+        where: SampleFilter | None = None,
     ) -> tuple[list[SampleRecord], str | None]:
         """One page of the debugging view and the opaque cursor of the next page."""
         after = decode_cursor(cursor) if cursor else None
         page = list(
             self.iter_samples(
-                run_id, task_id=task_id, model=model, status=status, after=after, limit=limit + 1
+                run_id,
+                task_id=task_id,
+                model=model,
+                status=status,
+                after=after,
+                limit=limit + 1,
+                where=where,
             )
         )
         more = len(page) > limit
         page = page[:limit]
         next_cursor = encode_cursor(page[-1]) if more and page else None
         return page, next_cursor
+
+    def iter_pages(
+        self, run_id: str, where: SampleFilter | None = None, page_size: int = 1000
+    ) -> Iterator[SampleRecord]:
+        """Every matching sample, read a page at a time by keyset cursor.
+
+        Memory stays at one page however large the run, and no read transaction is held
+        open between pages (a running unit keeps writing to SQLite meanwhile).
+        """
+        cursor: str | None = None
+        while True:
+            page, cursor = self.page_samples(run_id, cursor=cursor, limit=page_size, where=where)
+            yield from page
+            if cursor is None:
+                return
+
+    def score_names(self, run_id: str) -> list[str]:
+        """The metric names any sample of the run has, sorted (the CSV export's columns)."""
+        c = schema.samples.c
+        if self._dialect == "postgresql":
+            each = func.jsonb_each_text(cast(c.scores, JSONB)).table_valued("key", "value")
+        else:
+            each = func.json_each(c.scores).table_valued("key", "value")
+        query = (
+            select(each.c.key)
+            .select_from(schema.samples)
+            .join(each, true())
+            .where(c.run_id == run_id)
+            .distinct()
+        )
+        with self.engine.connect() as conn:
+            return sorted(str(row[0]) for row in conn.execute(query))
+
+    def status_counts(self, run_id: str) -> dict[tuple[str, str], dict[str, int]]:
+        """Samples per task x model and status (``evalkube runs`` of an unfinished run)."""
+        c = schema.samples.c
+        query = (
+            select(c.task_id, c.model, c.status, func.count())
+            .where(c.run_id == run_id)
+            .group_by(c.task_id, c.model, c.status)
+        )
+        out: dict[tuple[str, str], dict[str, int]] = {}
+        with self.engine.connect() as conn:
+            for task, model, status, count in conn.execute(query):
+                out.setdefault((task, model), {})[status] = int(count)
+        return out
 
     def apply_sample_updates(self, run_id: str, updates: Iterable[dict[str, Any]]) -> None:
         """Write batch updates in order: each has ``sample_id`` and new values of ``scores``,

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from evalkube.store.filters import STATUS_FILTERS
 from evalkube.store.records import SampleRecord
 
-#: ``--status`` / ``?status=`` values and the sample statuses they select.
-STATUS_FILTERS = {
-    "failed": ["invalid", "errored"],
-    "valid": ["valid"],
-    "invalid": ["invalid"],
-    "errored": ["errored"],
-    "pending": ["pending"],
-}
+__all__ = ["STATUS_FILTERS", "sample_view"]
 
 
 def sample_view(record: SampleRecord) -> dict[str, Any]:

@@ -344,6 +344,50 @@ def test_samples_view_is_per_run(harness: Harness) -> None:
     harness.serve(body)
 
 
+def test_samples_score_text_and_wrong_filters_page_by_cursor(harness: Harness) -> None:
+    """The API filters like ``evalkube samples``: a page is ``limit`` matching samples and
+    ``next_cursor`` walks the matching ones only."""
+    harness.store.record_samples(
+        [
+            SampleRecord(
+                RUN_ID, f"s_{i:03d}", "qa", "m", i, "valid",
+                output_text="needle" if i % 3 == 0 else "hay",
+                scores={"exact": float(i % 2), "f1": i / 100},
+            )
+            for i in range(30)
+        ]
+    )  # fmt: skip
+
+    async def walk(client: TestClient[Any, Any], params: dict[str, Any]) -> list[int]:
+        seen: list[int] = []
+        cursor: str | None = None
+        while True:
+            query = {**params, "limit": "4", **({"cursor": cursor} if cursor else {})}
+            response = await client.get(f"{BASE}/samples", headers=READ, params=query)
+            assert response.status == 200, await response.text()
+            page = await response.json()
+            assert 0 < len(page["samples"]) <= 4
+            seen += [int(s["sample_id"][2:]) for s in page["samples"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return seen
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        assert await walk(client, {"status": "wrong"}) == list(range(0, 30, 2))
+        assert await walk(client, {"min_score": "f1=0.2", "max_score": "f1=0.25"}) == list(
+            range(20, 26)
+        )
+        assert await walk(client, {"search": "NEEDLE", "min_score": "exact=1"}) == [
+            3, 9, 15, 21, 27,
+        ]  # fmt: skip
+        first = await (
+            await client.get(f"{BASE}/samples", headers=READ, params={"metrics": "true"})
+        ).json()
+        assert first["metrics"] == ["exact", "f1"]
+
+    harness.serve(body)
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [
@@ -352,6 +396,8 @@ def test_samples_view_is_per_run(harness: Harness) -> None:
         ({"limit": "1001"}, "limit must be"),
         ({"limit": "ten"}, "limit must be"),
         ({"cursor": "not-a-cursor"}, ""),
+        ({"min_score": "0.5"}, "min_score takes METRIC=VALUE"),
+        ({"max_score": "f1=lots"}, "max_score: 'lots' is not a number"),
     ],
 )
 def test_bad_samples_queries_are_400(

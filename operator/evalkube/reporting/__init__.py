@@ -1,0 +1,1 @@
+"""What a person reads of a run: ``evalkube runs``, ``samples`` (views and exports), ``report``."""

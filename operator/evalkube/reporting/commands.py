@@ -1,0 +1,15 @@
+"""Registers the reporting commands on the ``evalkube`` app (kept out of ``evalkube.cli``)."""
+
+from __future__ import annotations
+
+import typer
+
+from evalkube.reporting.report import report
+from evalkube.reporting.runs import runs
+from evalkube.reporting.samples import samples
+
+
+def register(app: typer.Typer) -> None:
+    app.command("runs")(runs)
+    app.command("samples")(samples)
+    app.command("report")(report)

@@ -1,0 +1,189 @@
+"""Sample exports: where the debugging views come from and the formats they are written in.
+
+Everything here streams: views are read a page at a time (from the store by keyset cursor,
+or from the operator's samples API by following ``next_cursor``) and written as they come,
+so exporting a million samples holds one page in memory.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+import httpx
+
+from evalkube.store import ResultStore
+from evalkube.store.filters import SampleFilter
+from evalkube.store.views import sample_view
+
+PAGE_SIZE = 1000
+FORMATS = ("table", "json", "jsonl", "csv")
+#: Sample columns of the CSV export, around one ``score:<metric>`` column per metric.
+CSV_HEAD = ("sample_id", "task_id", "model", "status", "row_id")
+CSV_TAIL = (
+    "target",
+    "output_text",
+    "extracted_output",
+    "prompt",
+    "judge",
+    "error_stage",
+    "error_type",
+    "error_message",
+    "error_traceback",
+    "model_calls",
+    "response_id",
+    "stdout",
+    "stderr",
+)
+
+
+class ApiError(RuntimeError):
+    """The samples API could not be reached or refused the request (message says why)."""
+
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+def store_views(
+    store: ResultStore, run_id: str, where: SampleFilter, limit: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """The matching samples of a local run as views, in order, at most ``limit``."""
+    for n, record in enumerate(store.iter_pages(run_id, where, PAGE_SIZE)):
+        if limit is not None and n >= limit:
+            return
+        yield sample_view(record)
+
+
+class ApiSamples:
+    """The samples of an EvalRun from the operator's API, following its cursor."""
+
+    def __init__(self, api: str, namespace: str, name: str, token: str | None) -> None:
+        self.url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/evalruns/{name}/samples"
+        self.api = api
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _get(self, client: httpx.Client, params: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = client.get(self.url, params=params, headers=self.headers)
+        except httpx.HTTPError as exc:
+            raise ApiError(
+                f"cannot reach the samples API at {self.api}: {exc}", unreachable=True
+            ) from None
+        if response.status_code != 200:
+            try:
+                detail = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                detail = response.text[:300]
+            raise ApiError(f"samples API answered HTTP {response.status_code}: {detail}")
+        body: dict[str, Any] = response.json()
+        return body
+
+    @staticmethod
+    def params(where: SampleFilter) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "status": where.status,
+            "task": where.task,
+            "model": where.model,
+            "search": where.search,
+            "min_score": [f"{r.metric}={r.low!r}" for r in where.scores if r.low is not None],
+            "max_score": [f"{r.metric}={r.high!r}" for r in where.scores if r.high is not None],
+        }
+        return {k: v for k, v in params.items() if v}
+
+    def metrics(self, where: SampleFilter) -> list[str]:
+        """The run's metric names (the CSV columns), asked of the API once."""
+        with httpx.Client(timeout=60) as client:
+            body = self._get(client, {**self.params(where), "limit": 1, "metrics": "true"})
+        return [str(name) for name in body.get("metrics") or []]
+
+    def views(self, where: SampleFilter, limit: int | None = None) -> Iterator[dict[str, Any]]:
+        """Every matching view (at most ``limit``), a page per request."""
+        cursor: str | None = None
+        left = limit
+        with httpx.Client(timeout=60) as client:
+            while left is None or left > 0:
+                size = PAGE_SIZE if left is None else min(left, PAGE_SIZE)
+                params = {**self.params(where), "limit": size}
+                if cursor:
+                    params["cursor"] = cursor
+                body = self._get(client, params)
+                page: list[dict[str, Any]] = body["samples"]
+                yield from page
+                if left is not None:
+                    left -= len(page)
+                cursor = body.get("next_cursor")
+                if not cursor:
+                    return
+
+
+def write_jsonl(views: Iterable[dict[str, Any]], out: IO[str]) -> int:
+    """One JSON object per line; returns how many."""
+    n = 0
+    for view in views:
+        out.write(json.dumps(view, ensure_ascii=False) + "\n")
+        n += 1
+    return n
+
+
+def write_json(views: Iterable[dict[str, Any]], out: IO[str]) -> int:
+    """A JSON array (what ``--json`` has always printed), written a view at a time."""
+    n = 0
+    out.write("[")
+    for view in views:
+        body = json.dumps(view, indent=2, ensure_ascii=False).replace("\n", "\n  ")
+        out.write(("," if n else "") + "\n  " + body)
+        n += 1
+    out.write("\n]\n" if n else "]\n")
+    return n
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def csv_columns(metrics: Iterable[str]) -> list[str]:
+    return [*CSV_HEAD, *(f"score:{m}" for m in metrics), *CSV_TAIL]
+
+
+def csv_row(view: dict[str, Any], metrics: list[str]) -> list[str]:
+    """A view as CSV cells: text as is, structured values as JSON, a score per metric."""
+    error = view.get("error") or {}
+    scores = view.get("scores") or {}
+    extra = {
+        "error_stage": error.get("stage"),
+        "error_type": error.get("type"),
+        "error_message": error.get("message"),
+        "error_traceback": error.get("traceback"),
+    }
+    return [
+        *(_cell(view.get(k)) for k in CSV_HEAD),
+        *(repr(float(scores[m])) if m in scores else "" for m in metrics),
+        *(_cell(extra[k] if k in extra else view.get(k)) for k in CSV_TAIL),
+    ]
+
+
+def write_csv(views: Iterable[dict[str, Any]], out: IO[str], metrics: list[str]) -> int:
+    """RFC 4180 CSV with a header row; newlines inside cells are quoted, not split."""
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(csv_columns(metrics))
+    n = 0
+    for view in views:
+        writer.writerow(csv_row(view, metrics))
+        n += 1
+    return n
+
+
+def text_stream(binary: IO[bytes]) -> io.TextIOWrapper:
+    """A UTF-8 text stream over ``binary`` that writes lone surrogates (a grader may return
+    them) as ``\\udXXX`` instead of failing; ``newline=""`` keeps CSV's CRLF as written."""
+    return io.TextIOWrapper(
+        binary, encoding="utf-8", errors="backslashreplace", newline="", write_through=True
+    )
