@@ -35,12 +35,16 @@ from typing import IO, ClassVar
 
 import evalkube_sandbox
 from evalkube import limits
+from evalkube.sandbox import environment as grader_env
 
 #: Where the worker package lives on the host (bound read-only into sandboxes).
 WORKER_ROOT = Path(evalkube_sandbox.__file__).resolve().parent.parent
-#: The bootstrap the worker is started with: no site-packages, no user environment.
+#: The bootstrap the worker is started with: no site-packages, no user environment. The
+#: worker package goes first; the grader environment's package directory, when one is given
+#: (``argv[2]``), goes AFTER the standard library: a module there cannot shadow the stdlib,
+#: and nothing is imported from it until a grader asks.
 WORKER_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "import sys; sys.path.insert(0, sys.argv[1]); sys.path.extend(sys.argv[2:]); "
     "from evalkube_sandbox.worker import main; raise SystemExit(main())"
 )
 #: Prefix of every host-side resource a sandbox creates (temp dirs, cgroups, container ids):
@@ -85,6 +89,10 @@ class SpawnRequest:
     #: The model bridge proxy as the runner sees it (``unix:/path`` or ``http://host:port``),
     #: or ``None`` when the programs have no model access.
     model_endpoint: str | None = None
+    #: The host package directory graders may import from (mounted read-only at
+    #: :data:`~evalkube.sandbox.environment.INSIDE_ENVIRONMENT` by isolating backends), or
+    #: ``None``: the standard library only. Default: the managed grader environment.
+    environment: Path | None = field(default_factory=grader_env.default_site_packages)
 
 
 class WorkerProcess:
@@ -369,6 +377,9 @@ class SandboxBackend(ABC):
     name: ClassVar[str]
     #: True when user code is isolated from the host (network, files, processes).
     isolating: ClassVar[bool]
+    #: True when the backend mounts a host grader environment (``SpawnRequest.environment``);
+    #: a pod's grader container brings its own, in its image.
+    mounts_environment: ClassVar[bool] = True
     registry: ClassVar[dict[str, type[SandboxBackend]]] = {}
 
     def __init_subclass__(cls) -> None:
@@ -415,8 +426,9 @@ class ProcessBackend(SandboxBackend):
                 (resource.RLIMIT_CORE, 0),
             )
         )
+        site = [str(request.environment)] if request.environment is not None else []
         popen = spawn_pipes(
-            [sys.executable, "-I", "-S", "-c", WORKER_BOOTSTRAP, str(WORKER_ROOT)],
+            [sys.executable, "-I", "-S", "-c", WORKER_BOOTSTRAP, str(WORKER_ROOT), *site],
             setup,
             cwd=workdir,
         )
