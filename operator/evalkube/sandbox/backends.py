@@ -328,8 +328,25 @@ def _sigint_deferred() -> Iterator[None]:
 
 
 def worker_env() -> dict[str, str]:
-    """The worker's whole environment: nothing inherited, so no secret can leak in."""
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    """The worker's whole environment: nothing inherited, so no secret can leak in.
+
+    One BLAS/OpenMP thread: the grader environment's numpy, scipy and scikit-learn would
+    otherwise start a thread per host CPU on import, which the sandbox's pids limit and
+    ``RLIMIT_AS`` refuse on a large machine; parallelism comes from workers, not graders."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **SINGLE_THREADED_MATH,
+    }
+
+
+#: Thread-pool sizes of the native math libraries graders may import (OpenBLAS, OpenMP, MKL).
+SINGLE_THREADED_MATH = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
 def resource_name(kind: str) -> str:

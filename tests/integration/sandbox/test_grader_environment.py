@@ -240,3 +240,30 @@ def test_a_task_can_name_its_own_package_directory(name: str, tmp_path: Path) ->
     finally:
         sandbox.close()
     assert (execution.status, execution.value) == ("returned", 0.25)
+
+
+THREADS = """
+import threading
+import numpy
+from threadpoolctl import threadpool_info
+
+def grade(sample, item):
+    return {
+        "scores": {"s": 1.0},
+        "judge": {
+            "pools": [p["num_threads"] for p in threadpool_info()],
+            "threads": threading.active_count(),
+        },
+    }
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_numpy_starts_one_blas_thread_whatever_the_host_cpus(
+    name: str, site_packages: Path
+) -> None:
+    (execution,), _ = run(backend(name), THREADS, ["x"], timeout=30)
+    assert execution.status == "returned", execution.error
+    assert execution.value["judge"]["pools"]
+    assert set(execution.value["judge"]["pools"]) == {1}
