@@ -35,6 +35,12 @@ PY=${EVALKUBE_PYTHON:-}
 [[ -n $PY ]] || { [[ -x .venv/bin/python ]] && PY=.venv/bin/python; } || PY=python3
 version=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 [[ $version == 3.11 ]] || { log "$PY is Python $version; the lock pins CPython 3.11 wheels"; exit 1; }
+# the isolating sandboxes run the system's /usr/bin/python3: compiled packages need the same minor
+if [[ -x /usr/bin/python3 ]]; then
+  system=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  [[ $system == 3.11 ]] || log "warning: /usr/bin/python3 (isolating sandboxes) is $system:" \
+    "the lock's compiled packages (numpy, scipy, ...) will not import there; only under --sandbox process"
+fi
 
 mkdir -p "$ROOT"
 chmod 755 "$ROOT"
