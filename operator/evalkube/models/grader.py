@@ -87,8 +87,13 @@ class GraderSpec(_CodeRef):
             or value in ("default", "stdlib")
             or value.startswith(("/", "./", "../", "~"))
         ):
-            if value is not None and any(c.isspace() or not c.isprintable() for c in value):
-                raise ValueError(f"the path {value!r} holds whitespace or control characters")
+            if value is not None and any(
+                c.isspace() or not c.isprintable() or c == ":" for c in value
+            ):
+                raise ValueError(
+                    f"the path {value!r} holds whitespace, `:` or control characters (the "
+                    "sandboxes' bind syntax): move the environment to a plainer path"
+                )
             return value
         if not _IMAGE.fullmatch(value):
             raise ValueError(

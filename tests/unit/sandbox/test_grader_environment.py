@@ -52,7 +52,7 @@ def test_accepted_values(value: str) -> None:
     assert suite.spec.tasks[0].grader.environment == value
 
 
-@pytest.mark.parametrize("value", ["Not An Image", "", "UPPER/case", 3])
+@pytest.mark.parametrize("value", ["Not An Image", "", "UPPER/case", 3, "/a:b", "./my env"])
 def test_a_bad_value_is_refused_naming_the_field(value: object) -> None:
     with pytest.raises(SpecError) as exc:
         validate_spec(EvalSuite, _suite(value), prefix="")
