@@ -4,9 +4,15 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: setup sandboxes demo test lint typecheck crds-check system-deps native-proxy images
+.PHONY: setup grader-env sandboxes demo test lint typecheck crds-check system-deps native-proxy images
 setup:
 	bash .ci/python.sh
+	bash .ci/grader-env.sh >/dev/null
+
+# The grader environment (packages graders may import: sandbox_image/evalkube_sandbox/
+# grader-env.lock.txt) in a cache outside the work tree; prints its folder. Cached by the lock.
+grader-env:
+	bash .ci/grader-env.sh | tail -1
 
 # The isolating sandboxes `evalkube run --sandbox auto` chooses from (gVisor, bubblewrap, nsjail).
 sandboxes: setup

@@ -20,7 +20,9 @@
 #
 # Cache: ${EVALKUBE_IMAGES_CACHE:-$HOME/.cache/evalkube-images}/<key>, the key a hash of the
 # base key, both Dockerfiles, every file copied into the images (tracked or new, not ignored)
-# and the pause source. A second run with the same content returns at once.
+# and the pause source: the grader environment's lock (sandbox_image/evalkube_sandbox/
+# grader-env.lock.txt, installed into the grader image) is one of them. A second run with the
+# same content returns at once.
 #
 # Needs (installed from Debian when missing): buildah, mmdebstrap, gcc, busybox-static.
 set -euo pipefail

@@ -187,7 +187,8 @@ ATTACKS = [
     Attack(
         "write_outside_tmp",
         """
-        for path in ("{host_file}", "/usr/pwned", "/pwned", "/opt/evalkube/pwned"):
+        for path in ("{host_file}", "/usr/pwned", "/pwned", "/opt/evalkube/pwned",
+                     "/opt/evalkube-env/pwned"):
             try:
                 with open(path, "w") as f:
                     f.write("pwned")

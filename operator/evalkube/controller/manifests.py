@@ -19,6 +19,7 @@ from evalkube.controller import names
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import Unit
 from evalkube.models import EvalRunSpec
+from evalkube.sandbox.environment import INSIDE_ENVIRONMENT, STDLIB, cluster_image
 
 SNAPSHOT_DIR = "/etc/evalkube/snapshot"
 DATASETS_DIR = "/etc/evalkube/datasets"
@@ -38,6 +39,19 @@ SANDBOX_BOOTSTRAP = (
     f"import sys, runpy; sys.path.insert(0, {SANDBOX_PACKAGE_DIR!r}); "
     "runpy.run_module('evalkube_sandbox', run_name='__main__')"
 )
+
+
+def sandbox_bootstrap(environment: str | None) -> str:
+    """The grader container's bootstrap: the worker package first; the image's grader
+    environment (:data:`INSIDE_ENVIRONMENT`) after the standard library, unless the task asks
+    for ``stdlib``."""
+    if environment == STDLIB:
+        return SANDBOX_BOOTSTRAP
+    return SANDBOX_BOOTSTRAP.replace(
+        "; runpy.", f"; sys.path.append({INSIDE_ENVIRONMENT!r}); runpy.", 1
+    )
+
+
 NOBODY = 65534
 #: Prefix of gVisor's per-volume mount hints (``<prefix>.<volume>.share`` / ``.type``).
 GVISOR_MOUNT_ANNOTATION = "dev.gvisor.spec.mount"
@@ -230,12 +244,15 @@ def unit_job(
     timeout_seconds: int,
     preprocess_timeout: int = 0,
     model_access: bool = True,
+    grader_environment: str | None = None,
 ) -> dict[str, Any]:
     """The Job of one work unit (see the module docstring for the Pod's trust layout).
 
     The proxy starts with a zero budget for the unit: nothing a grader sends is served until
     the runner configures the unit's budget and opens execution tokens. Without
-    ``model_access`` the grader container does not even mount the bridge's socket.
+    ``model_access`` the grader container does not even mount the bridge's socket. The task's
+    ``grader.environment`` picks the grader container's image (an image reference) or keeps
+    the sandbox image (``default``; ``stdlib`` leaves its environment off ``sys.path``).
     """
     run_name = owner["metadata"]["name"]
     meta = _meta(owner, names.job_name(run_name, unit.unit_id), "work-unit")
@@ -348,11 +365,23 @@ def unit_job(
     }
     grader = {
         "name": "grader",
-        "image": settings.sandbox_image,
+        "image": cluster_image(
+            grader_environment,
+            settings.sandbox_image,
+            field=f"tasks[{unit.task_id}].grader.environment",
+        ),
         # a native sidecar too: it serves until the runner is done, then the kubelet stops it
         # (as a regular container it kept every finished pod, and its Job, running)
         "restartPolicy": "Always",
-        "command": ["python3", "-I", "-S", "-c", SANDBOX_BOOTSTRAP, "--listen", WORKER_SOCKET],
+        "command": [
+            "python3",
+            "-I",
+            "-S",
+            "-c",
+            sandbox_bootstrap(grader_environment),
+            "--listen",
+            WORKER_SOCKET,
+        ],
         "env": [],
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},

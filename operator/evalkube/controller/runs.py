@@ -379,6 +379,7 @@ class RunReconciler:
                 timeout_seconds=task.grader.timeout_seconds,
                 preprocess_timeout=task.preprocess.timeout_seconds if task.preprocess else 0,
                 model_access=has_model_access(task),
+                grader_environment=task.grader.environment,
             )
             if await self.kube.create(job):
                 self.metrics.jobs_created.inc()

@@ -23,7 +23,7 @@ class OperatorSettings(BaseSettings):
     runner_image: str = "ghcr.io/evalkube/evalkube:0.1.0"
     """Image of the work-unit ``runner`` and ``proxy`` containers (this package)."""
     sandbox_image: str = "ghcr.io/evalkube/evalkube-sandbox:0.1.0"
-    """Image of the ``grader`` container (stdlib Python + ``evalkube_sandbox``)."""
+    """Image of the ``grader`` container (``evalkube_sandbox`` + the grader environment)."""
     runtime_class: str | None = "gvisor"
     """RuntimeClass of work-unit pods (gVisor); empty to use the node default."""
     shard_size: int = Field(default=limits.SHARD_SIZE_DEFAULT, ge=1)

@@ -16,6 +16,7 @@ from typing import Any
 from evalkube.engine.loading import ConfigError
 from evalkube.engine.validate import check_source
 from evalkube.models import EvalRunSpec, EvalSuiteSpec, SpecError, validate_spec
+from evalkube.sandbox.environment import is_path
 
 #: Reads ``(namespace, configmap, key)``; returns the value or ``None`` when absent.
 ConfigMapReader = Callable[[str, str, str], str | None]
@@ -98,6 +99,13 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
         else:
             check.problems.append(
                 f"{where}.dataset.path: files are not reachable in a cluster; use configMapRef"
+            )
+        environment = task.grader.environment
+        if environment is not None and is_path(environment):
+            check.problems.append(
+                f"{where}.grader.environment: {environment!r} is a local directory, which a "
+                "cluster cannot mount; name an image built FROM the evalkube-sandbox image, "
+                "`default` or `stdlib`"
             )
         if task.outputs is not None and task.outputs.path is not None:
             check.problems.append(

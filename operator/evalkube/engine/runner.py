@@ -32,6 +32,7 @@ from evalkube.grading import (
     validate_return,
 )
 from evalkube.sandbox import Execution, GraderSandbox, ProgramLoadError, SandboxBackend
+from evalkube.sandbox.environment import EnvironmentProblem, LocalEnvironment, resolve_local
 from evalkube.store import SampleRecord, SampleWriter, TaskResultRecord
 from evalkube.store.protocol import SampleStore
 
@@ -279,6 +280,22 @@ def task_sandbox(ctx: UnitContext) -> GraderSandbox:
     return _start_sandbox(ctx.backend, ctx.runtime, ctx.model_endpoint)
 
 
+def sandbox_environment(backend: SandboxBackend, runtime: TaskRuntime) -> LocalEnvironment | None:
+    """What a local sandbox mounts for the task's ``grader.environment`` (``None``: the
+    managed grader environment, or a pod's grader container, whose image holds its own)."""
+    if not backend.mounts_environment:
+        return None
+    if runtime.environment is not None:
+        return runtime.environment
+    try:
+        return resolve_local(
+            runtime.task.grader.environment,
+            field=f"tasks[{runtime.task.id}].grader.environment",
+        )
+    except EnvironmentProblem as exc:
+        raise UnitFailed(str(exc)) from None
+
+
 def _start_sandbox(
     backend: SandboxBackend, runtime: TaskRuntime, model_endpoint: str | None
 ) -> GraderSandbox:
@@ -292,6 +309,7 @@ def _start_sandbox(
         if model_endpoint
         else limits.WORKER_BATCH_SIZE,
         isolation=runtime.task.grader.resolved_isolation,
+        environment=sandbox_environment(backend, runtime),
     )
     try:
         sandbox.start()
@@ -632,6 +650,7 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         model_endpoint=ctx.model_endpoint,
         load_timeout=float(task.grader.timeout_seconds),
         isolation=task.grader.resolved_isolation,
+        environment=sandbox_environment(ctx.backend, runtime),
     )
     try:
         sandbox.start()

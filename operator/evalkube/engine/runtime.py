@@ -9,6 +9,12 @@ from evalkube.engine.loading import ConfigError, LoadedSuite
 from evalkube.grading import Extractor, PromptTemplate, TemplateError
 from evalkube.models import TaskSpec
 from evalkube.sandbox import Program
+from evalkube.sandbox.environment import (
+    EnvironmentProblem,
+    LocalEnvironment,
+    is_path,
+    resolve_local,
+)
 
 
 @dataclass
@@ -23,6 +29,9 @@ class TaskRuntime:
     context: dict[str, Any]
     saved_run: str | None = None
     """Set when the programs are the copy saved by this run (messages name it, not files)."""
+    environment: LocalEnvironment | None = None
+    """A ``grader.environment`` path, resolved and checked; ``None`` for the other values
+    (resolved where the sandbox starts: :func:`evalkube.engine.runner.sandbox_environment`)."""
 
     @property
     def programs(self) -> list[Program]:
@@ -66,6 +75,16 @@ class TaskRuntime:
         if task.preprocess is not None:
             source, filename = loaded.sources[(task.id, "preprocess")]
             preprocess = Program("preprocess", source, filename, task.preprocess.entrypoint)
+        environment = None
+        if task.grader.environment is not None and is_path(task.grader.environment):
+            try:
+                environment = resolve_local(
+                    task.grader.environment,
+                    field=f"{where}.grader.environment",
+                    base=loaded.base_dir,
+                )
+            except EnvironmentProblem as exc:
+                raise ConfigError(str(exc)) from None
         return cls(
             task,
             template,
@@ -74,4 +93,5 @@ class TaskRuntime:
             preprocess,
             {"few_shot": task.few_shot, "task_id": task.id},
             loaded.saved_run,
+            environment,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
@@ -13,6 +14,11 @@ Contract = Literal["sample", "batch", "model_backed"]
 Execution = Literal["per_sample", "aggregate"]
 ModelAccess = Literal["gateway", "none", "mka1"]
 Isolation = Literal["unit", "sample"]
+#: An image reference: ``[host[:port]/]name[/name...][:tag][@sha256:digest]`` (lower case).
+_IMAGE = re.compile(
+    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
 
 # strict: `timeoutSeconds: true` must not silently mean 1 second
 TimeoutSeconds = Annotated[
@@ -66,6 +72,35 @@ class GraderSpec(_CodeRef):
     fresh process forked from the warm worker, its result encoded by the worker, its
     processes killed and its scratch files wiped afterwards, so a sample can change only its
     own result: for graders that run model output. Slower (a fork per sample)."""
+    environment: str | None = None
+    """The packages the grader may import. ``default``: the grader environment (OpenAI's
+    python-grader package set, docs/graders.md); ``stdlib``: the standard library only; a
+    path (``/``, ``./``, ``../`` or ``~``): locally, a venv or ``pip install --target``
+    directory; otherwise an image: in a cluster, the grader container's image (built FROM
+    the evalkube-sandbox image)."""
+
+    @field_validator("environment")
+    @classmethod
+    def _check_environment(cls, value: str | None) -> str | None:
+        if (
+            value is None
+            or value in ("default", "stdlib")
+            or value.startswith(("/", "./", "../", "~"))
+        ):
+            if value is not None and any(
+                c.isspace() or not c.isprintable() or c == ":" for c in value
+            ):
+                raise ValueError(
+                    f"the path {value!r} holds whitespace, `:` or control characters (the "
+                    "sandboxes' bind syntax): move the environment to a plainer path"
+                )
+            return value
+        if not _IMAGE.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is neither `default`, `stdlib`, a path (starting with /, ./, ../ "
+                "or ~) nor an image reference (e.g. registry.example/graders:1.0)"
+            )
+        return value
 
     @field_validator("model_access")
     @classmethod

@@ -35,12 +35,16 @@ from typing import IO, ClassVar
 
 import evalkube_sandbox
 from evalkube import limits
+from evalkube.sandbox import environment as grader_env
 
 #: Where the worker package lives on the host (bound read-only into sandboxes).
 WORKER_ROOT = Path(evalkube_sandbox.__file__).resolve().parent.parent
-#: The bootstrap the worker is started with: no site-packages, no user environment.
+#: The bootstrap the worker is started with: no site-packages, no user environment. The
+#: worker package goes first; the grader environment's package directory, when one is given
+#: (``argv[2]``), goes AFTER the standard library: a module there cannot shadow the stdlib,
+#: and nothing is imported from it until a grader asks.
 WORKER_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "import sys; sys.path.insert(0, sys.argv[1]); sys.path.extend(sys.argv[2:]); "
     "from evalkube_sandbox.worker import main; raise SystemExit(main())"
 )
 #: Prefix of every host-side resource a sandbox creates (temp dirs, cgroups, container ids):
@@ -85,6 +89,10 @@ class SpawnRequest:
     #: The model bridge proxy as the runner sees it (``unix:/path`` or ``http://host:port``),
     #: or ``None`` when the programs have no model access.
     model_endpoint: str | None = None
+    #: The host package directory graders may import from (mounted read-only at
+    #: :data:`~evalkube.sandbox.environment.INSIDE_ENVIRONMENT` by isolating backends), or
+    #: ``None``: the standard library only. Default: the managed grader environment.
+    environment: Path | None = field(default_factory=grader_env.default_site_packages)
 
 
 class WorkerProcess:
@@ -320,8 +328,25 @@ def _sigint_deferred() -> Iterator[None]:
 
 
 def worker_env() -> dict[str, str]:
-    """The worker's whole environment: nothing inherited, so no secret can leak in."""
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    """The worker's whole environment: nothing inherited, so no secret can leak in.
+
+    One BLAS/OpenMP thread: the grader environment's numpy, scipy and scikit-learn would
+    otherwise start a thread per host CPU on import, which the sandbox's pids limit and
+    ``RLIMIT_AS`` refuse on a large machine; parallelism comes from workers, not graders."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **SINGLE_THREADED_MATH,
+    }
+
+
+#: Thread-pool sizes of the native math libraries graders may import (OpenBLAS, OpenMP, MKL).
+SINGLE_THREADED_MATH = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
 def resource_name(kind: str) -> str:
@@ -369,6 +394,9 @@ class SandboxBackend(ABC):
     name: ClassVar[str]
     #: True when user code is isolated from the host (network, files, processes).
     isolating: ClassVar[bool]
+    #: True when the backend mounts a host grader environment (``SpawnRequest.environment``);
+    #: a pod's grader container brings its own, in its image.
+    mounts_environment: ClassVar[bool] = True
     registry: ClassVar[dict[str, type[SandboxBackend]]] = {}
 
     def __init_subclass__(cls) -> None:
@@ -415,8 +443,9 @@ class ProcessBackend(SandboxBackend):
                 (resource.RLIMIT_CORE, 0),
             )
         )
+        site = [str(request.environment)] if request.environment is not None else []
         popen = spawn_pipes(
-            [sys.executable, "-I", "-S", "-c", WORKER_BOOTSTRAP, str(WORKER_ROOT)],
+            [sys.executable, "-I", "-S", "-c", WORKER_BOOTSTRAP, str(WORKER_ROOT), *site],
             setup,
             cwd=workdir,
         )

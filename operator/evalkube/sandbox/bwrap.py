@@ -19,6 +19,7 @@ from evalkube.sandbox.backends import (
     SpawnRequest,
     worker_env,
 )
+from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
 from evalkube.sandbox.jailed import JailedBackend, run_probe
 
 
@@ -64,12 +65,17 @@ def bwrap_argv(
         # --dev's /dev/shm is writable and bounded only by the memory cgroup: cap it like /tmp
         "--size", str(request.limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/dev/shm",
     ]  # fmt: skip
+    site: list[str] = []
+    if request.environment is not None:
+        argv += ["--ro-bind", str(request.environment), INSIDE_ENVIRONMENT]
+        site.append(INSIDE_ENVIRONMENT)
     if bridge_socket is not None:
         argv += ["--ro-bind", str(bridge_socket), hostfs.INSIDE_BRIDGE_SOCKET]
     argv += [
         "--remount-ro", "/",
         "--chdir", "/tmp",
         "--", hostfs.INSIDE_PYTHON, "-I", "-S", "-c", WORKER_BOOTSTRAP, hostfs.INSIDE_WORKER_ROOT,
+        *site,
     ]  # fmt: skip
     return argv
 

@@ -38,6 +38,7 @@ from evalkube.sandbox.backends import (
     stale_temp_dirs,
     worker_env,
 )
+from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
 
 KIND = "gvisor"
 #: How long a runsc management command (kill, delete, list) may take.
@@ -89,7 +90,13 @@ class GVisorBackend(SandboxBackend):
         with cleanup_on_error(steps):
             state.mkdir()
             system = hostfs.system_entries()
-            _make_rootfs(bundle / "rootfs", system, bridge=bridge_socket is not None)
+            env = request.environment
+            _make_rootfs(
+                bundle / "rootfs",
+                system,
+                bridge=bridge_socket is not None,
+                environment=env is not None,
+            )
             spec = oci.build_spec(
                 args=[
                     hostfs.INSIDE_PYTHON,
@@ -98,8 +105,10 @@ class GVisorBackend(SandboxBackend):
                     "-c",
                     WORKER_BOOTSTRAP,
                     hostfs.INSIDE_WORKER_ROOT,
+                    *([INSIDE_ENVIRONMENT] if env is not None else []),
                 ],
                 env=worker_env(),
+                environment=str(env) if env is not None else None,
                 system=system,
                 worker_package=str(hostfs.worker_package_dir()),
                 bridge_socket=str(bridge_socket) if bridge_socket is not None else None,
@@ -135,12 +144,14 @@ class GVisorBackend(SandboxBackend):
         )
 
 
-def _make_rootfs(rootfs: Path, system: list[hostfs.SystemEntry], *, bridge: bool) -> None:
+def _make_rootfs(
+    rootfs: Path, system: list[hostfs.SystemEntry], *, bridge: bool, environment: bool
+) -> None:
     rootfs.mkdir(parents=True)
     for entry in system:
         if entry.target is not None:
             os.symlink(entry.target, rootfs / entry.path.lstrip("/"))
-    for relative in oci.rootfs_dirs(system, bridge=bridge):
+    for relative in oci.rootfs_dirs(system, bridge=bridge, environment=environment):
         (rootfs / relative).mkdir(parents=True, exist_ok=True)
     if bridge:
         (rootfs / hostfs.INSIDE_BRIDGE_SOCKET.lstrip("/")).touch(0o644)

@@ -75,6 +75,14 @@ def _world_readable(path: Path) -> bool:
         return False
 
 
+def sandbox_user_can_reach(path: Path) -> bool:
+    """True when every directory down to ``path`` lets "other" (uid 65534) search it."""
+    try:
+        return all(part.stat().st_mode & stat.S_IXOTH for part in [*reversed(path.parents), path])
+    except OSError:
+        return False
+
+
 @cache
 def worker_package_dir() -> Path:
     """A host directory holding ``evalkube_sandbox`` that the sandbox user can read.

@@ -40,12 +40,19 @@ def spawn_jailed(
     """Start ``build_argv(bridge_socket)`` in a fresh cgroup; see the module docstring."""
     cgroups.sweep_stale()
     limits = request.limits
+    drop = drop_to_sandbox_user and os.geteuid() == 0
+    env = request.environment
+    if drop and env is not None and not hostfs.sandbox_user_can_reach(env):
+        raise SandboxUnavailable(
+            f"the grader environment {env} is not reachable by the sandbox user (uid "
+            f"{hostfs.SANDBOX_UID}), which mounts it: a directory above it is closed to "
+            "others; put it elsewhere (EVALKUBE_GRADER_ENV_CACHE) or make it searchable"
+        )
     bridge_socket, inside_endpoint = hostfs.bridge_mount(request.model_endpoint)
     argv = build_argv(bridge_socket)
     group: cgroups.Cgroup | None = None
     if cgroups.available() is None:
         group = cgroups.Cgroup.create(limits.cgroup_memory_bytes, limits.pids)
-    drop = drop_to_sandbox_user and os.geteuid() == 0
     setup = ChildSetup(
         cgroup_procs=group.procs_files if group is not None else (),
         uid=hostfs.SANDBOX_UID if drop else None,

@@ -20,6 +20,7 @@ from evalkube.sandbox.backends import (
     SpawnRequest,
     worker_env,
 )
+from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
 from evalkube.sandbox.jailed import JailedBackend, run_probe
 
 
@@ -75,6 +76,10 @@ def nsjail_argv(
         "--mount", f"none:/tmp:tmpfs:size={request.limits.tmp_bytes},mode=1777",
         "--bindmount", "/dev/null",
     ]  # fmt: skip
+    site: list[str] = []
+    if request.environment is not None:
+        argv += ["--bindmount_ro", f"{request.environment}:{INSIDE_ENVIRONMENT}"]
+        site.append(INSIDE_ENVIRONMENT)
     if bridge_socket is not None:
         argv += ["--bindmount_ro", f"{bridge_socket}:{hostfs.INSIDE_BRIDGE_SOCKET}"]
     for key, value in sorted(worker_env().items()):
@@ -87,6 +92,7 @@ def nsjail_argv(
         "-c",
         WORKER_BOOTSTRAP,
         hostfs.INSIDE_WORKER_ROOT,
+        *site,
     ]
     return argv
 

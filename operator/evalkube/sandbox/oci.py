@@ -1,17 +1,18 @@
 """The OCI runtime spec (``config.json``) of a gVisor grader sandbox, built by a pure function.
 
 The container: an empty read-only root (the bundle's ``rootfs`` directory, holding only mount
-points and the host's ``/bin``-style symlinks), read-only binds of the system and the worker
-package (:mod:`evalkube.sandbox.hostfs`), a size-capped tmpfs ``/tmp``, uid/gid 65534, no
-capabilities, ``noNewPrivileges``, fresh namespaces, memory and pids limits, and the model
-bridge's socket when model access is on. No network is set up (runsc runs with
-``--network=none``).
+points and the host's ``/bin``-style symlinks), read-only binds of the system, the worker
+package (:mod:`evalkube.sandbox.hostfs`) and the grader environment, a size-capped tmpfs
+``/tmp``, uid/gid 65534, no capabilities, ``noNewPrivileges``, fresh namespaces, memory and
+pids limits, and the model bridge's socket when model access is on. No network is set up
+(runsc runs with ``--network=none``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
 from evalkube.sandbox.hostfs import (
     INSIDE_BRIDGE_SOCKET,
     INSIDE_WORKER_ROOT,
@@ -31,6 +32,7 @@ def build_spec(
     worker_package: str,
     bridge_socket: str | None,
     memory_bytes: int,
+    environment: str | None = None,
     pids: int,
     tmp_bytes: int,
     open_files: int,
@@ -71,6 +73,15 @@ def build_spec(
             "options": _RO_BIND,
         }
     )
+    if environment is not None:
+        mounts.append(
+            {
+                "destination": INSIDE_ENVIRONMENT,
+                "type": "bind",
+                "source": environment,
+                "options": _RO_BIND,
+            }
+        )
     if bridge_socket is not None:
         mounts.append(
             {
@@ -124,13 +135,15 @@ def build_spec(
     }
 
 
-def rootfs_dirs(system: list[SystemEntry], *, bridge: bool) -> list[str]:
+def rootfs_dirs(system: list[SystemEntry], *, bridge: bool, environment: bool = False) -> list[str]:
     """Directory mount points to create in the empty rootfs (relative paths).
 
     With ``bridge``, the socket's mount point (a file) goes in the last one listed.
     """
     dirs = ["proc", "dev", "tmp", "sys", f"{INSIDE_WORKER_ROOT.lstrip('/')}/evalkube_sandbox"]
     dirs += [entry.path.lstrip("/") for entry in system if entry.target is None]
+    if environment:
+        dirs.append(INSIDE_ENVIRONMENT.lstrip("/"))
     if bridge:
         dirs.append(INSIDE_BRIDGE_SOCKET.lstrip("/").rsplit("/", 1)[0])
     return dirs

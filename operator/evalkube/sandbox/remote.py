@@ -69,6 +69,7 @@ class PodSocketBackend(SandboxBackend):
 
     name: ClassVar[str] = "pod"
     isolating: ClassVar[bool] = True
+    mounts_environment: ClassVar[bool] = False
 
     def __init__(self, path: str = "", *, connect_timeout: float = 120.0) -> None:
         self.path = path

@@ -36,6 +36,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from evalkube import limits
@@ -46,6 +47,7 @@ from evalkube.sandbox.backends import (
     SpawnRequest,
     WorkerProcess,
 )
+from evalkube.sandbox.environment import LocalEnvironment, default_site_packages
 from evalkube.sandbox.execution import Execution, Status, from_answer, host_error
 from evalkube.sandbox.protocol import FrameError, encode, read_frame
 
@@ -187,8 +189,11 @@ class GraderSandbox:
         batch_size: int = limits.WORKER_BATCH_SIZE,
         sandbox_limits: SandboxLimits | None = None,
         isolation: str = "unit",
+        environment: LocalEnvironment | None = None,
     ) -> None:
         self.backend = backend
+        #: The packages the worker may import (``None``: the managed grader environment).
+        self.environment = environment
         #: ``sample``: the worker forks a process per execution; the worker then must never
         #: hold another sample's data when it forks: one sample per request, one request at
         #: a time.
@@ -220,8 +225,21 @@ class GraderSandbox:
                 if failures >= MAX_CONSECUTIVE_START_FAILURES:
                     raise
 
+    def _site_packages(self) -> Path | None:
+        """The host package directory to mount; none for a pod's grader container (its
+        image holds its environment)."""
+        if not self.backend.mounts_environment:
+            return None
+        if self.environment is None:
+            return default_site_packages()
+        return self.environment.site_packages
+
     def _spawn_and_load(self) -> _Live:
-        request = SpawnRequest(limits=self.limits, model_endpoint=self.model_endpoint)
+        request = SpawnRequest(
+            limits=self.limits,
+            model_endpoint=self.model_endpoint,
+            environment=self._site_packages(),
+        )
         try:
             process = self.backend.spawn(request)
         except SandboxUnavailable as exc:

@@ -542,3 +542,21 @@ def test_the_runner_waits_for_the_policy_only_when_a_canary_is_set() -> None:
     # without the gateway there is no policy to wait for that would keep the grader off the net
     direct = OperatorSettings(policy_canary_url="http://10.96.0.40:9090")
     assert "--policy-canary" not in container(job(settings=direct), "runner")["command"]
+
+
+# -- grader.environment: the grader container's image and its sys.path ----------------------------
+def test_a_task_environment_image_replaces_the_sandbox_image_for_its_grader() -> None:
+    grader = container(job(grader_environment="registry.example/graders:2.0"), "grader")
+    assert grader["image"] == "registry.example/graders:2.0"
+    assert "sys.path.append('/opt/evalkube-env')" in grader["command"][4]
+
+
+def test_default_keeps_the_sandbox_image_with_its_environment_and_stdlib_leaves_it_off() -> None:
+    default = container(job(grader_environment="default"), "grader")
+    assert default["image"] == OperatorSettings().sandbox_image
+    bootstrap = default["command"][4]
+    # after the worker package (first) and so after the standard library
+    assert bootstrap.index("sys.path.insert(0") < bootstrap.index("sys.path.append(")
+    stdlib = container(job(grader_environment="stdlib"), "grader")
+    assert stdlib["image"] == OperatorSettings().sandbox_image
+    assert "/opt/evalkube-env" not in stdlib["command"][4]

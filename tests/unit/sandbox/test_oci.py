@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from evalkube.sandbox import SandboxLimits, SpawnRequest
+from evalkube.sandbox.backends import WORKER_BOOTSTRAP
 from evalkube.sandbox.bwrap import bwrap_argv
+from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
 from evalkube.sandbox.hostfs import INSIDE_BRIDGE_SOCKET, SystemEntry
 from evalkube.sandbox.nsjail import nsjail_argv
 from evalkube.sandbox.oci import build_spec, rootfs_dirs
@@ -70,7 +72,7 @@ def _pairs(argv: list[str], flag: str) -> list[str]:
 
 
 def test_nsjail_maps_the_sandbox_user_and_keeps_the_network_off() -> None:
-    request = SpawnRequest(SandboxLimits(tmp_bytes=1 << 20, open_files=99))
+    request = SpawnRequest(SandboxLimits(tmp_bytes=1 << 20, open_files=99), environment=None)
     argv = nsjail_argv("nsjail", request, worker_package="/pkg", bridge_socket=None, system=SYSTEM)
     assert _pairs(argv, "--user") == ["65534:65534:1"]
     assert _pairs(argv, "--group") == ["65534:65534:1"]
@@ -104,3 +106,53 @@ def test_bwrap_unshares_everything_and_binds_the_bridge_read_only() -> None:
     assert ("/run/proxy/bridge.sock", INSIDE_BRIDGE_SOCKET) in binds
     assert not [a for a in argv if a == "--bind"]  # nothing writable from the host
     assert _pairs(argv, "--remount-ro") == ["/"]
+
+
+# -- the grader environment: bound read-only, appended to sys.path after the stdlib ---------------
+ENV = Path("/cache/evalkube-grader-env/k/site-packages")
+
+
+def test_gvisor_binds_the_grader_environment_read_only() -> None:
+    spec = build_spec(
+        args=["/usr/bin/python3", "-c", "pass"],
+        env={},
+        system=SYSTEM,
+        worker_package="/pkg/evalkube_sandbox",
+        bridge_socket=None,
+        memory_bytes=1 << 30,
+        pids=4096,
+        tmp_bytes=64 << 20,
+        open_files=256,
+        cgroups_path="/x",
+        environment=str(ENV),
+    )
+    mounts = {m["destination"]: m for m in spec["mounts"]}
+    assert mounts[INSIDE_ENVIRONMENT]["source"] == str(ENV)
+    assert {"rbind", "ro"} <= set(mounts[INSIDE_ENVIRONMENT]["options"])
+    assert INSIDE_ENVIRONMENT.lstrip("/") in rootfs_dirs(SYSTEM, bridge=False, environment=True)
+    assert INSIDE_ENVIRONMENT not in {m["destination"] for m in _spec()["mounts"]}
+
+
+def test_jails_bind_the_grader_environment_read_only_and_pass_it_last() -> None:
+    request = SpawnRequest(environment=ENV)
+    nsjail = nsjail_argv(
+        "nsjail", request, worker_package="/pkg", bridge_socket=None, system=SYSTEM
+    )
+    assert f"{ENV}:{INSIDE_ENVIRONMENT}" in _pairs(nsjail, "--bindmount_ro")
+    assert f"{ENV}:{INSIDE_ENVIRONMENT}" not in _pairs(nsjail, "--bindmount")
+    bwrap = bwrap_argv("bwrap", request, worker_package="/pkg", bridge_socket=None, system=SYSTEM)
+    binds = [(bwrap[i + 1], bwrap[i + 2]) for i, a in enumerate(bwrap) if a == "--ro-bind"]
+    assert (str(ENV), INSIDE_ENVIRONMENT) in binds
+    for argv in (nsjail, bwrap):
+        assert argv[-3:] == [WORKER_BOOTSTRAP, "/opt/evalkube", INSIDE_ENVIRONMENT]
+    stdlib_only = SpawnRequest(environment=None)
+    argv = bwrap_argv(
+        "bwrap", stdlib_only, worker_package="/pkg", bridge_socket=None, system=SYSTEM
+    )
+    assert INSIDE_ENVIRONMENT not in argv
+
+
+def test_the_bootstrap_appends_the_environment_after_the_standard_library() -> None:
+    # the worker package first; the environment after every stdlib entry (no shadowing)
+    assert "sys.path.insert(0, sys.argv[1])" in WORKER_BOOTSTRAP
+    assert "sys.path.extend(sys.argv[2:])" in WORKER_BOOTSTRAP
