@@ -28,6 +28,7 @@ from evalkube.grading import (
     apply_stop,
     capped_repr,
     invalid,
+    parse_output_json,
     validate_batch_return,
     validate_return,
 )
@@ -128,6 +129,7 @@ class _Prepared:
     row_id: str
     record: SampleRecord
     choices: list[str] = field(default_factory=list)
+    output_tools: list[dict[str, Any]] = field(default_factory=list)
 
 
 class UnitFailed(RuntimeError):
@@ -461,6 +463,7 @@ def _apply_candidate(
             _error("generation", "GenerationError", candidate.error),
         )
         return False
+    p.output_tools = candidate.output_tools
     text = candidate.output_text or ""
     record.output_text = apply_stop(text, stop) if stop else text
     if candidate.extracted_output is not None:
@@ -472,6 +475,35 @@ def _apply_candidate(
         record.status, record.error = "errored", _error("extraction", "ExtractionMiss", str(exc))
         return False
     return True
+
+
+def grader_inputs(p: _Prepared) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(sample, item)`` as graders receive them (DESIGN.md §1).
+
+    ``item`` is the row plus convenience fields; the row's own fields win (an OpenAI dataset's
+    ``reference_answer`` column is the reference, whatever the target template says).
+    """
+    record = p.record
+    sample = {
+        "output_text": record.output_text,
+        "output_json": parse_output_json(record.output_text),
+        "output_tools": p.output_tools,
+        "extracted_output": record.extracted_output,
+        "model": record.model,
+        "prompt": record.prompt,
+        "task_id": record.task_id,
+        "run_id": record.run_id,
+        "sample_id": record.sample_id,
+    }
+    item = {
+        "prompt": record.prompt,
+        "target": record.target,
+        "reference_answer": record.target,
+        "choices": p.choices,
+        "task_id": record.task_id,
+        **p.row,
+    }
+    return sample, item
 
 
 def _grade_samples(
@@ -499,24 +531,7 @@ def _grade_samples(
 
     def requests() -> Iterator[tuple[list[Any], str | None]]:
         for p, execution_id in tokened():
-            record = p.record
-            sample = {
-                "output_text": record.output_text,
-                "extracted_output": record.extracted_output,
-                "model": record.model,
-                "prompt": record.prompt,
-                "task_id": record.task_id,
-                "run_id": record.run_id,
-                "sample_id": record.sample_id,
-            }
-            item = {
-                **p.row,
-                "prompt": record.prompt,
-                "target": record.target,
-                "reference_answer": record.target,
-                "choices": p.choices,
-                "task_id": record.task_id,
-            }
+            sample, item = grader_inputs(p)
             in_flight.append(p)
             yield [sample, item], execution_id
 

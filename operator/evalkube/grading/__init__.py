@@ -5,15 +5,25 @@ Imports nothing from the rest of evalkube except ``limits``.
 
 from evalkube.grading.aggregate import TaskAggregate
 from evalkube.grading.batch import BatchOutcome, SampleUpdate, validate_batch_return
-from evalkube.grading.extraction import ExtractionMiss, Extractor, apply_stop
+from evalkube.grading.extraction import ExtractionMiss, Extractor, apply_stop, parse_output_json
 from evalkube.grading.results import GradeOutcome, capped_repr, invalid, is_score, validate_return
-from evalkube.grading.templates import PromptTemplate, TemplateError, compile_template
+from evalkube.grading.templates import (
+    GRADER_NAMES,
+    PROMPT_NAMES,
+    GraderTemplate,
+    PromptTemplate,
+    TemplateError,
+    compile_template,
+)
 
 __all__ = [
+    "GRADER_NAMES",
+    "PROMPT_NAMES",
     "BatchOutcome",
     "ExtractionMiss",
     "Extractor",
     "GradeOutcome",
+    "GraderTemplate",
     "PromptTemplate",
     "SampleUpdate",
     "TaskAggregate",
@@ -23,6 +33,7 @@ __all__ = [
     "compile_template",
     "invalid",
     "is_score",
+    "parse_output_json",
     "validate_batch_return",
     "validate_return",
 ]
