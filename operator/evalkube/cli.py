@@ -131,6 +131,9 @@ def _results_table(summary: RunSummary) -> Table:
     table.add_column("metrics", overflow="fold")
     for column in ("samples", "valid", "invalid", "errored"):
         table.add_column(column, justify="right", min_width=len(column), no_wrap=True)
+    with_criteria = any(result.criteria for result in summary.results)
+    if with_criteria:
+        table.add_column("passed/failed", overflow="fold")
     for result in summary.results:
         metrics = (
             "\n".join(f"{escape(name)} = {value:.4f}" for name, value in result.metrics.items())
@@ -147,6 +150,17 @@ def _results_table(summary: RunSummary) -> Table:
             str(counts.valid),
             f"[yellow]{counts.invalid}[/]" if counts.invalid else "0",
             f"[red]{counts.errored}[/]" if counts.errored else "0",
+            *(
+                [
+                    "\n".join(
+                        f"{escape(name)}: {c.passed}/{c.failed}"
+                        for name, c in result.criteria.items()
+                    )
+                    or "-"
+                ]
+                if with_criteria
+                else []
+            ),
         )
     return table
 

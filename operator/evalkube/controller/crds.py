@@ -89,6 +89,9 @@ CRD_LIMITS: Final[dict[str, dict[str, Schema]]] = {
         "spec.tasks[].grader.source": {"maxLength": 262_144},
         "spec.tasks[].grader.file": {"maxLength": 507},
         "spec.tasks[].grader.metricId": {"maxLength": 253},
+        "spec.tasks[].graders[].source": {"maxLength": 262_144},
+        "spec.tasks[].graders[].file": {"maxLength": 507},
+        "spec.tasks[].graders[].metricId": {"maxLength": 253},
         "spec.tasks[].preprocess.source": {"maxLength": 262_144},
         "spec.tasks[].preprocess.file": {"maxLength": 507},
         "spec.tasks[].extraction.pattern": {"maxLength": 4_096},
@@ -253,7 +256,14 @@ CRD_RULES: Final[dict[str, dict[str, tuple[Rule, ...]]]] = {
                 field_path=".path",
             ),
         ),
+        "spec.tasks[]": (
+            Rule(
+                rule=f"{_present('grader')} != {_present('graders')}",
+                message="set exactly one of `grader` or `graders` (a list of criteria)",
+            ),
+        ),
         "spec.tasks[].grader": (_EXACTLY_ONE_CODE, _FILE_REF),
+        "spec.tasks[].graders[]": (_EXACTLY_ONE_CODE, _FILE_REF),
         "spec.tasks[].preprocess": (_EXACTLY_ONE_CODE, _FILE_REF),
         "spec.tasks[].extraction": (
             Rule(

@@ -28,6 +28,7 @@ from evalkube.engine.driver import has_model_access
 from evalkube.engine.local import aggregate_results
 from evalkube.engine.plan import Unit
 from evalkube.engine.pod import Snapshot, parse_snapshot
+from evalkube.engine.runtime import suite_criteria
 from evalkube.models import EvalRunSpec, SpecError, validate_spec
 from evalkube.store import ResultStore, RunRecord
 
@@ -367,7 +368,7 @@ class RunReconciler:
                 spec=setup.spec,
                 settings=unit_settings,
                 dataset_config_maps=[(dataset_ref.name, dataset_ref.key)] if dataset_ref else [],
-                timeout_seconds=task.grader.timeout_seconds,
+                timeout_seconds=sum(g.timeout_seconds for g in task.criteria),
                 preprocess_timeout=task.preprocess.timeout_seconds if task.preprocess else 0,
                 model_access=has_model_access(task),
             )
@@ -394,7 +395,13 @@ class RunReconciler:
         }
         conditions = [condition("Ready", True, "Running", "work units are running", generation)]
         if decision.complete:
-            results = await asyncio.to_thread(aggregate_results, self.store, setup.entry.run_id)
+            results = await asyncio.to_thread(
+                aggregate_results,
+                self.store,
+                setup.entry.run_id,
+                None,
+                suite_criteria(setup.parsed.loaded.suite.spec),
+            )
             new["results"] = [r.to_wire() for r in results]
             new["summary"] = summary_line({f"{r.task}/{r.model}": r.metrics for r in results})
             new["completedAt"] = _now()
@@ -489,8 +496,9 @@ def _comparable(status: Mapping[str, Any]) -> str:
 def config_map_refs(namespace: str, task: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """``(namespace, configmap, key)`` of a task's grader/preprocessor files and dataset."""
     refs = []
-    for kind in ("grader", "preprocess"):
-        ref = (task.get(kind) or {}).get("file")
+    codes = [task.get("grader"), task.get("preprocess"), *(task.get("graders") or [])]
+    for code in codes:
+        ref = (code or {}).get("file") if isinstance(code, dict) else None
         if isinstance(ref, str) and "/" in ref:
             name, key = ref.split("/", 1)
             refs.append((namespace, name, key))

@@ -51,7 +51,8 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
     digest = hashlib.sha256(json.dumps(spec.to_wire(), sort_keys=True).encode())
     for index, task in enumerate(spec.tasks):
         where = f"spec.tasks[{index}]"
-        for kind, code in (("grader", task.grader), ("preprocess", task.preprocess)):
+        codes: list[tuple[str, Any]] = [*task.grader_programs(), ("preprocess", task.preprocess)]
+        for kind, code in codes:
             if code is None:
                 continue
             if code.source is not None:

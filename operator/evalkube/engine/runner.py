@@ -12,15 +12,16 @@ import itertools
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from evalkube import limits
 from evalkube.engine.candidates import Candidate, CandidateSource
 from evalkube.engine.plan import SEQ_STRIDE, Unit, sample_id
-from evalkube.engine.runtime import TaskRuntime
+from evalkube.engine.runtime import TaskRuntime, task_criteria
 from evalkube.grading import (
+    Criterion,
     ExtractionMiss,
     GradeOutcome,
     TaskAggregate,
@@ -28,10 +29,12 @@ from evalkube.grading import (
     apply_stop,
     capped_repr,
     invalid,
+    merge_outcomes,
     parse_output_json,
     validate_batch_return,
     validate_return,
 )
+from evalkube.models import GraderSpec
 from evalkube.sandbox import Execution, GraderSandbox, ProgramLoadError, SandboxBackend
 from evalkube.store import SampleRecord, SampleWriter, TaskResultRecord
 from evalkube.store.protocol import SampleStore
@@ -162,8 +165,9 @@ class _Buffer:
         self.written = 0
         self.shared = ctx.writer is not None
         self.writer = ctx.writer if ctx.writer is not None else SampleWriter(ctx.store)
-        #: The execution token of each graded sample whose usage is not taken yet.
-        self.tokens: dict[str, str] = {}
+        #: The execution tokens (one per criterion) of each graded sample whose usage is
+        #: not taken yet.
+        self.tokens: dict[str, list[str]] = {}
 
     def add(self, record: SampleRecord) -> None:
         self.records.append(record)
@@ -198,18 +202,22 @@ class _Buffer:
         owned = [(r, tokens.pop(r.sample_id)) for r in self.records if r.sample_id in tokens]
         if not owned:
             return
-        usage = self.ctx.bridge.take_usage([token for _, token in owned])
-        for record, token in owned:
-            calls = usage.get(token)
-            if not calls:
-                continue
-            merged = dict(record.model_calls)
-            for purpose, count in (calls.get("by_purpose") or {}).items():
-                merged[purpose] = merged.get(purpose, 0) + int(count)
-            ids = list(merged.get("response_ids", [])) + list(calls.get("response_ids") or [])
-            if ids:
-                merged["response_ids"] = ids
-            record.model_calls = merged
+        usage = self.ctx.bridge.take_usage([token for _, ts in owned for token in ts])
+        for record, ts in owned:
+            for token in ts:
+                self._merge_usage(record, usage.get(token))
+
+    @staticmethod
+    def _merge_usage(record: SampleRecord, calls: dict[str, Any] | None) -> None:
+        if not calls:
+            return
+        merged = dict(record.model_calls)
+        for purpose, count in (calls.get("by_purpose") or {}).items():
+            merged[purpose] = merged.get(purpose, 0) + int(count)
+        ids = list(merged.get("response_ids", [])) + list(calls.get("response_ids") or [])
+        if ids:
+            merged["response_ids"] = ids
+        record.model_calls = merged
 
 
 def run_shard(ctx: UnitContext, unit: Unit, rows: list[dict[str, Any]]) -> UnitReport:
@@ -229,7 +237,7 @@ def run_shard(ctx: UnitContext, unit: Unit, rows: list[dict[str, Any]]) -> UnitR
             prepared = [p for p in prepared if p.sample_id not in done]
         ctx.progress.unit_started(unit, len(prepared) + buffer.written + len(buffer.records))
         ready = _candidates(ctx, prepared, buffer)
-        if runtime.task.grader.resolved_execution == "aggregate":
+        if runtime.task.primary_grader.resolved_execution == "aggregate":
             for p in ready:
                 p.record.status = "pending"
                 buffer.add(p.record)
@@ -260,11 +268,13 @@ def _start_sandbox(
         runtime.programs,
         task_id=runtime.task.id,
         model_endpoint=model_endpoint,
-        load_timeout=float(runtime.task.grader.timeout_seconds),
+        load_timeout=float(max(g.timeout_seconds for g in runtime.task.criteria)),
         batch_size=limits.WORKER_BATCH_SIZE_MODEL_ACCESS
         if model_endpoint
         else limits.WORKER_BATCH_SIZE,
-        isolation=runtime.task.grader.resolved_isolation,
+        isolation="sample"
+        if any(g.resolved_isolation == "sample" for g in runtime.task.criteria)
+        else "unit",
     )
     try:
         sandbox.start()
@@ -273,15 +283,21 @@ def _start_sandbox(
     return sandbox
 
 
-def observe_into(live: dict[tuple[str, str], TaskAggregate], records: list[SampleRecord]) -> None:
-    """Count ``records`` into per task x model aggregates (``add`` skips response ids)."""
+def observe_into(
+    live: dict[tuple[str, str], TaskAggregate],
+    records: list[SampleRecord],
+    criteria_of: Mapping[str, Sequence[Criterion]] | None = None,
+) -> None:
+    """Count ``records`` into per task x model aggregates (``add`` skips response ids);
+    ``criteria_of`` (task id -> criteria) adds the pass/fail counts."""
     for key, group in itertools.groupby(records, key=lambda r: (r.task_id, r.model)):
         aggregate = live.get(key)
         if aggregate is None:
             aggregate = live[key] = TaskAggregate()
         add = aggregate.add
+        criteria = (criteria_of or {}).get(key[0], ())
         for record in group:
-            add(record.status, record.scores, record.model_calls)
+            add(record.status, record.scores, record.model_calls, criteria)
 
 
 class TaskModelSandboxes:
@@ -314,7 +330,8 @@ class TaskModelSandboxes:
 def _load_message(runtime: TaskRuntime, exc: ProgramLoadError) -> str:
     error = exc.error
     line = error.get("line")
-    spec = runtime.task.grader if exc.program == "grader" else runtime.task.preprocess
+    specs: dict[str, Any] = dict(runtime.task.grader_programs())
+    spec = specs.get(exc.program, runtime.task.preprocess)
     where = f"task {runtime.task.id!r} {exc.program}"
     if spec is not None and spec.file:
         where += f" ({spec.file}{f', line {line}' if line else ''})"
@@ -509,9 +526,66 @@ def grader_inputs(p: _Prepared) -> tuple[dict[str, Any], dict[str, Any]]:
 def _grade_samples(
     ctx: UnitContext, sandbox: GraderSandbox, ready: Iterator[_Prepared], buffer: _Buffer
 ) -> None:
-    runtime = ctx.runtime
-    task = runtime.task
-    metric_id = task.grader.metric_id
+    """Grade each sample once per criterion; one criterion streams, several take turns."""
+    task = ctx.runtime.task
+    programs = task.grader_programs()
+    if len(programs) == 1:
+        program, spec = programs[0]
+        for p, execution in _execute_criterion(ctx, sandbox, program, spec, ready, buffer):
+            _record_outcome(p.record, execution, _outcome(execution, spec.metric_id))
+            buffer.add(p.record)
+        return
+    # Several criteria share the candidates: the shard's samples are in memory already
+    # (candidates are fetched per shard), so each criterion takes its turn over all of them.
+    samples = list(ready)
+    criteria = task_criteria(task)
+    graded: dict[str, list[tuple[Criterion, GradeOutcome, Execution]]] = {
+        p.sample_id: [] for p in samples
+    }
+    for (program, spec), criterion in zip(programs, criteria, strict=True):
+        for p, execution in _execute_criterion(ctx, sandbox, program, spec, iter(samples), buffer):
+            outcome = _outcome(execution, spec.metric_id)
+            graded[p.sample_id].append((criterion, outcome, execution))
+    for p in samples:
+        results = graded[p.sample_id]
+        merged = merge_outcomes([(c, o) for c, o, _ in results])
+        _record_outcome(p.record, None, merged)
+        record = p.record
+        record.stdout = _labelled([(c.name, e.stdout) for c, _, e in results])
+        record.stderr = _labelled([(c.name, e.stderr) for c, _, e in results])
+        ms = [e.ms for _, _, e in results if e.ms is not None]
+        if ms:
+            record.timings["grade_ms"] = round(sum(ms), 3)
+        buffer.add(record)
+
+
+def _labelled(outputs: Sequence[tuple[str, str | None]]) -> str | None:
+    """The criteria's prints, each under its name."""
+    parts = [f"[{name}]\n{text}" for name, text in outputs if text]
+    return "\n".join(parts) if parts else None
+
+
+def _record_outcome(
+    record: SampleRecord, execution: Execution | None, outcome: GradeOutcome
+) -> None:
+    record.status, record.scores, record.judge = outcome.status, outcome.scores, outcome.judge
+    if outcome.error is not None:
+        record.error = {"stage": "grading", **outcome.error}
+    if execution is not None:
+        record.stdout, record.stderr = execution.stdout, execution.stderr
+        if execution.ms is not None:
+            record.timings["grade_ms"] = execution.ms
+
+
+def _execute_criterion(
+    ctx: UnitContext,
+    sandbox: GraderSandbox,
+    program: str,
+    spec: GraderSpec,
+    ready: Iterator[_Prepared],
+    buffer: _Buffer,
+) -> Iterator[tuple[_Prepared, Execution]]:
+    """``(sample, execution)`` of one criterion's grader over ``ready``, in order."""
     in_flight: deque[_Prepared] = deque()
     bridge = ctx.bridge
 
@@ -526,7 +600,7 @@ def _grade_samples(
             tokens = [execution_token() for _ in chunk]
             bridge.open_executions(tokens)
             for p, token in zip(chunk, tokens, strict=True):
-                buffer.tokens[p.sample_id] = token
+                buffer.tokens.setdefault(p.sample_id, []).append(token)
                 yield p, token
 
     def requests() -> Iterator[tuple[list[Any], str | None]]:
@@ -535,19 +609,8 @@ def _grade_samples(
             in_flight.append(p)
             yield [sample, item], execution_id
 
-    for execution in sandbox.execute(
-        "grader", requests(), timeout=float(task.grader.timeout_seconds)
-    ):
-        p = in_flight.popleft()
-        outcome = _outcome(execution, metric_id)
-        record = p.record
-        record.status, record.scores, record.judge = outcome.status, outcome.scores, outcome.judge
-        if outcome.error is not None:
-            record.error = {"stage": "grading", **outcome.error}
-        record.stdout, record.stderr = execution.stdout, execution.stderr
-        if execution.ms is not None:
-            record.timings["grade_ms"] = execution.ms
-        buffer.add(record)
+    for execution in sandbox.execute(program, requests(), timeout=float(spec.timeout_seconds)):
+        yield in_flight.popleft(), execution
 
 
 def batch_sample(record: SampleRecord) -> dict[str, Any]:
@@ -572,6 +635,7 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
     started = time.perf_counter()
     runtime = ctx.runtime
     task = runtime.task
+    grader_spec = task.primary_grader
     records = list(ctx.store.iter_samples(ctx.run_id, task_id=unit.task_id, model=unit.model))
     ctx.progress.unit_started(unit, len(records))
     by_id = {r.sample_id: r for r in records}
@@ -581,8 +645,8 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         [runtime.grader],
         task_id=task.id,
         model_endpoint=ctx.model_endpoint,
-        load_timeout=float(task.grader.timeout_seconds),
-        isolation=task.grader.resolved_isolation,
+        load_timeout=float(grader_spec.timeout_seconds),
+        isolation=grader_spec.resolved_isolation,
     )
     try:
         sandbox.start()
@@ -597,9 +661,9 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         execution = next(
             iter(
                 sandbox.execute(
-                    "grader",
+                    runtime.grader.name,
                     [([payload], token)],
-                    timeout=float(task.grader.timeout_seconds),
+                    timeout=float(grader_spec.timeout_seconds),
                 )
             )
         )
@@ -608,7 +672,7 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
             ctx.bridge.take_usage([token])
         report.restarts = sandbox.restarts
         sandbox.close()
-    metric_id = task.grader.metric_id
+    metric_id = grader_spec.metric_id
     if execution.status != "returned":
         failed = _outcome(execution, metric_id)
         _fail_batch(ctx, unit, failed.error or {}, metric_id)

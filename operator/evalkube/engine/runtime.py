@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalkube.engine.loading import ConfigError, LoadedSuite
-from evalkube.grading import Extractor, PromptTemplate, TemplateError
-from evalkube.models import TaskSpec
+from evalkube.grading import Criterion, Extractor, PromptTemplate, TemplateError
+from evalkube.models import EvalSuiteSpec, TaskSpec
 from evalkube.sandbox import Program
 
 
@@ -18,13 +18,19 @@ class TaskRuntime:
     task: TaskSpec
     template: PromptTemplate
     extractor: Extractor
-    grader: Program
+    graders: list[Program]
+    """One program per criterion (``grader``, or ``graders[i]``), in the task's order."""
     preprocess: Program | None
     context: dict[str, Any]
 
     @property
+    def grader(self) -> Program:
+        """The first criterion's program (the only one of a ``grade_batch`` task)."""
+        return self.graders[0]
+
+    @property
     def programs(self) -> list[Program]:
-        return [self.grader] + ([self.preprocess] if self.preprocess else [])
+        return self.graders + ([self.preprocess] if self.preprocess else [])
 
     def choices(self, row: dict[str, Any]) -> list[str]:
         """``item.choices``: the task's list, or the row field it names."""
@@ -58,8 +64,10 @@ class TaskRuntime:
             )
         except Exception as exc:  # re.error on a bad pattern
             raise ConfigError(f"{where}.extraction.pattern: {exc}") from None
-        source, filename = loaded.sources[(task.id, "grader")]
-        grader = Program("grader", source, filename, task.grader.entrypoint)
+        graders = []
+        for kind, spec in task.grader_programs():
+            source, filename = loaded.sources[(task.id, kind)]
+            graders.append(Program(kind, source, filename, spec.entrypoint))
         preprocess = None
         if task.preprocess is not None:
             source, filename = loaded.sources[(task.id, "preprocess")]
@@ -68,7 +76,19 @@ class TaskRuntime:
             task,
             template,
             extractor,
-            grader,
+            graders,
             preprocess,
             {"few_shot": task.few_shot, "task_id": task.id},
         )
+
+
+def task_criteria(task: TaskSpec) -> tuple[Criterion, ...]:
+    """The task's criteria as the aggregates count them."""
+    return tuple(
+        Criterion(g.name or g.metric_id, g.metric_id, g.pass_threshold) for g in task.criteria
+    )
+
+
+def suite_criteria(suite: EvalSuiteSpec) -> dict[str, tuple[Criterion, ...]]:
+    """Criteria per task id, for :func:`evalkube.engine.local.aggregate_results`."""
+    return {task.id: task_criteria(task) for task in suite.tasks}

@@ -5,6 +5,7 @@ Imports nothing from the rest of evalkube except ``limits``.
 
 from evalkube.grading.aggregate import TaskAggregate
 from evalkube.grading.batch import BatchOutcome, SampleUpdate, validate_batch_return
+from evalkube.grading.criteria import Criterion, merge_outcomes, pass_counts
 from evalkube.grading.extraction import ExtractionMiss, Extractor, apply_stop, parse_output_json
 from evalkube.grading.results import GradeOutcome, capped_repr, invalid, is_score, validate_return
 from evalkube.grading.templates import (
@@ -20,6 +21,7 @@ __all__ = [
     "GRADER_NAMES",
     "PROMPT_NAMES",
     "BatchOutcome",
+    "Criterion",
     "ExtractionMiss",
     "Extractor",
     "GradeOutcome",
@@ -33,7 +35,9 @@ __all__ = [
     "compile_template",
     "invalid",
     "is_score",
+    "merge_outcomes",
     "parse_output_json",
+    "pass_counts",
     "validate_batch_return",
     "validate_return",
 ]

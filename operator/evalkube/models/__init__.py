@@ -6,6 +6,7 @@ from evalkube.models.meta import ObjectMeta
 from evalkube.models.run import (
     PRECOMPUTED,
     Condition,
+    CriterionCounts,
     EvalRun,
     EvalRunSpec,
     EvalRunStatus,
@@ -31,6 +32,7 @@ __all__ = [
     "PRECOMPUTED",
     "Condition",
     "ConfigMapKeyRef",
+    "CriterionCounts",
     "DatasetSpec",
     "EvalRun",
     "EvalRunSpec",

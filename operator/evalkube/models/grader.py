@@ -46,6 +46,17 @@ class GraderSpec(_CodeRef):
 
     type: Literal["python"]
     """Must be ``python``."""
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$",
+    )
+    """The criterion's name (OpenAI's ``testing_criteria[].name``): required in a task's
+    ``graders`` list, where it is also the default ``metricId``."""
+    pass_threshold: float | None = Field(default=None, allow_inf_nan=False)
+    """A sample passes this criterion when its ``metricId`` score is >= the threshold
+    (OpenAI's semantics); passed and failed samples are counted per criterion."""
     contract: Contract = "sample"
     """``sample`` (``grade``), ``batch`` (``grade_batch``) or ``model_backed`` (with ``ctx``)."""
     execution: Execution | None = None

@@ -168,8 +168,18 @@ def test_optional_fields_are_nullable_and_required_ones_required(suite: Schema) 
     assert grader["properties"]["source"]["nullable"] is True
     assert grader["properties"]["type"]["enum"] == ["python"]
     task = at(suite, "spec.tasks.[]")
-    assert set(task["required"]) == {"id", "dataset", "grader"}
+    assert set(task["required"]) == {"id", "dataset"}
     assert task["properties"]["preprocess"]["nullable"] is True
+
+
+def test_a_task_needs_exactly_one_of_grader_or_graders(suite: Schema) -> None:
+    task = at(suite, "spec.tasks.[]")
+    rules = [r["rule"] for r in task["x-kubernetes-validations"]]
+    assert any("grader" in r and "graders" in r for r in rules)
+    criterion = at(suite, "spec.tasks.[].graders.[]")
+    assert criterion["properties"]["source"]["maxLength"] == 262_144
+    assert {"name", "passThreshold"} <= set(criterion["properties"])
+    assert len(criterion["x-kubernetes-validations"]) == 2
 
 
 def test_camel_case_only(suite: Schema, run: Schema) -> None:
