@@ -92,6 +92,10 @@ CRD_LIMITS: Final[dict[str, dict[str, Schema]]] = {
         "spec.tasks[].graders[].source": {"maxLength": 262_144},
         "spec.tasks[].graders[].file": {"maxLength": 507},
         "spec.tasks[].graders[].metricId": {"maxLength": 253},
+        "spec.tasks[].grader.input": {"maxLength": 65_536},
+        "spec.tasks[].grader.reference": {"maxLength": 65_536},
+        "spec.tasks[].graders[].input": {"maxLength": 65_536},
+        "spec.tasks[].graders[].reference": {"maxLength": 65_536},
         "spec.tasks[].preprocess.source": {"maxLength": 262_144},
         "spec.tasks[].preprocess.file": {"maxLength": 507},
         "spec.tasks[].extraction.pattern": {"maxLength": 4_096},
@@ -216,6 +220,17 @@ _EXACTLY_ONE_CODE = Rule(
     rule=f"{_present('source')} != {_present('file')}",
     message="set exactly one of `source` (inline Python) or `file` (configmap-name/key)",
 )
+_GRADER_CODE = Rule(
+    rule=(
+        f"has(self.type) && self.type != 'python' ? "
+        f"!{_present('source')} && !{_present('file')} : "
+        f"{_present('source')} != {_present('file')}"
+    ),
+    message=(
+        "a python grader needs exactly one of `source` (inline Python) or `file` "
+        "(configmap-name/key); a built-in grader has neither"
+    ),
+)
 _FILE_REF = Rule(
     rule=(
         f"!{_present('file')} || "
@@ -262,8 +277,8 @@ CRD_RULES: Final[dict[str, dict[str, tuple[Rule, ...]]]] = {
                 message="set exactly one of `grader` or `graders` (a list of criteria)",
             ),
         ),
-        "spec.tasks[].grader": (_EXACTLY_ONE_CODE, _FILE_REF),
-        "spec.tasks[].graders[]": (_EXACTLY_ONE_CODE, _FILE_REF),
+        "spec.tasks[].grader": (_GRADER_CODE, _FILE_REF),
+        "spec.tasks[].graders[]": (_GRADER_CODE, _FILE_REF),
         "spec.tasks[].preprocess": (_EXACTLY_ONE_CODE, _FILE_REF),
         "spec.tasks[].extraction": (
             Rule(

@@ -526,11 +526,12 @@ def grader_inputs(p: _Prepared) -> tuple[dict[str, Any], dict[str, Any]]:
 def _grade_samples(
     ctx: UnitContext, sandbox: GraderSandbox, ready: Iterator[_Prepared], buffer: _Buffer
 ) -> None:
-    """Grade each sample once per criterion; one criterion streams, several take turns."""
-    task = ctx.runtime.task
-    programs = task.grader_programs()
-    if len(programs) == 1:
-        program, spec = programs[0]
+    """Grade each sample once per criterion; one Python grader streams, else they take turns."""
+    runtime = ctx.runtime
+    task = runtime.task
+    fields = task.grader_fields()
+    if len(fields) == 1 and not fields[0][1].builtin:
+        program, spec = fields[0]
         for p, execution in _execute_criterion(ctx, sandbox, program, spec, ready, buffer):
             _record_outcome(p.record, execution, _outcome(execution, spec.metric_id))
             buffer.add(p.record)
@@ -539,21 +540,32 @@ def _grade_samples(
     # (candidates are fetched per shard), so each criterion takes its turn over all of them.
     samples = list(ready)
     criteria = task_criteria(task)
-    graded: dict[str, list[tuple[Criterion, GradeOutcome, Execution]]] = {
+    graded: dict[str, list[tuple[Criterion, GradeOutcome, Execution | None]]] = {
         p.sample_id: [] for p in samples
     }
-    for (program, spec), criterion in zip(programs, criteria, strict=True):
-        for p, execution in _execute_criterion(ctx, sandbox, program, spec, iter(samples), buffer):
+    for (field_name, spec), criterion in zip(fields, criteria, strict=True):
+        builtin = runtime.builtins.get(field_name)
+        if builtin is not None:
+            for p in samples:
+                sample, item = grader_inputs(p)
+                graded[p.sample_id].append((criterion, builtin.grade(sample, item), None))
+            continue
+        for p, execution in _execute_criterion(
+            ctx, sandbox, field_name, spec, iter(samples), buffer
+        ):
             outcome = _outcome(execution, spec.metric_id)
             graded[p.sample_id].append((criterion, outcome, execution))
     for p in samples:
         results = graded[p.sample_id]
-        merged = merge_outcomes([(c, o) for c, o, _ in results])
-        _record_outcome(p.record, None, merged)
         record = p.record
-        record.stdout = _labelled([(c.name, e.stdout) for c, _, e in results])
-        record.stderr = _labelled([(c.name, e.stderr) for c, _, e in results])
-        ms = [e.ms for _, _, e in results if e.ms is not None]
+        if len(results) == 1:  # one built-in criterion: stored as a single grader's
+            _record_outcome(record, None, results[0][1])
+        else:
+            _record_outcome(record, None, merge_outcomes([(c, o) for c, o, _ in results]))
+        executions = [(c.name, e) for c, _, e in results if e is not None]
+        record.stdout = _labelled([(name, e.stdout) for name, e in executions])
+        record.stderr = _labelled([(name, e.stderr) for name, e in executions])
+        ms = [e.ms for _, e in executions if e.ms is not None]
         if ms:
             record.timings["grade_ms"] = round(sum(ms), 3)
         buffer.add(record)

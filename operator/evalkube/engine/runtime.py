@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from evalkube.engine.loading import ConfigError, LoadedSuite
-from evalkube.grading import Criterion, Extractor, PromptTemplate, TemplateError
+from evalkube.grading import (
+    BuiltinGrader,
+    Criterion,
+    Extractor,
+    MissingLibrary,
+    PromptTemplate,
+    TemplateError,
+)
 from evalkube.models import EvalSuiteSpec, TaskSpec
 from evalkube.sandbox import Program
 
@@ -22,10 +29,12 @@ class TaskRuntime:
     """One program per criterion (``grader``, or ``graders[i]``), in the task's order."""
     preprocess: Program | None
     context: dict[str, Any]
+    builtins: dict[str, BuiltinGrader] = field(default_factory=dict)
+    """The built-in criteria by field (``grader``, ``graders[i]``), run in the engine."""
 
     @property
     def grader(self) -> Program:
-        """The first criterion's program (the only one of a ``grade_batch`` task)."""
+        """The first Python criterion's program (the only one of a ``grade_batch`` task)."""
         return self.graders[0]
 
     @property
@@ -72,6 +81,26 @@ class TaskRuntime:
         if task.preprocess is not None:
             source, filename = loaded.sources[(task.id, "preprocess")]
             preprocess = Program("preprocess", source, filename, task.preprocess.entrypoint)
+        builtins: dict[str, BuiltinGrader] = {}
+        for kind, spec in task.grader_fields():
+            if not spec.builtin:
+                continue
+            assert spec.input is not None
+            assert spec.reference is not None
+            try:
+                builtins[kind] = BuiltinGrader(
+                    spec.type,
+                    input=spec.input,
+                    reference=spec.reference,
+                    metric_id=spec.metric_id,
+                    where=f"{where}.{kind}",
+                    operation=spec.operation,
+                    evaluation_metric=spec.evaluation_metric,
+                )
+            except MissingLibrary as exc:
+                raise ConfigError(f"{where}.{kind}: {exc}") from None
+            except TemplateError as exc:
+                raise ConfigError(str(exc)) from None
         return cls(
             task,
             template,
@@ -79,13 +108,15 @@ class TaskRuntime:
             graders,
             preprocess,
             {"few_shot": task.few_shot, "task_id": task.id},
+            builtins,
         )
 
 
 def task_criteria(task: TaskSpec) -> tuple[Criterion, ...]:
     """The task's criteria as the aggregates count them."""
     return tuple(
-        Criterion(g.name or g.metric_id, g.metric_id, g.pass_threshold) for g in task.criteria
+        Criterion(g.name or g.metric_id, g.metric_id, g.resolved_pass_threshold)
+        for g in task.criteria
     )
 
 

@@ -5,6 +5,7 @@ Imports nothing from the rest of evalkube except ``limits``.
 
 from evalkube.grading.aggregate import TaskAggregate
 from evalkube.grading.batch import BatchOutcome, SampleUpdate, validate_batch_return
+from evalkube.grading.builtin import BuiltinGrader, MissingLibrary
 from evalkube.grading.criteria import Criterion, merge_outcomes, pass_counts
 from evalkube.grading.extraction import ExtractionMiss, Extractor, apply_stop, parse_output_json
 from evalkube.grading.results import GradeOutcome, capped_repr, invalid, is_score, validate_return
@@ -21,11 +22,13 @@ __all__ = [
     "GRADER_NAMES",
     "PROMPT_NAMES",
     "BatchOutcome",
+    "BuiltinGrader",
     "Criterion",
     "ExtractionMiss",
     "Extractor",
     "GradeOutcome",
     "GraderTemplate",
+    "MissingLibrary",
     "PromptTemplate",
     "SampleUpdate",
     "TaskAggregate",

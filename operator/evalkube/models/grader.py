@@ -36,16 +36,40 @@ class _CodeRef(SpecModel):
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> _CodeRef:
-        if (self.source is None) == (self.file is None):
+        if getattr(self, "type", "python") == "python" and (self.source is None) == (
+            self.file is None
+        ):
             raise ValueError("set exactly one of `source` (inline Python) or `file`")
         return self
 
 
-class GraderSpec(_CodeRef):
-    """A Python grader (DESIGN.md §1)."""
+GraderType = Literal["python", "string_check", "text_similarity"]
+StringOperation = Literal["eq", "ne", "like", "ilike"]
+SimilarityMetric = Literal[
+    "fuzzy_match", "bleu", "gleu", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"
+]
+BUILTIN_FIELDS: dict[str, tuple[str, ...]] = {
+    "string_check": ("input", "reference", "operation"),
+    "text_similarity": ("input", "reference", "evaluation_metric"),
+}
+"""The fields each built-in type requires (python requires ``source`` or ``file``)."""
 
-    type: Literal["python"]
-    """Must be ``python``."""
+
+class GraderSpec(_CodeRef):
+    """A grader (DESIGN.md §1): Python code, or one of OpenAI's built-in types."""
+
+    type: GraderType
+    """``python`` (your code, in the sandbox), or a built-in type evaluated by the engine:
+    ``string_check`` or ``text_similarity`` (OpenAI's semantics; see docs/graders.md)."""
+    input: str | None = None
+    """Built-ins: template of the text graded, e.g. ``{{ sample.output_text }}``."""
+    reference: str | None = None
+    """Built-ins: template of the text it is compared with, e.g. ``{{ item.answer }}``."""
+    operation: StringOperation | None = None
+    """``string_check``: ``eq``, ``ne``, ``like`` (contains) or ``ilike`` (contains, any case)."""
+    evaluation_metric: SimilarityMetric | None = None
+    """``text_similarity``: ``fuzzy_match``, ``bleu``, ``gleu``, ``rouge_1``..``rouge_5`` or
+    ``rouge_l``."""
     name: str | None = Field(
         default=None,
         min_length=1,
@@ -77,6 +101,36 @@ class GraderSpec(_CodeRef):
     fresh process forked from the warm worker, its result encoded by the worker, its
     processes killed and its scratch files wiped afterwards, so a sample can change only its
     own result: for graders that run model output. Slower (a fork per sample)."""
+
+    @model_validator(mode="after")
+    def _fields_of_type(self) -> GraderSpec:
+        if self.type != "python":
+            for name in ("source", "file"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"`{name}` is for python graders; a {self.type} grader has none"
+                    )
+            for name in BUILTIN_FIELDS[self.type]:
+                if getattr(self, name) is None:
+                    raise ValueError(f"`{_camel(name)}` is required for a {self.type} grader")
+            if self.type == "text_similarity" and self.pass_threshold is None:
+                raise ValueError("`passThreshold` is required for a text_similarity grader")
+        for name in ("input", "reference", "operation", "evaluation_metric"):
+            if getattr(self, name) is not None and name not in BUILTIN_FIELDS.get(self.type, ()):
+                raise ValueError(f"`{_camel(name)}` is not a field of a {self.type} grader")
+        return self
+
+    @property
+    def builtin(self) -> bool:
+        """Evaluated by the engine (not Python code in the sandbox)."""
+        return self.type != "python"
+
+    @property
+    def resolved_pass_threshold(self) -> float | None:
+        """``passThreshold``; a ``string_check`` passes on a match (score 1) by default."""
+        if self.pass_threshold is None and self.type == "string_check":
+            return 1.0
+        return self.pass_threshold
 
     @field_validator("model_access")
     @classmethod
@@ -123,3 +177,8 @@ class PreprocessSpec(_CodeRef):
     def entrypoint(self) -> Literal["transform", "transform_batch"]:
         """The function the preprocessor file must define."""
         return "transform_batch" if self.contract == "batch" else "transform"
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)

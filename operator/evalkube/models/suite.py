@@ -166,11 +166,16 @@ class TaskSpec(SpecModel):
         """The first criterion: its execution mode decides the task's units."""
         return self.criteria[0]
 
-    def grader_programs(self) -> list[tuple[str, GraderSpec]]:
-        """``(program name, spec)`` per criterion: ``grader``, or ``graders[i]``."""
+    def grader_fields(self) -> list[tuple[str, GraderSpec]]:
+        """``(field, spec)`` per criterion: ``grader``, or ``graders[i]``. A Python
+        criterion's sandbox program is named after its field."""
         if self.graders is None:
             return [("grader", self.primary_grader)]
         return [(f"graders[{i}]", g) for i, g in enumerate(self.graders)]
+
+    def grader_programs(self) -> list[tuple[str, GraderSpec]]:
+        """``(program name, spec)`` of the Python criteria (built-ins run in the engine)."""
+        return [(name, g) for name, g in self.grader_fields() if not g.builtin]
 
 
 class EvalSuiteSpec(SpecModel):
