@@ -10,11 +10,14 @@ from evalkube.grading import (
     BuiltinGrader,
     Criterion,
     Extractor,
+    Formula,
+    FormulaError,
     MissingLibrary,
+    MultiGrader,
     PromptTemplate,
     TemplateError,
 )
-from evalkube.models import EvalSuiteSpec, TaskSpec
+from evalkube.models import EvalSuiteSpec, GraderSpec, TaskSpec
 from evalkube.sandbox import Program
 
 
@@ -29,7 +32,7 @@ class TaskRuntime:
     """One program per criterion (``grader``, or ``graders[i]``), in the task's order."""
     preprocess: Program | None
     context: dict[str, Any]
-    builtins: dict[str, BuiltinGrader] = field(default_factory=dict)
+    builtins: dict[str, BuiltinGrader | MultiGrader] = field(default_factory=dict)
     """The built-in criteria by field (``grader``, ``graders[i]``), run in the engine."""
 
     @property
@@ -81,25 +84,15 @@ class TaskRuntime:
         if task.preprocess is not None:
             source, filename = loaded.sources[(task.id, "preprocess")]
             preprocess = Program("preprocess", source, filename, task.preprocess.entrypoint)
-        builtins: dict[str, BuiltinGrader] = {}
+        builtins: dict[str, BuiltinGrader | MultiGrader] = {}
         for kind, spec in task.grader_fields():
             if not spec.builtin:
                 continue
-            assert spec.input is not None
-            assert spec.reference is not None
             try:
-                builtins[kind] = BuiltinGrader(
-                    spec.type,
-                    input=spec.input,
-                    reference=spec.reference,
-                    metric_id=spec.metric_id,
-                    where=f"{where}.{kind}",
-                    operation=spec.operation,
-                    evaluation_metric=spec.evaluation_metric,
-                )
+                builtins[kind] = _builtin(spec, f"{where}.{kind}")
             except MissingLibrary as exc:
                 raise ConfigError(f"{where}.{kind}: {exc}") from None
-            except TemplateError as exc:
+            except (TemplateError, FormulaError) as exc:
                 raise ConfigError(str(exc)) from None
         return cls(
             task,
@@ -110,6 +103,37 @@ class TaskRuntime:
             {"few_shot": task.few_shot, "task_id": task.id},
             builtins,
         )
+
+
+def _builtin(spec: GraderSpec, where: str) -> BuiltinGrader | MultiGrader:
+    if spec.type == "multi":
+        assert spec.graders is not None
+        assert spec.calculate_output is not None
+        graders = {
+            name: BuiltinGrader(
+                sub.type,
+                input=sub.input,
+                reference=sub.reference,
+                metric_id=name,
+                where=f"{where}.graders.{name}",
+                operation=sub.operation,
+                evaluation_metric=sub.evaluation_metric,
+            )
+            for name, sub in spec.graders.items()
+        }
+        formula = Formula(spec.calculate_output, graders, f"{where}.calculateOutput")
+        return MultiGrader(graders, formula, spec.metric_id)
+    assert spec.input is not None
+    assert spec.reference is not None
+    return BuiltinGrader(
+        spec.type,
+        input=spec.input,
+        reference=spec.reference,
+        metric_id=spec.metric_id,
+        where=where,
+        operation=spec.operation,
+        evaluation_metric=spec.evaluation_metric,
+    )
 
 
 def task_criteria(task: TaskSpec) -> tuple[Criterion, ...]:

@@ -5,9 +5,10 @@ Imports nothing from the rest of evalkube except ``limits``.
 
 from evalkube.grading.aggregate import TaskAggregate
 from evalkube.grading.batch import BatchOutcome, SampleUpdate, validate_batch_return
-from evalkube.grading.builtin import BuiltinGrader, MissingLibrary
+from evalkube.grading.builtin import BuiltinGrader, MissingLibrary, MultiGrader
 from evalkube.grading.criteria import Criterion, merge_outcomes, pass_counts
 from evalkube.grading.extraction import ExtractionMiss, Extractor, apply_stop, parse_output_json
+from evalkube.grading.formula import Formula, FormulaError
 from evalkube.grading.results import GradeOutcome, capped_repr, invalid, is_score, validate_return
 from evalkube.grading.templates import (
     GRADER_NAMES,
@@ -26,9 +27,12 @@ __all__ = [
     "Criterion",
     "ExtractionMiss",
     "Extractor",
+    "Formula",
+    "FormulaError",
     "GradeOutcome",
     "GraderTemplate",
     "MissingLibrary",
+    "MultiGrader",
     "PromptTemplate",
     "SampleUpdate",
     "TaskAggregate",

@@ -17,16 +17,20 @@ Scores (OpenAI's semantics, with the libraries its docs name):
   ``gleu`` ``nltk`` ``sentence_gleu([reference tokens], input tokens)`` (tokens: split on
   whitespace); ``rouge_N``/``rouge_l`` the F-measure of ``rouge_score``'s ``rougeN``/``rougeL``
   scorer, ``score(reference, input)``.
+- ``multi``: each (built-in) grader's score under its name, combined by ``calculate_output``
+  (:mod:`evalkube.grading.formula`, never run as code).
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from evalkube import limits
+from evalkube.grading.formula import Formula
 from evalkube.grading.results import GradeOutcome, invalid
 from evalkube.grading.templates import GraderTemplate, TemplateError
 
@@ -132,3 +136,43 @@ class BuiltinGrader:
         keep = limits.BUILTIN_JUDGE_CHARS
         judge = {"input": text[:keep], "reference": reference[:keep]}
         return GradeOutcome("valid", {self.metric_id: value}, judge)
+
+
+class MultiGrader:
+    """OpenAI's ``multi``: several built-in graders, one score from ``calculate_output``."""
+
+    def __init__(
+        self, graders: Mapping[str, BuiltinGrader], formula: Formula, metric_id: str
+    ) -> None:
+        self.graders = dict(graders)
+        self.formula = formula
+        self.metric_id = metric_id
+
+    def grade(self, sample: Mapping[str, Any], item: Mapping[str, Any]) -> GradeOutcome:
+        """Each grader's score, then the formula; any failure makes the sample invalid."""
+        scores: dict[str, float] = {}
+        for name, grader in self.graders.items():
+            outcome = grader.grade(sample, item)
+            if outcome.error is not None:
+                error = outcome.error
+                return invalid(
+                    self.metric_id,
+                    error_type=str(error.get("type")),
+                    message=f"grader {name!r}: {error.get('message')}",
+                )
+            scores[name] = outcome.scores[grader.metric_id]
+        try:
+            value = self.formula.evaluate(scores)
+        except Exception as exc:  # division by zero, log(0), overflow, min(x) of one number
+            return invalid(
+                self.metric_id,
+                error_type=type(exc).__name__,
+                message=f"calculate_output {self.formula.source!r}: {exc}",
+            )
+        if not math.isfinite(value):
+            return invalid(
+                self.metric_id,
+                error_type="InvalidResult",
+                message=f"calculate_output {self.formula.source!r} gave {value}",
+            )
+        return GradeOutcome("valid", {self.metric_id: value}, {"scores": scores})

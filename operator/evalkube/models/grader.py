@@ -43,7 +43,7 @@ class _CodeRef(SpecModel):
         return self
 
 
-GraderType = Literal["python", "string_check", "text_similarity"]
+GraderType = Literal["python", "string_check", "text_similarity", "multi"]
 StringOperation = Literal["eq", "ne", "like", "ilike"]
 SimilarityMetric = Literal[
     "fuzzy_match", "bleu", "gleu", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"
@@ -51,8 +51,36 @@ SimilarityMetric = Literal[
 BUILTIN_FIELDS: dict[str, tuple[str, ...]] = {
     "string_check": ("input", "reference", "operation"),
     "text_similarity": ("input", "reference", "evaluation_metric"),
+    "multi": ("graders", "calculate_output"),
 }
 """The fields each built-in type requires (python requires ``source`` or ``file``)."""
+
+
+class SubGraderSpec(SpecModel):
+    """A grader inside a ``multi`` grader: a built-in type, its score named by its key."""
+
+    type: Literal["string_check", "text_similarity"]
+    """``string_check`` or ``text_similarity``."""
+    input: str
+    """Template of the text graded, e.g. ``{{ sample.output_text }}``."""
+    reference: str
+    """Template of the text it is compared with, e.g. ``{{ item.answer }}``."""
+    operation: StringOperation | None = None
+    """``string_check``: ``eq``, ``ne``, ``like`` or ``ilike``."""
+    evaluation_metric: SimilarityMetric | None = None
+    """``text_similarity``: the metric (as for a ``text_similarity`` grader)."""
+    name: str | None = None
+    """Ignored (OpenAI exports carry it); the key in ``graders`` names the score."""
+
+    @model_validator(mode="after")
+    def _fields_of_type(self) -> SubGraderSpec:
+        needed = "operation" if self.type == "string_check" else "evaluation_metric"
+        other = "evaluation_metric" if self.type == "string_check" else "operation"
+        if getattr(self, needed) is None:
+            raise ValueError(f"`{_camel(needed)}` is required for a {self.type} grader")
+        if getattr(self, other) is not None:
+            raise ValueError(f"`{_camel(other)}` is not a field of a {self.type} grader")
+        return self
 
 
 class GraderSpec(_CodeRef):
@@ -60,7 +88,8 @@ class GraderSpec(_CodeRef):
 
     type: GraderType
     """``python`` (your code, in the sandbox), or a built-in type evaluated by the engine:
-    ``string_check`` or ``text_similarity`` (OpenAI's semantics; see docs/graders.md)."""
+    ``string_check``, ``text_similarity`` or ``multi`` (OpenAI's semantics; see
+    docs/graders.md)."""
     input: str | None = None
     """Built-ins: template of the text graded, e.g. ``{{ sample.output_text }}``."""
     reference: str | None = None
@@ -70,6 +99,11 @@ class GraderSpec(_CodeRef):
     evaluation_metric: SimilarityMetric | None = None
     """``text_similarity``: ``fuzzy_match``, ``bleu``, ``gleu``, ``rouge_1``..``rouge_5`` or
     ``rouge_l``."""
+    graders: dict[str, SubGraderSpec] | None = Field(default=None, min_length=1, max_length=20)
+    """``multi``: the graders whose scores ``calculateOutput`` combines, by name."""
+    calculate_output: str | None = Field(default=None, min_length=1, max_length=1_000)
+    """``multi``: a formula over the graders' names: numbers, ``+ - * / ^``, ``min``,
+    ``max``, ``abs``, ``floor``, ``ceil``, ``exp``, ``sqrt``, ``log`` (never run as code)."""
     name: str | None = Field(
         default=None,
         min_length=1,
@@ -115,7 +149,14 @@ class GraderSpec(_CodeRef):
                     raise ValueError(f"`{_camel(name)}` is required for a {self.type} grader")
             if self.type == "text_similarity" and self.pass_threshold is None:
                 raise ValueError("`passThreshold` is required for a text_similarity grader")
-        for name in ("input", "reference", "operation", "evaluation_metric"):
+        for name in (
+            "input",
+            "reference",
+            "operation",
+            "evaluation_metric",
+            "graders",
+            "calculate_output",
+        ):
             if getattr(self, name) is not None and name not in BUILTIN_FIELDS.get(self.type, ()):
                 raise ValueError(f"`{_camel(name)}` is not a field of a {self.type} grader")
         return self

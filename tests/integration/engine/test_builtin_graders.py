@@ -51,8 +51,23 @@ EQ = {
     "reference": "{{ item.answer }}",
     "operation": "eq",
 }
+MULTI = {
+    "type": "multi",
+    "graders": {
+        "fuzzy": {
+            "type": "text_similarity",
+            "input": "{{ sample.output_text }}",
+            "reference": "{{ item.answer }}",
+            "evaluation_metric": "fuzzy_match",
+        },
+        "exact": {**EQ, "name": "ignored"},
+    },
+    "calculateOutput": "0.5 * fuzzy + 0.5 * exact",
+    "passThreshold": 0.75,
+}
 TASKS = [
     {"id": "alone", "grader": {**EQ, "metricId": "exact"}},
+    {"id": "multi", "grader": MULTI},
     {
         "id": "mixed",
         "graders": [
@@ -137,6 +152,14 @@ def test_built_ins_and_python_as_criteria_of_one_task(
             {**EQ, "source": "def grade(s, i): return 1"},
             "`source` is for python graders",
         ),
+        (
+            {**MULTI, "calculateOutput": "fuzzy.__class__"},
+            "tasks[t].grader.calculateOutput: `fuzzy.__class__` is not allowed",
+        ),
+        (
+            {**MULTI, "calculateOutput": "fuzzy + exactt"},
+            "unknown name `exactt`; use the graders: exact, fuzzy",
+        ),
     ],
 )
 def test_validate_names_what_is_wrong_with_a_built_in(
@@ -149,3 +172,18 @@ def test_validate_names_what_is_wrong_with_a_built_in(
     )
     assert done.returncode == 2, done.stdout
     assert message in done.stderr
+
+
+def test_a_multi_grader_combines_its_graders_with_the_formula(
+    outcome: tuple[RunSummary, list[SampleRecord]],
+) -> None:
+    summary, records = outcome
+    multi = sorted((r for r in records if r.task_id == "multi"), key=lambda r: r.seq)
+    for record, row in zip(multi, ROWS, strict=True):
+        fuzzy = fuzz.WRatio(row["out"], row["answer"]) / 100
+        exact = 1.0 if row["out"] == row["answer"] else 0.0
+        assert record.scores == pytest.approx({"score": 0.5 * fuzzy + 0.5 * exact})
+        assert record.judge == {"scores": pytest.approx({"fuzzy": fuzzy, "exact": exact})}
+    (result,) = [r for r in summary.results if r.task == "multi"]
+    passed = sum(1 for r in multi if r.scores["score"] >= 0.75)
+    assert result.criteria["score"].model_dump() == {"passed": passed, "failed": 3 - passed}

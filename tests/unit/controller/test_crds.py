@@ -166,7 +166,12 @@ def test_optional_fields_are_nullable_and_required_ones_required(suite: Schema) 
     grader = at(suite, "spec.tasks.[].grader")
     assert grader["required"] == ["type"]
     assert grader["properties"]["source"]["nullable"] is True
-    assert grader["properties"]["type"]["enum"] == ["python", "string_check", "text_similarity"]
+    assert grader["properties"]["type"]["enum"] == [
+        "python",
+        "string_check",
+        "text_similarity",
+        "multi",
+    ]
     task = at(suite, "spec.tasks.[]")
     assert set(task["required"]) == {"id", "dataset"}
     assert task["properties"]["preprocess"]["nullable"] is True

@@ -15,7 +15,7 @@ from rapidfuzz import fuzz
 from rouge_score import rouge_scorer
 
 from evalkube import limits
-from evalkube.grading import BuiltinGrader, TemplateError
+from evalkube.grading import BuiltinGrader, Formula, MultiGrader, TemplateError
 
 CANDIDATE = "The quick brown fox jumps over the lazy dog near the river bank"
 REFERENCE = "A quick brown fox jumped over the lazy dog near the river bank today"
@@ -115,3 +115,35 @@ def test_oversized_model_output_is_invalid() -> None:
 def test_an_unknown_namespace_in_a_builtin_template_names_the_field() -> None:
     with pytest.raises(TemplateError, match=r"^tasks\[t\]\.grader\.reference: unknown name"):
         grader("string_check", operation="eq", reference="{{ itme.answer }}")
+
+
+def multi(formula: str) -> MultiGrader:
+    graders = {
+        "a": grader("string_check", operation="eq"),
+        "b": grader("string_check", operation="ne"),
+    }
+    return MultiGrader(graders, Formula(formula, graders, "f"), "m")
+
+
+def test_multi_scores_and_keeps_each_graders_score() -> None:
+    outcome = multi("a * 0.25 + b").grade(SAMPLE, ITEM)
+    assert outcome.scores == {"m": 1.0}
+    assert outcome.judge == {"scores": {"a": 0.0, "b": 1.0}}
+
+
+@pytest.mark.parametrize(
+    ("formula", "item", "kind"),
+    [
+        ("b / a", ITEM, "ZeroDivisionError"),
+        ("log(a)", ITEM, "ValueError"),
+        ("a + b", {}, "TemplateError"),
+    ],
+)
+def test_multi_failures_make_the_sample_invalid(
+    formula: str, item: dict[str, str], kind: str
+) -> None:
+    outcome = multi(formula).grade(SAMPLE, item)
+    assert outcome.status == "invalid"
+    assert outcome.scores == {"m": 0.0}
+    assert outcome.error is not None
+    assert outcome.error["type"] == kind

@@ -124,8 +124,8 @@ def test_metric_id_must_not_be_empty() -> None:
         (
             "type",
             "javascript",
-            "grader.type: must be one of 'python', 'string_check' or 'text_similarity' "
-            "(got 'javascript')",
+            "grader.type: must be one of 'python', 'string_check', 'text_similarity' or "
+            "'multi' (got 'javascript')",
         ),
         (
             "contract",
