@@ -51,6 +51,13 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
     digest = hashlib.sha256(json.dumps(spec.to_wire(), sort_keys=True).encode())
     for index, task in enumerate(spec.tasks):
         where = f"spec.tasks[{index}]"
+        for kind, grader in task.grader_fields():
+            if grader.type in ("score_model", "label_model"):
+                check.problems.append(
+                    f"{where}.{kind}: {grader.type} graders run only in `evalkube run` for now "
+                    "(the work-unit runner cannot reach the model bridge yet); use a "
+                    "model_backed python grader with ctx.responses_create in a cluster"
+                )
         codes: list[tuple[str, Any]] = [*task.grader_programs(), ("preprocess", task.preprocess)]
         for kind, code in codes:
             if code is None:

@@ -8,6 +8,7 @@ counts as done. The same function runs inside a work-unit pod and in ``evalkube 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import secrets
 import time
@@ -18,12 +19,14 @@ from typing import Any, Protocol
 
 from evalkube import limits
 from evalkube.engine.candidates import Candidate, CandidateSource
+from evalkube.engine.judging import judge_samples
 from evalkube.engine.plan import SEQ_STRIDE, Unit, sample_id
 from evalkube.engine.runtime import TaskRuntime, task_criteria
 from evalkube.grading import (
     Criterion,
     ExtractionMiss,
     GradeOutcome,
+    ModelJudge,
     TaskAggregate,
     TemplateError,
     apply_stop,
@@ -545,6 +548,16 @@ def _grade_samples(
     }
     for (field_name, spec), criterion in zip(fields, criteria, strict=True):
         builtin = runtime.builtins.get(field_name)
+        if isinstance(builtin, ModelJudge):
+            outcomes = judge_samples(
+                builtin,
+                [grader_inputs(p) for p in samples],
+                ctx.model_endpoint,
+                functools.partial(_open_tokens, ctx, buffer, samples),
+            )
+            for p, outcome in zip(samples, outcomes, strict=True):
+                graded[p.sample_id].append((criterion, outcome, None))
+            continue
         if builtin is not None:
             for p in samples:
                 sample, item = grader_inputs(p)
@@ -569,6 +582,19 @@ def _grade_samples(
         if ms:
             record.timings["grade_ms"] = round(sum(ms), 3)
         buffer.add(record)
+
+
+def _open_tokens(
+    ctx: UnitContext, buffer: _Buffer, samples: Sequence[_Prepared], count: int
+) -> list[str]:
+    """Fresh execution tokens for a model criterion's calls, one per sample, opened on the
+    bridge; their usage is taken with the samples' other usage when they are written."""
+    tokens = [execution_token() for _ in range(count)]
+    if ctx.bridge is not None:
+        ctx.bridge.open_executions(tokens)
+        for p, token in zip(samples, tokens, strict=True):
+            buffer.tokens.setdefault(p.sample_id, []).append(token)
+    return tokens
 
 
 def _labelled(outputs: Sequence[tuple[str, str | None]]) -> str | None:

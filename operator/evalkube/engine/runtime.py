@@ -13,6 +13,7 @@ from evalkube.grading import (
     Formula,
     FormulaError,
     MissingLibrary,
+    ModelJudge,
     MultiGrader,
     PromptTemplate,
     TemplateError,
@@ -32,7 +33,7 @@ class TaskRuntime:
     """One program per criterion (``grader``, or ``graders[i]``), in the task's order."""
     preprocess: Program | None
     context: dict[str, Any]
-    builtins: dict[str, BuiltinGrader | MultiGrader] = field(default_factory=dict)
+    builtins: dict[str, BuiltinGrader | MultiGrader | ModelJudge] = field(default_factory=dict)
     """The built-in criteria by field (``grader``, ``graders[i]``), run in the engine."""
 
     @property
@@ -84,7 +85,7 @@ class TaskRuntime:
         if task.preprocess is not None:
             source, filename = loaded.sources[(task.id, "preprocess")]
             preprocess = Program("preprocess", source, filename, task.preprocess.entrypoint)
-        builtins: dict[str, BuiltinGrader | MultiGrader] = {}
+        builtins: dict[str, BuiltinGrader | MultiGrader | ModelJudge] = {}
         for kind, spec in task.grader_fields():
             if not spec.builtin:
                 continue
@@ -105,7 +106,22 @@ class TaskRuntime:
         )
 
 
-def _builtin(spec: GraderSpec, where: str) -> BuiltinGrader | MultiGrader:
+def _builtin(spec: GraderSpec, where: str) -> BuiltinGrader | MultiGrader | ModelJudge:
+    if spec.type in ("score_model", "label_model"):
+        assert isinstance(spec.input, list)
+        return ModelJudge(
+            spec.type,
+            messages=[(m.role, m.content) for m in spec.input],
+            metric_id=spec.metric_id,
+            where=where,
+            model=spec.model,
+            score_range=spec.range,
+            labels=spec.labels,
+            passing_labels=spec.passing_labels,
+            sampling=spec.sampling_params.model_dump(exclude_none=True)
+            if spec.sampling_params
+            else None,
+        )
     if spec.type == "multi":
         assert spec.graders is not None
         assert spec.calculate_output is not None
@@ -123,7 +139,7 @@ def _builtin(spec: GraderSpec, where: str) -> BuiltinGrader | MultiGrader:
         }
         formula = Formula(spec.calculate_output, graders, f"{where}.calculateOutput")
         return MultiGrader(graders, formula, spec.metric_id)
-    assert spec.input is not None
+    assert isinstance(spec.input, str)
     assert spec.reference is not None
     return BuiltinGrader(
         spec.type,

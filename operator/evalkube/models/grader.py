@@ -43,7 +43,9 @@ class _CodeRef(SpecModel):
         return self
 
 
-GraderType = Literal["python", "string_check", "text_similarity", "multi"]
+GraderType = Literal[
+    "python", "string_check", "text_similarity", "multi", "score_model", "label_model"
+]
 StringOperation = Literal["eq", "ne", "like", "ilike"]
 SimilarityMetric = Literal[
     "fuzzy_match", "bleu", "gleu", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"
@@ -52,8 +54,40 @@ BUILTIN_FIELDS: dict[str, tuple[str, ...]] = {
     "string_check": ("input", "reference", "operation"),
     "text_similarity": ("input", "reference", "evaluation_metric"),
     "multi": ("graders", "calculate_output"),
+    "score_model": ("input",),
+    "label_model": ("input", "labels", "passing_labels"),
 }
 """The fields each built-in type requires (python requires ``source`` or ``file``)."""
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {
+    "score_model": ("model", "range", "sampling_params"),
+    "label_model": ("model", "sampling_params"),
+}
+"""Further fields a built-in type may set."""
+MODEL_TYPES = ("score_model", "label_model")
+
+
+class GraderMessage(SpecModel):
+    """One input message of a model grader; ``content`` is a template (``item``, ``sample``)."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    """Chat role."""
+    content: str
+    """Template, e.g. ``Grade {{ sample.output_text }} against {{ item.answer }}``."""
+
+
+class SamplingParams(SpecModel):
+    """Sampling parameters of a model grader's call (OpenAI's ``sampling_params``)."""
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    """Sampling temperature."""
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    """Nucleus sampling."""
+    seed: int | None = None
+    """Seed, where the provider supports one."""
+    max_completions_tokens: int | None = Field(default=None, ge=1)
+    """Output token cap (sent as ``max_output_tokens``)."""
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    """Reasoning effort of reasoning models."""
 
 
 class SubGraderSpec(SpecModel):
@@ -90,8 +124,20 @@ class GraderSpec(_CodeRef):
     """``python`` (your code, in the sandbox), or a built-in type evaluated by the engine:
     ``string_check``, ``text_similarity`` or ``multi`` (OpenAI's semantics; see
     docs/graders.md)."""
-    input: str | None = None
-    """Built-ins: template of the text graded, e.g. ``{{ sample.output_text }}``."""
+    input: str | list[GraderMessage] | None = None
+    """Built-ins: template of the text graded, e.g. ``{{ sample.output_text }}``; for
+    ``score_model``/``label_model`` the input messages (each content a template)."""
+    model: str | None = None
+    """Model graders: the model id (``provider:model``); unset or ``auto``: the run's
+    ``judgeModel``."""
+    range: list[float] | None = Field(default=None, min_length=2, max_length=2)
+    """``score_model``: ``[min, max]`` of a valid score; default ``[0, 1]``."""
+    sampling_params: SamplingParams | None = None
+    """Model graders: sampling parameters of the call."""
+    labels: list[str] | None = Field(default=None, min_length=1, max_length=100)
+    """``label_model``: the labels the model chooses from."""
+    passing_labels: list[str] | None = Field(default=None, min_length=1, max_length=100)
+    """``label_model``: the labels that pass (score 1; any other label scores 0)."""
     reference: str | None = None
     """Built-ins: template of the text it is compared with, e.g. ``{{ item.answer }}``."""
     operation: StringOperation | None = None
@@ -149,6 +195,7 @@ class GraderSpec(_CodeRef):
                     raise ValueError(f"`{_camel(name)}` is required for a {self.type} grader")
             if self.type == "text_similarity" and self.pass_threshold is None:
                 raise ValueError("`passThreshold` is required for a text_similarity grader")
+        allowed = BUILTIN_FIELDS.get(self.type, ()) + OPTIONAL_FIELDS.get(self.type, ())
         for name in (
             "input",
             "reference",
@@ -156,9 +203,27 @@ class GraderSpec(_CodeRef):
             "evaluation_metric",
             "graders",
             "calculate_output",
+            "model",
+            "range",
+            "sampling_params",
+            "labels",
+            "passing_labels",
         ):
-            if getattr(self, name) is not None and name not in BUILTIN_FIELDS.get(self.type, ()):
+            if getattr(self, name) is not None and name not in allowed:
                 raise ValueError(f"`{_camel(name)}` is not a field of a {self.type} grader")
+        messages = self.type in MODEL_TYPES
+        if self.input is not None and isinstance(self.input, list) != messages:
+            raise ValueError(
+                "`input` of a model grader is a list of messages ({role, content})"
+                if messages
+                else f"`input` of a {self.type} grader is a template string"
+            )
+        if self.range is not None and self.range[0] >= self.range[1]:
+            raise ValueError("`range` is [min, max] with min < max")
+        if self.labels is not None and self.passing_labels is not None:
+            unknown = sorted(set(self.passing_labels) - set(self.labels))
+            if unknown:
+                raise ValueError(f"`passingLabels` {unknown} are not among `labels`")
         return self
 
     @property
@@ -169,7 +234,7 @@ class GraderSpec(_CodeRef):
     @property
     def resolved_pass_threshold(self) -> float | None:
         """``passThreshold``; a ``string_check`` passes on a match (score 1) by default."""
-        if self.pass_threshold is None and self.type == "string_check":
+        if self.pass_threshold is None and self.type in ("string_check", "label_model"):
             return 1.0
         return self.pass_threshold
 
@@ -188,6 +253,8 @@ class GraderSpec(_CodeRef):
     @property
     def resolved_model_access(self) -> Literal["gateway", "none"]:
         """Model access after applying the contract's default."""
+        if self.type in MODEL_TYPES:
+            return "gateway"
         if self.model_access is not None:
             return "gateway" if self.model_access != "none" else "none"
         return "gateway" if self.contract == "model_backed" else "none"

@@ -171,6 +171,8 @@ def test_optional_fields_are_nullable_and_required_ones_required(suite: Schema) 
         "string_check",
         "text_similarity",
         "multi",
+        "score_model",
+        "label_model",
     ]
     task = at(suite, "spec.tasks.[]")
     assert set(task["required"]) == {"id", "dataset"}

@@ -124,8 +124,8 @@ def test_metric_id_must_not_be_empty() -> None:
         (
             "type",
             "javascript",
-            "grader.type: must be one of 'python', 'string_check', 'text_similarity' or "
-            "'multi' (got 'javascript')",
+            "grader.type: must be one of 'python', 'string_check', 'text_similarity', "
+            "'multi', 'score_model' or 'label_model' (got 'javascript')",
         ),
         (
             "contract",

@@ -404,3 +404,27 @@ def test_eval_run_kind_and_api_version() -> None:
     doc = {"kind": "EvalSuite", "metadata": {"name": "r"}, "spec": {"models": ["precomputed"]}}
     (problem,) = problems(EvalRun, doc, prefix="")
     assert problem.startswith("kind: must be one of 'EvalRun'")
+
+
+MESSAGES = [{"role": "user", "content": "{{ sample.output_text }}"}]
+
+
+@pytest.mark.parametrize(
+    ("grader", "message"),
+    [
+        ({"type": "score_model", "input": "text"}, "`input` of a model grader is a list"),
+        ({"type": "score_model", "input": MESSAGES, "range": [1, 0]}, "min < max"),
+        ({"type": "score_model", "input": MESSAGES, "labels": ["a"]}, "`labels` is not a field"),
+        (
+            {"type": "label_model", "input": MESSAGES, "labels": ["a"], "passingLabels": ["b"]},
+            "`passingLabels` ['b'] are not among `labels`",
+        ),
+        ({"type": "label_model", "input": MESSAGES, "labels": ["a"]}, "`passingLabels` is"),
+        ({"type": "string_check", "input": MESSAGES, "reference": "r", "operation": "eq"},
+         "`input` of a string_check grader is a template string"),
+    ],
+)  # fmt: skip
+def test_model_grader_fields(grader: dict[str, Any], message: str) -> None:
+    task = {"id": "a", "dataset": {"rows": [{}]}, "grader": grader}
+    (problem,) = problems(EvalSuiteSpec, {"tasks": [task]})
+    assert message in problem
