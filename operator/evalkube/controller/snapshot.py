@@ -52,9 +52,10 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
     for index, task in enumerate(spec.tasks):
         where = f"spec.tasks[{index}]"
         for kind, grader in task.grader_fields():
-            if grader.type in ("score_model", "label_model"):
+            if grader.calls_models:
+                what = "text_similarity cosine" if grader.type == "text_similarity" else grader.type
                 check.problems.append(
-                    f"{where}.{kind}: {grader.type} graders run only in `evalkube run` for now "
+                    f"{where}.{kind}: {what} graders run only in `evalkube run` for now "
                     "(the work-unit runner cannot reach the model bridge yet); use a "
                     "model_backed python grader with ctx.responses_create in a cluster"
                 )

@@ -15,7 +15,9 @@ from typing import Any
 
 import httpx
 
-from evalkube.grading import GradeOutcome, ModelJudge, TemplateError
+from evalkube.grading import EmbeddingJudge, GradeOutcome, ModelJudge, TemplateError
+
+Judge = ModelJudge | EmbeddingJudge
 
 JUDGE_CONCURRENCY = 8
 """Model-grader calls in flight at once from one unit."""
@@ -24,7 +26,7 @@ EXECUTION_HEADER = "X-Evalkube-Execution"
 
 
 def judge_samples(
-    judge: ModelJudge,
+    judge: Judge,
     inputs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
     endpoint: str | None,
     open_tokens: Callable[[int], list[str]],
@@ -38,7 +40,7 @@ def judge_samples(
 
 
 async def _judge_all(
-    judge: ModelJudge,
+    judge: Judge,
     inputs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
     tokens: Sequence[str],
     endpoint: str,
@@ -59,7 +61,7 @@ async def _judge_all(
             async with semaphore:
                 try:
                     reply = await client.post(
-                        "/v1/responses", json=body, headers={EXECUTION_HEADER: token}
+                        judge.path, json=body, headers={EXECUTION_HEADER: token}
                     )
                 except httpx.HTTPError as exc:
                     return judge.failed("ModelCallError", f"model bridge unreachable: {exc}")

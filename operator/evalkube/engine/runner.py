@@ -24,6 +24,7 @@ from evalkube.engine.plan import SEQ_STRIDE, Unit, sample_id
 from evalkube.engine.runtime import TaskRuntime, task_criteria
 from evalkube.grading import (
     Criterion,
+    EmbeddingJudge,
     ExtractionMiss,
     GradeOutcome,
     ModelJudge,
@@ -548,7 +549,7 @@ def _grade_samples(
     }
     for (field_name, spec), criterion in zip(fields, criteria, strict=True):
         builtin = runtime.builtins.get(field_name)
-        if isinstance(builtin, ModelJudge):
+        if isinstance(builtin, ModelJudge | EmbeddingJudge):
             outcomes = judge_samples(
                 builtin,
                 [grader_inputs(p) for p in samples],

@@ -9,6 +9,7 @@ from evalkube.engine.loading import ConfigError, LoadedSuite
 from evalkube.grading import (
     BuiltinGrader,
     Criterion,
+    EmbeddingJudge,
     Extractor,
     Formula,
     FormulaError,
@@ -20,6 +21,9 @@ from evalkube.grading import (
 )
 from evalkube.models import EvalSuiteSpec, GraderSpec, TaskSpec
 from evalkube.sandbox import Program
+
+Builtin = BuiltinGrader | MultiGrader | ModelJudge | EmbeddingJudge
+"""A built-in criterion, ready to grade (the engine runs it, not the sandbox)."""
 
 
 @dataclass
@@ -33,7 +37,7 @@ class TaskRuntime:
     """One program per criterion (``grader``, or ``graders[i]``), in the task's order."""
     preprocess: Program | None
     context: dict[str, Any]
-    builtins: dict[str, BuiltinGrader | MultiGrader | ModelJudge] = field(default_factory=dict)
+    builtins: dict[str, Builtin] = field(default_factory=dict)
     """The built-in criteria by field (``grader``, ``graders[i]``), run in the engine."""
 
     @property
@@ -85,7 +89,7 @@ class TaskRuntime:
         if task.preprocess is not None:
             source, filename = loaded.sources[(task.id, "preprocess")]
             preprocess = Program("preprocess", source, filename, task.preprocess.entrypoint)
-        builtins: dict[str, BuiltinGrader | MultiGrader | ModelJudge] = {}
+        builtins: dict[str, Builtin] = {}
         for kind, spec in task.grader_fields():
             if not spec.builtin:
                 continue
@@ -106,7 +110,7 @@ class TaskRuntime:
         )
 
 
-def _builtin(spec: GraderSpec, where: str) -> BuiltinGrader | MultiGrader | ModelJudge:
+def _builtin(spec: GraderSpec, where: str) -> Builtin:
     if spec.type in ("score_model", "label_model"):
         assert isinstance(spec.input, list)
         return ModelJudge(
@@ -121,6 +125,12 @@ def _builtin(spec: GraderSpec, where: str) -> BuiltinGrader | MultiGrader | Mode
             sampling=spec.sampling_params.model_dump(exclude_none=True)
             if spec.sampling_params
             else None,
+        )
+    if spec.evaluation_metric == "cosine":
+        assert isinstance(spec.input, str)
+        assert spec.reference is not None
+        return EmbeddingJudge(
+            input=spec.input, reference=spec.reference, metric_id=spec.metric_id, where=where
         )
     if spec.type == "multi":
         assert spec.graders is not None

@@ -9,7 +9,7 @@ from evalkube.grading.builtin import BuiltinGrader, MissingLibrary, MultiGrader
 from evalkube.grading.criteria import Criterion, merge_outcomes, pass_counts
 from evalkube.grading.extraction import ExtractionMiss, Extractor, apply_stop, parse_output_json
 from evalkube.grading.formula import Formula, FormulaError
-from evalkube.grading.model_graders import ModelJudge
+from evalkube.grading.model_graders import EmbeddingJudge, ModelJudge
 from evalkube.grading.results import GradeOutcome, capped_repr, invalid, is_score, validate_return
 from evalkube.grading.templates import (
     GRADER_NAMES,
@@ -26,6 +26,7 @@ __all__ = [
     "BatchOutcome",
     "BuiltinGrader",
     "Criterion",
+    "EmbeddingJudge",
     "ExtractionMiss",
     "Extractor",
     "Formula",

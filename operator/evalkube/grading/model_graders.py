@@ -17,7 +17,7 @@ from typing import Any
 
 from evalkube import limits
 from evalkube.grading.results import GradeOutcome, invalid
-from evalkube.grading.templates import GraderTemplate
+from evalkube.grading.templates import GraderTemplate, TemplateError
 
 
 def _output_text(response: Mapping[str, Any]) -> str:
@@ -33,6 +33,8 @@ def _output_text(response: Mapping[str, Any]) -> str:
 
 class ModelJudge:
     """One model criterion, compiled once per task."""
+
+    path = "/v1/responses"
 
     def __init__(
         self,
@@ -142,3 +144,45 @@ class ModelJudge:
                 "InvalidModelAnswer", f"result {value} is outside range [{self.low}, {self.high}]"
             )
         return GradeOutcome("valid", {self.metric_id: value}, judge)
+
+
+class EmbeddingJudge:
+    """``text_similarity`` with ``cosine``: the cosine of the input's and the reference's
+    embeddings, by the run's ``embeddingModel`` (``model: auto`` through the bridge)."""
+
+    path = "/v1/embeddings"
+
+    def __init__(self, *, input: str, reference: str, metric_id: str, where: str) -> None:
+        self.metric_id = metric_id
+        self.input = GraderTemplate(input, f"{where}.input")
+        self.reference = GraderTemplate(reference, f"{where}.reference")
+
+    def request(self, sample: Mapping[str, Any], item: Mapping[str, Any]) -> dict[str, Any]:
+        """The Embeddings API request: both texts in one call."""
+        texts = [self.input.render(item, sample), self.reference.render(item, sample)]
+        if any(len(t) > limits.BUILTIN_INPUT_CHARS for t in texts):
+            raise TemplateError(f"input or reference longer than {limits.BUILTIN_INPUT_CHARS}")
+        return {"model": "auto", "input": texts}
+
+    def failed(self, kind: str, message: str) -> GradeOutcome:
+        return invalid(self.metric_id, error_type=kind, message=f"cosine: {message}")
+
+    def verdict(self, response: Mapping[str, Any]) -> GradeOutcome:
+        data = response.get("data")
+        vectors: list[list[float]] = []
+        for entry in data if isinstance(data, list) else []:
+            vector = entry.get("embedding") if isinstance(entry, dict) else None
+            if isinstance(vector, list) and all(
+                isinstance(x, int | float) and not isinstance(x, bool) for x in vector
+            ):
+                vectors.append([float(x) for x in vector])
+        if len(vectors) != 2 or len(vectors[0]) != len(vectors[1]) or not vectors[0]:
+            return self.failed("InvalidModelAnswer", "expected two embeddings of one size")
+        a, b = vectors
+        norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+        if not math.isfinite(norm) or norm == 0.0:
+            return self.failed("InvalidModelAnswer", "an embedding has no length")
+        value = sum(x * y for x, y in zip(a, b, strict=True)) / norm
+        if not math.isfinite(value):
+            return self.failed("InvalidModelAnswer", "cosine is not finite")
+        return GradeOutcome("valid", {self.metric_id: value}, None)

@@ -47,8 +47,20 @@ GraderType = Literal[
     "python", "string_check", "text_similarity", "multi", "score_model", "label_model"
 ]
 StringOperation = Literal["eq", "ne", "like", "ilike"]
-SimilarityMetric = Literal[
+LocalMetric = Literal[
     "fuzzy_match", "bleu", "gleu", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"
+]
+SimilarityMetric = Literal[
+    "fuzzy_match",
+    "bleu",
+    "gleu",
+    "rouge_1",
+    "rouge_2",
+    "rouge_3",
+    "rouge_4",
+    "rouge_5",
+    "rouge_l",
+    "cosine",
 ]
 BUILTIN_FIELDS: dict[str, tuple[str, ...]] = {
     "string_check": ("input", "reference", "operation"),
@@ -101,8 +113,8 @@ class SubGraderSpec(SpecModel):
     """Template of the text it is compared with, e.g. ``{{ item.answer }}``."""
     operation: StringOperation | None = None
     """``string_check``: ``eq``, ``ne``, ``like`` or ``ilike``."""
-    evaluation_metric: SimilarityMetric | None = None
-    """``text_similarity``: the metric (as for a ``text_similarity`` grader)."""
+    evaluation_metric: LocalMetric | None = None
+    """``text_similarity``: the metric (as for a ``text_similarity`` grader; not ``cosine``)."""
     name: str | None = None
     """Ignored (OpenAI exports carry it); the key in ``graders`` names the score."""
 
@@ -143,8 +155,8 @@ class GraderSpec(_CodeRef):
     operation: StringOperation | None = None
     """``string_check``: ``eq``, ``ne``, ``like`` (contains) or ``ilike`` (contains, any case)."""
     evaluation_metric: SimilarityMetric | None = None
-    """``text_similarity``: ``fuzzy_match``, ``bleu``, ``gleu``, ``rouge_1``..``rouge_5`` or
-    ``rouge_l``."""
+    """``text_similarity``: ``fuzzy_match``, ``bleu``, ``gleu``, ``rouge_1``..``rouge_5``,
+    ``rouge_l`` or ``cosine`` (of the run's ``embeddingModel`` embeddings, via the bridge)."""
     graders: dict[str, SubGraderSpec] | None = Field(default=None, min_length=1, max_length=20)
     """``multi``: the graders whose scores ``calculateOutput`` combines, by name."""
     calculate_output: str | None = Field(default=None, min_length=1, max_length=1_000)
@@ -232,6 +244,11 @@ class GraderSpec(_CodeRef):
         return self.type != "python"
 
     @property
+    def calls_models(self) -> bool:
+        """A built-in whose engine-side grading calls models (through the bridge)."""
+        return self.type in MODEL_TYPES or self.evaluation_metric == "cosine"
+
+    @property
     def resolved_pass_threshold(self) -> float | None:
         """``passThreshold``; a ``string_check`` passes on a match (score 1) by default."""
         if self.pass_threshold is None and self.type in ("string_check", "label_model"):
@@ -253,7 +270,7 @@ class GraderSpec(_CodeRef):
     @property
     def resolved_model_access(self) -> Literal["gateway", "none"]:
         """Model access after applying the contract's default."""
-        if self.type in MODEL_TYPES:
+        if self.calls_models:
             return "gateway"
         if self.model_access is not None:
             return "gateway" if self.model_access != "none" else "none"

@@ -9,6 +9,7 @@ for, from what the rendered messages say). Calls go engine -> in-process model b
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -98,7 +99,19 @@ SUITE = {
                         "passingLabels": ["correct"],
                     },
                 ],
-            }
+            },
+            {
+                "id": "similar",
+                "dataset": {"rows": ROWS},
+                "outputs": {"column": "out"},
+                "grader": {
+                    "type": "text_similarity",
+                    "input": "{{ sample.output_text }}",
+                    "reference": "{{ item.answer }}",
+                    "evaluationMetric": "cosine",
+                    "passThreshold": 0.999,
+                },
+            },
         ]
     },
 }
@@ -123,6 +136,7 @@ def outcome(
                         "spec": {
                             "models": ["precomputed"],
                             "judgeModel": "openai:judge-1",
+                            "embeddingModel": "openai:embed-3",
                             "providers": {
                                 "openai": {"baseURL": judge.base_url, "apiKeyEnv": "JUDGE_KEY"}
                             },
@@ -149,7 +163,7 @@ def test_scores_and_labels_come_from_the_judge(
 ) -> None:
     summary, records, _ = outcome
     assert summary.phase == "Succeeded"
-    paris, rome, weird = records
+    paris, rome, weird = [r for r in records if r.task_id == "judged"]
     assert paris.status == rome.status == "valid"
     assert paris.scores == {"quality": 8.0, "verdict": 1.0}
     assert rome.scores == {"quality": 2.0, "verdict": 0.0}
@@ -160,7 +174,7 @@ def test_scores_and_labels_come_from_the_judge(
     assert weird.error is not None
     assert weird.error["criterion"] == "quality"
     assert "outside range [0.0, 10.0]" in weird.error["message"]
-    (result,) = summary.results
+    (result,) = [r for r in summary.results if r.task == "judged"]
     assert {k: v.model_dump() for k, v in result.criteria.items()} == {
         "quality": {"passed": 1, "failed": 2},
         "verdict": {"passed": 1, "failed": 2},
@@ -171,6 +185,8 @@ def test_calls_go_through_the_bridge_and_are_counted(
     outcome: tuple[RunSummary, list[SampleRecord], list[Received]],
 ) -> None:
     summary, records, received = outcome
+    received = [c for c in received if c.path == "/v1/responses"]
+    records = [r for r in records if r.task_id == "judged"]
     assert len(received) == 2 * len(ROWS)
     for call in received:
         assert call.headers["Authorization"] == f"Bearer {KEY}"
@@ -190,4 +206,24 @@ def test_calls_go_through_the_bridge_and_are_counted(
     for record in records:
         assert record.model_calls["judge"] == 2
         assert len(record.model_calls["response_ids"]) == 2
-    assert summary.results[0].model_calls["judge"] == 2 * len(ROWS)
+    (result,) = [r for r in summary.results if r.task == "judged"]
+    assert result.model_calls["judge"] == 2 * len(ROWS)
+
+
+def test_cosine_uses_the_runs_embedding_model_through_the_bridge(
+    outcome: tuple[RunSummary, list[SampleRecord], list[Received]],
+) -> None:
+    summary, records, received = outcome
+    calls = [c for c in received if c.path == "/v1/embeddings"]
+    assert len(calls) == len(ROWS)
+    assert {c.body["model"] for c in calls} == {"embed-3"}
+    similar = [r for r in records if r.task_id == "similar"]
+    for record, row in zip(similar, ROWS, strict=True):
+        # the fake embeds a text as [len(text), 1.0]
+        a, b = (len(row["out"]), 1.0), (len(row["answer"]), 1.0)
+        cosine = (a[0] * b[0] + 1.0) / (math.hypot(*a) * math.hypot(*b))
+        assert record.scores == pytest.approx({"score": cosine})
+        assert record.model_calls["embedding"] == 1
+    (result,) = [r for r in summary.results if r.task == "similar"]
+    passed = sum(1 for r in similar if r.scores["score"] >= 0.999)
+    assert result.criteria["score"].model_dump() == {"passed": passed, "failed": 3 - passed}

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from evalkube.grading import ModelJudge
+from evalkube.grading import EmbeddingJudge, ModelJudge
 
 
 def judge(kind: str = "score_model", **fields: Any) -> ModelJudge:
@@ -73,3 +73,30 @@ def test_labels() -> None:
     assert unknown.status == "invalid"
     assert unknown.error is not None
     assert "'great' is not one of ['good', 'bad', 'meh']" in unknown.error["message"]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [],
+        [{"embedding": [1.0]}],
+        [{"embedding": [1.0, 0.0]}, {"embedding": [1.0]}],
+        [{"embedding": [0.0, 0.0]}, {"embedding": [1.0, 0.0]}],
+        [{"embedding": [True, 0.0]}, {"embedding": [1.0, 0.0]}],
+        [{"embedding": [1e200, 1e200]}, {"embedding": [1e200, 1e200]}],
+    ],
+)
+def test_cosine_refuses_unusable_embeddings(data: list[dict[str, Any]]) -> None:
+    cosine = EmbeddingJudge(input="{{ sample.output_text }}", reference="r", metric_id="m",
+                            where="w")  # fmt: skip
+    outcome = cosine.verdict({"data": data})
+    assert outcome.status == "invalid"
+    assert outcome.scores == {"m": 0.0}
+
+
+def test_cosine_of_two_embeddings() -> None:
+    cosine = EmbeddingJudge(input="{{ sample.output_text }}", reference="r", metric_id="m",
+                            where="w")  # fmt: skip
+    assert cosine.request({"output_text": "a"}, {}) == {"model": "auto", "input": ["a", "r"]}
+    outcome = cosine.verdict({"data": [{"embedding": [3, 4]}, {"embedding": [4, 3]}]})
+    assert outcome.scores == pytest.approx({"m": 24 / 25})
