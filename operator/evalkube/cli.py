@@ -416,6 +416,43 @@ def validate(
     )
 
 
+import_app = typer.Typer(help="Convert evals from other systems into EvalSuite/EvalRun files.")
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("openai")
+def import_openai_command(
+    export: Annotated[Path, typer.Argument(help='OpenAI export: {"eval": {...}, "run": {...}}')],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Folder for suite.yaml and run.yaml")
+    ] = Path("."),
+    name: Annotated[str | None, typer.Option(help="Suite name (default: the eval's)")] = None,
+) -> None:
+    """Write an OpenAI eval export as suite.yaml + run.yaml (see docs/migrating-from-openai.md)."""
+    import yaml
+
+    from evalkube.engine.openai_import import import_openai
+
+    try:
+        document = json.loads(export.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        _fail(f"{export}: cannot read the export as JSON ({exc})", EXIT_CONFIG)
+    try:
+        suite, run_resource = import_openai(document, name)
+    except ConfigError as exc:
+        _fail(f"{export}: {exc}", EXIT_CONFIG)
+    out.mkdir(parents=True, exist_ok=True)
+    for filename, resource in (("suite.yaml", suite), ("run.yaml", run_resource)):
+        (out / filename).write_text(
+            yaml.safe_dump(resource.to_wire(), sort_keys=False, allow_unicode=True)
+        )
+    rows = suite.spec.tasks[0].dataset.rows or []
+    console.print(
+        f"[green]ok[/]: {out / 'suite.yaml'} ({len(rows)} items, "
+        f"{len(suite.spec.tasks[0].criteria)} criteria) and {out / 'run.yaml'}"
+    )
+
+
 @app.command()
 def version() -> None:
     """Print the evalkube version."""
