@@ -42,6 +42,10 @@ _LIBRARIES = {
 }
 
 
+class InputTooLarge(ValueError):
+    """A metric's cost on these texts is above its limit (the sample is invalid)."""
+
+
 class MissingLibrary(ValueError):
     """A built-in grader needs a library this installation lacks."""
 
@@ -86,7 +90,18 @@ def _similarity(metric: str) -> Callable[[str, str], float]:
 
     kind = "rougeL" if metric == "rouge_l" else f"rouge{metric[-1]}"
     scorer = rouge_scorer.RougeScorer([kind])
-    return lambda text, reference: float(scorer.score(reference, text)[kind].fmeasure)
+
+    def rouge(text: str, reference: str) -> float:
+        if kind == "rougeL":
+            cells = len(text.split()) * len(reference.split())
+            if cells > limits.BUILTIN_LCS_CELLS:
+                raise InputTooLarge(
+                    f"rouge_l compares every word with every word: {cells} pairs is more than "
+                    f"{limits.BUILTIN_LCS_CELLS}; shorten the texts or use rouge_1..rouge_5"
+                )
+        return float(scorer.score(reference, text)[kind].fmeasure)
+
+    return rouge
 
 
 class BuiltinGrader:
@@ -131,6 +146,8 @@ class BuiltinGrader:
             )
         try:
             value = self.score(text, reference)
+        except InputTooLarge as exc:
+            return invalid(self.metric_id, error_type="InputTooLarge", message=str(exc))
         except Exception as exc:  # a library failing on odd text: that sample only
             return invalid(self.metric_id, error_type=type(exc).__name__, message=str(exc))
         keep = limits.BUILTIN_JUDGE_CHARS

@@ -147,3 +147,14 @@ def test_multi_failures_make_the_sample_invalid(
     assert outcome.scores == {"m": 0.0}
     assert outcome.error is not None
     assert outcome.error["type"] == kind
+
+
+def test_rouge_l_refuses_texts_whose_lcs_would_stall_the_engine() -> None:
+    words = " ".join(["w"] * 2_001)  # 2001 x 2001 words > 4M pairs; under the character cap
+    assert len(words) < limits.BUILTIN_INPUT_CHARS
+    outcome = grader("text_similarity", evaluation_metric="rouge_l", input="{{ item.answer }}",
+                     reference="{{ item.answer }}").grade({}, {"answer": words})  # fmt: skip
+    assert outcome.status == "invalid"
+    assert outcome.error is not None
+    assert outcome.error["type"] == "InputTooLarge"
+    assert "rouge_1..rouge_5" in outcome.error["message"]
