@@ -166,6 +166,9 @@ def _results_table(summary: RunSummary) -> Table:
     table.add_column("metrics", overflow="fold")
     for column in ("samples", "valid", "invalid", "errored"):
         table.add_column(column, justify="right", min_width=len(column), no_wrap=True)
+    with_criteria = any(result.criteria for result in summary.results)
+    if with_criteria:
+        table.add_column("passed/failed", overflow="fold")
     for result in summary.results:
         metrics = (
             "\n".join(f"{escape(name)} = {value:.4f}" for name, value in result.metrics.items())
@@ -182,6 +185,17 @@ def _results_table(summary: RunSummary) -> Table:
             str(counts.valid),
             f"[yellow]{counts.invalid}[/]" if counts.invalid else "0",
             f"[red]{counts.errored}[/]" if counts.errored else "0",
+            *(
+                [
+                    "\n".join(
+                        f"{escape(name)}: {c.passed}/{c.failed}"
+                        for name, c in result.criteria.items()
+                    )
+                    or "-"
+                ]
+                if with_criteria
+                else []
+            ),
         )
     return table
 
@@ -439,6 +453,43 @@ def validate(
         _fail(str(exc), EXIT_CONFIG)
     console.print(
         f"[green]ok[/]: {loaded.name} ({len(loaded.suite.spec.tasks)} tasks, {loaded.version[:19]})"
+    )
+
+
+import_app = typer.Typer(help="Convert evals from other systems into EvalSuite/EvalRun files.")
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("openai")
+def import_openai_command(
+    export: Annotated[Path, typer.Argument(help='OpenAI export: {"eval": {...}, "run": {...}}')],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Folder for suite.yaml and run.yaml")
+    ] = Path("."),
+    name: Annotated[str | None, typer.Option(help="Suite name (default: the eval's)")] = None,
+) -> None:
+    """Write an OpenAI eval export as suite.yaml + run.yaml (see docs/migrating-from-openai.md)."""
+    import yaml
+
+    from evalkube.engine.openai_import import import_openai
+
+    try:
+        document = json.loads(export.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        _fail(f"{export}: cannot read the export as JSON ({exc})", EXIT_CONFIG)
+    try:
+        suite, run_resource = import_openai(document, name)
+    except ConfigError as exc:
+        _fail(f"{export}: {exc}", EXIT_CONFIG)
+    out.mkdir(parents=True, exist_ok=True)
+    for filename, resource in (("suite.yaml", suite), ("run.yaml", run_resource)):
+        (out / filename).write_text(
+            yaml.safe_dump(resource.to_wire(), sort_keys=False, allow_unicode=True)
+        )
+    rows = suite.spec.tasks[0].dataset.rows or []
+    console.print(
+        f"[green]ok[/]: {out / 'suite.yaml'} ({len(rows)} items, "
+        f"{len(suite.spec.tasks[0].criteria)} criteria) and {out / 'run.yaml'}"
     )
 
 

@@ -26,6 +26,16 @@ INVALID_PAYLOAD_REPR_CHARS: Final = 2_000
 TRACEBACK_TAIL_LINES: Final = 12
 #: Characters of an exception message kept.
 ERROR_MESSAGE_CHARS: Final = 2_000
+#: Characters of a built-in grader's rendered ``input`` or ``reference`` (string_check,
+#: text_similarity run in the engine process on model output: a longer text is an invalid
+#: result, not minutes of BLEU on the host).
+BUILTIN_INPUT_CHARS: Final = 100_000
+#: ``rouge_l`` is a longest common subsequence in pure Python, quadratic in words: input words
+#: x reference words above this is an invalid result (4M cells: about a second; two 100 000
+#: character texts took 100 s on one core).
+BUILTIN_LCS_CELLS: Final = 4_000_000
+#: Characters of ``input``/``reference`` kept on a built-in grader's judge for debugging.
+BUILTIN_JUDGE_CHARS: Final = 1_000
 #: Characters of stdout and of stderr kept per grader execution for the debugging view.
 CAPTURED_OUTPUT_CHARS: Final = 8_192
 #: Execution tokens the model bridge keeps open at once (the runner opens a batch's tokens

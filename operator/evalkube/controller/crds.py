@@ -89,6 +89,11 @@ CRD_LIMITS: Final[dict[str, dict[str, Schema]]] = {
         "spec.tasks[].grader.source": {"maxLength": 262_144},
         "spec.tasks[].grader.file": {"maxLength": 507},
         "spec.tasks[].grader.metricId": {"maxLength": 253},
+        "spec.tasks[].graders[].source": {"maxLength": 262_144},
+        "spec.tasks[].graders[].file": {"maxLength": 507},
+        "spec.tasks[].graders[].metricId": {"maxLength": 253},
+        "spec.tasks[].grader.reference": {"maxLength": 65_536},
+        "spec.tasks[].graders[].reference": {"maxLength": 65_536},
         "spec.tasks[].preprocess.source": {"maxLength": 262_144},
         "spec.tasks[].preprocess.file": {"maxLength": 507},
         "spec.tasks[].extraction.pattern": {"maxLength": 4_096},
@@ -213,6 +218,17 @@ _EXACTLY_ONE_CODE = Rule(
     rule=f"{_present('source')} != {_present('file')}",
     message="set exactly one of `source` (inline Python) or `file` (configmap-name/key)",
 )
+_GRADER_CODE = Rule(
+    rule=(
+        f"has(self.type) && self.type != 'python' ? "
+        f"!{_present('source')} && !{_present('file')} : "
+        f"{_present('source')} != {_present('file')}"
+    ),
+    message=(
+        "a python grader needs exactly one of `source` (inline Python) or `file` "
+        "(configmap-name/key); a built-in grader has neither"
+    ),
+)
 _FILE_REF = Rule(
     rule=(
         f"!{_present('file')} || "
@@ -253,7 +269,14 @@ CRD_RULES: Final[dict[str, dict[str, tuple[Rule, ...]]]] = {
                 field_path=".path",
             ),
         ),
-        "spec.tasks[].grader": (_EXACTLY_ONE_CODE, _FILE_REF),
+        "spec.tasks[]": (
+            Rule(
+                rule=f"{_present('grader')} != {_present('graders')}",
+                message="set exactly one of `grader` or `graders` (a list of criteria)",
+            ),
+        ),
+        "spec.tasks[].grader": (_GRADER_CODE, _FILE_REF),
+        "spec.tasks[].graders[]": (_GRADER_CODE, _FILE_REF),
         "spec.tasks[].preprocess": (_EXACTLY_ONE_CODE, _FILE_REF),
         "spec.tasks[].extraction": (
             Rule(

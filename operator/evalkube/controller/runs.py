@@ -9,6 +9,7 @@ unit transitions, never with samples).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -25,9 +26,10 @@ from evalkube.controller.registry import RunEntry, RunRegistry, digest, new_toke
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import build_snapshot, check_suite
 from evalkube.engine.driver import has_model_access
-from evalkube.engine.local import aggregate_results
+from evalkube.engine.local import aggregate_results, expected_metrics
 from evalkube.engine.plan import Unit
 from evalkube.engine.pod import Snapshot, parse_snapshot
+from evalkube.engine.runtime import suite_criteria
 from evalkube.grading.gate import gate_message, gate_run
 from evalkube.models import EvalRunSpec, GateStatus, SpecError, TaskModelResult, validate_spec
 from evalkube.store import ResultStore, RunRecord
@@ -376,10 +378,10 @@ class RunReconciler:
                 spec=setup.spec,
                 settings=unit_settings,
                 dataset_config_maps=[(dataset_ref.name, dataset_ref.key)] if dataset_ref else [],
-                timeout_seconds=task.grader.timeout_seconds,
+                timeout_seconds=sum(g.timeout_seconds for g in task.criteria),
                 preprocess_timeout=task.preprocess.timeout_seconds if task.preprocess else 0,
                 model_access=has_model_access(task),
-                grader_environment=task.grader.environment,
+                grader_environment=next((g.environment for _, g in task.grader_programs()), None),
             )
             if await self.kube.create(job):
                 self.metrics.jobs_created.inc()
@@ -404,7 +406,18 @@ class RunReconciler:
         }
         conditions = [condition("Ready", True, "Running", "work units are running", generation)]
         if decision.complete:
-            results = await asyncio.to_thread(aggregate_results, self.store, setup.entry.run_id)
+            suite_spec = setup.parsed.loaded.suite.spec
+            criteria_of = suite_criteria(suite_spec)
+            results = await asyncio.to_thread(
+                functools.partial(
+                    aggregate_results,
+                    self.store,
+                    setup.entry.run_id,
+                    None,
+                    expected_metrics(suite_spec, criteria_of),
+                    criteria_of=criteria_of,
+                )
+            )
             new["results"] = [r.to_wire() for r in results]
             new["summary"] = summary_line({f"{r.task}/{r.model}": r.metrics for r in results})
             new["completedAt"] = _now()
@@ -546,8 +559,9 @@ def _comparable(status: Mapping[str, Any]) -> str:
 def config_map_refs(namespace: str, task: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """``(namespace, configmap, key)`` of a task's grader/preprocessor files and dataset."""
     refs = []
-    for kind in ("grader", "preprocess"):
-        ref = (task.get(kind) or {}).get("file")
+    codes = [task.get("grader"), task.get("preprocess"), *(task.get("graders") or [])]
+    for code in codes:
+        ref = (code or {}).get("file") if isinstance(code, dict) else None
         if isinstance(ref, str) and "/" in ref:
             name, key = ref.split("/", 1)
             refs.append((namespace, name, key))

@@ -32,6 +32,8 @@ class Candidate:
     error: str | None = None
     ms: float | None = None
     model_calls: dict[str, Any] = field(default_factory=dict)
+    output_tools: list[dict[str, Any]] = field(default_factory=list)
+    """The candidate's tool calls (``sample.output_tools``), Chat Completions shaped."""
 
 
 #: Called with a candidate's position in the shard as soon as it is known (generated
@@ -316,10 +318,34 @@ def _from_response(response: Any, ms: float) -> Candidate:
     response_id = response.get("id") if isinstance(response.get("id"), str) else None
     return Candidate(
         output_text=response_output_text(response),
+        output_tools=output_tools(response),
         response_id=response_id,
         ms=round(ms, 3),
         model_calls={"candidate": 1, "response_ids": [response_id] if response_id else []},
     )
+
+
+def output_tools(response: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ``function_call`` items of a Responses API object as OpenAI's graders saw them in
+    ``sample.output_tools``: ``{"id", "type": "function", "function": {"name", "arguments"}}``
+    (the Chat Completions ``tool_calls`` shape)."""
+    items = response.get("output")
+    calls: list[dict[str, Any]] = []
+    for entry in items if isinstance(items, list) else []:
+        if not isinstance(entry, dict) or entry.get("type") != "function_call":
+            continue
+        arguments = entry.get("arguments")
+        calls.append(
+            {
+                "id": str(entry.get("call_id") or entry.get("id") or ""),
+                "type": "function",
+                "function": {
+                    "name": str(entry.get("name") or ""),
+                    "arguments": arguments if isinstance(arguments, str) else "",
+                },
+            }
+        )
+    return calls
 
 
 def candidate_source(

@@ -32,7 +32,7 @@ __all__ = ["BridgeControl", "drive_unit", "has_model_access", "plan_run"]
 def plan_run(suite: EvalSuiteSpec, row_counts: Mapping[str, int], spec: EvalRunSpec) -> list[Unit]:
     """The units of a run of ``suite`` with ``spec`` (rows per task from ``row_counts``)."""
     tasks = [
-        (task.id, int(row_counts[task.id]), task.grader.resolved_execution == "aggregate")
+        (task.id, int(row_counts[task.id]), task.primary_grader.resolved_execution == "aggregate")
         for task in suite.tasks
     ]
     return plan_units(tasks, spec.models, spec.shard_size)
@@ -40,7 +40,7 @@ def plan_run(suite: EvalSuiteSpec, row_counts: Mapping[str, int], spec: EvalRunS
 
 def has_model_access(task: TaskSpec) -> bool:
     """Whether ``task``'s grader may call models through ``ctx``."""
-    return task.grader.resolved_model_access == "gateway"
+    return any(g.resolved_model_access == "gateway" for g in task.criteria)
 
 
 def drive_unit(
@@ -53,9 +53,10 @@ def drive_unit(
     task = ctx.runtime.task
     access = bridge if bridge is not None and has_model_access(task) else None
     if bridge is not None:
-        planned = len(rows or ()) if unit.kind == "shard" else 1
+        planned = len(rows or ()) * len(task.criteria) if unit.kind == "shard" else 1
         if access is not None:
-            bridge.configure_unit(unit.unit_id, task.grader.max_model_calls, planned)
+            calls = max(g.max_model_calls for g in task.criteria)
+            bridge.configure_unit(unit.unit_id, calls, planned)
         else:  # a grader without model access spends nothing, whatever it finds to call
             bridge.configure_unit(unit.unit_id, 0, 0)
     ctx.bridge = access

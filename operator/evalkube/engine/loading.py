@@ -112,7 +112,8 @@ def load_files(suite_path: Path, run_path: Path | None) -> tuple[LoadedSuite, Ev
         raise ConfigError(str(exc)) from None
     loaded = LoadedSuite(suite, suite_path.resolve().parent, suite_file=suite_path.resolve())
     for task in suite.spec.tasks:
-        loaded.sources[(task.id, "grader")] = _source(loaded.base_dir, task, "grader", task.grader)
+        for kind, grader in task.grader_programs():
+            loaded.sources[(task.id, kind)] = _source(loaded.base_dir, task, kind, grader)
         if task.preprocess is not None:
             loaded.sources[(task.id, "preprocess")] = _source(
                 loaded.base_dir, task, "preprocess", task.preprocess

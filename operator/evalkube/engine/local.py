@@ -12,7 +12,7 @@ import functools
 import secrets
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
@@ -44,11 +44,19 @@ from evalkube.engine.runner import (
     UnitFailed,
     observe_into,
 )
-from evalkube.engine.runtime import TaskRuntime
+from evalkube.engine.runtime import TaskRuntime, suite_criteria
 from evalkube.engine.validate import check_programs
 from evalkube.gctune import relaxed_gc
-from evalkube.grading import TaskAggregate
-from evalkube.models import EvalRunSpec, EvalSuite, SampleCounts, TaskModelResult, validate_spec
+from evalkube.grading import Criterion, TaskAggregate
+from evalkube.models import (
+    CriterionCounts,
+    EvalRunSpec,
+    EvalSuite,
+    EvalSuiteSpec,
+    SampleCounts,
+    TaskModelResult,
+    validate_spec,
+)
 from evalkube.sandbox import SandboxBackend
 from evalkube.store import ResultStore, RunRecord, SampleWriter
 
@@ -84,6 +92,11 @@ class RunSummary:
                     "model": r.model,
                     "metrics": r.metrics,
                     "counts": r.counts.model_dump(),
+                    **(
+                        {"criteria": {k: v.model_dump() for k, v in r.criteria.items()}}
+                        if r.criteria
+                        else {}
+                    ),
                     "model_calls": r.model_calls,
                     **({"error": r.error} if r.error else {}),
                 }
@@ -256,7 +269,8 @@ class LocalEngine:
         # Aggregates computed while samples stream by: exact when this process graded every
         # sample once (a fresh run without grade_batch updates); otherwise read back.
         live: dict[tuple[str, str], TaskAggregate] = {}
-        observe = functools.partial(observe_into, live)
+        criteria_of = suite_criteria(loaded.suite.spec)
+        observe = functools.partial(observe_into, live, criteria_of=criteria_of)
         use_live = not resuming and not any(unit.kind == "aggregate" for unit in units)
         needs_bridge = any(has_model_access(t) for t in loaded.suite.spec.tasks)
         self.progress.planned([unit for unit in units if unit.unit_id not in done])
@@ -351,13 +365,14 @@ class LocalEngine:
                 finally:
                     if bridge:
                         bridge.close()
-        expected = {
-            task.id: (task.metrics or [task.grader.metric_id])
-            if task.grader.resolved_execution == "per_sample"
-            else []
-            for task in loaded.suite.spec.tasks
-        }
-        results = aggregate_results(self.store, run_id, live if use_live else None, expected)
+        expected = expected_metrics(loaded.suite.spec, criteria_of)
+        results = aggregate_results(
+            self.store,
+            run_id,
+            live if use_live else None,
+            expected,
+            criteria_of=criteria_of,
+        )
         order = {
             (t.id, m): i
             for i, (t, m) in enumerate((t, m) for t in loaded.suite.spec.tasks for m in spec.models)
@@ -390,16 +405,32 @@ def _group(units: list[Unit]) -> Iterator[tuple[tuple[str, str], list[Unit]]]:
     yield from groups.items()
 
 
+def expected_metrics(
+    suite: EvalSuiteSpec, criteria_of: Mapping[str, Sequence[Criterion]]
+) -> dict[str, list[str]]:
+    """Per task, the per-sample metrics reported as 0 when no sample of it is valid (a metric
+    must not vanish from the results because every sample errored)."""
+    return {
+        task.id: (task.metrics or [c.metric_id for c in criteria_of.get(task.id, ())])
+        if task.primary_grader.resolved_execution == "per_sample"
+        else []
+        for task in suite.tasks
+    }
+
+
 def aggregate_results(
     store: ResultStore,
     run_id: str,
     live: dict[tuple[str, str], TaskAggregate] | None = None,
     expected: dict[str, list[str]] | None = None,
+    criteria_of: Mapping[str, Sequence[Criterion]] | None = None,
 ) -> list[TaskModelResult]:
     """Aggregates per task x model from the stored samples (or ``live`` ones) and batch results.
 
-    ``expected``: per task, the metrics reported as 0 when no sample of it is valid.
+    ``expected``: per task, the metrics reported as 0 when no sample of it is valid;
+    ``criteria_of`` (task id -> criteria) adds pass/fail counts per criterion.
     """
+    criteria_of = criteria_of or {}
     aggregates: dict[tuple[str, str], TaskAggregate] = dict(live) if live is not None else {}
     rows = store.iter_scores(run_id) if live is None else iter(())
     for task_id, model, status, scores, calls in rows:
@@ -407,7 +438,12 @@ def aggregate_results(
         aggregate = aggregates.get(key)
         if aggregate is None:
             aggregate = aggregates[key] = TaskAggregate()
-        aggregate.add(status, scores, {k: v for k, v in calls.items() if k != "response_ids"})
+        aggregate.add(
+            status,
+            scores,
+            {k: v for k, v in calls.items() if k != "response_ids"},
+            criteria_of.get(task_id, ()),
+        )
     batch = {(r.task_id, r.model): r for r in store.task_results(run_id)}
     results = []
     for (task_id, model), aggregate in aggregates.items():
@@ -421,6 +457,12 @@ def aggregate_results(
                     (expected or {}).get(task_id, ()),
                 ),
                 counts=SampleCounts(**aggregate.counts()),
+                criteria={
+                    name: CriterionCounts(**counts)
+                    for name, counts in aggregate.criteria_counts(
+                        criteria_of.get(task_id, ())
+                    ).items()
+                },
                 model_calls=dict(sorted(aggregate.model_calls.items())),
                 error=task_result.error if task_result else None,
             )

@@ -52,7 +52,7 @@ from evalkube.engine.runner import (
     UnitFailed,
     observe_into,
 )
-from evalkube.engine.runtime import TaskRuntime
+from evalkube.engine.runtime import TaskRuntime, task_criteria
 from evalkube.grading import TaskAggregate
 from evalkube.models import EvalRunSpec
 from evalkube.sandbox import SandboxBackend, SandboxError
@@ -164,7 +164,11 @@ def _child(job: ParallelRun, jobs: Any, events: Any, stop: Event, parent: int) -
                 source=sources[key],
                 progress=_EventProgress(events),
                 resuming=job.resuming,
-                observe=functools.partial(observe_into, live) if job.live else None,
+                observe=functools.partial(
+                    observe_into, live, criteria_of={runtime.task.id: task_criteria(runtime.task)}
+                )
+                if job.live
+                else None,
                 writer=writer,
                 answers=answers,
                 guard=guard,

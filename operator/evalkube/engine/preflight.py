@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from evalkube.engine.driver import has_model_access
 from evalkube.engine.loading import ConfigError, LoadedSuite, iter_dataset
-from evalkube.engine.runner import program_load_message
+from evalkube.engine.runner import program_load_message, sandbox_environment
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.models import EvalRunSpec
 from evalkube.proxy import Upstream, UpstreamError
@@ -52,12 +52,15 @@ def check_imports(loaded: LoadedSuite, backend: SandboxBackend | None) -> list[s
         return problems
     for task in loaded.suite.spec.tasks:
         runtime = TaskRuntime.build(loaded, task)
+        if not runtime.programs:
+            continue  # built-in criteria only: nothing to import in a sandbox
         sandbox = GraderSandbox(
             backend,
             runtime.programs,
             task_id=task.id,
-            load_timeout=float(task.grader.timeout_seconds),
-            isolation=task.grader.resolved_isolation,
+            load_timeout=float(task.primary_grader.timeout_seconds),
+            isolation=task.primary_grader.resolved_isolation,
+            environment=sandbox_environment(backend, runtime),
         )
         try:
             sandbox.start()

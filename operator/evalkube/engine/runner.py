@@ -8,29 +8,37 @@ counts as done. The same function runs inside a work-unit pod and in ``evalkube 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from evalkube import limits
 from evalkube.engine.candidates import Candidate, CandidateSource
+from evalkube.engine.judging import judge_samples
 from evalkube.engine.plan import SEQ_STRIDE, Unit, sample_id
-from evalkube.engine.runtime import TaskRuntime
+from evalkube.engine.runtime import TaskRuntime, task_criteria
 from evalkube.grading import (
+    Criterion,
+    EmbeddingJudge,
     ExtractionMiss,
     GradeOutcome,
+    ModelJudge,
     TaskAggregate,
     TemplateError,
     apply_stop,
     capped_repr,
     invalid,
+    merge_outcomes,
+    parse_output_json,
     validate_batch_return,
     validate_return,
 )
+from evalkube.models import GraderSpec
 from evalkube.sandbox import Execution, GraderSandbox, ProgramLoadError, SandboxBackend
 from evalkube.sandbox.environment import EnvironmentProblem, LocalEnvironment, resolve_local
 from evalkube.store import SampleRecord, SampleWriter, TaskResultRecord
@@ -145,6 +153,7 @@ class _Prepared:
     row_id: str
     record: SampleRecord
     choices: list[str] = field(default_factory=list)
+    output_tools: list[dict[str, Any]] = field(default_factory=list)
 
 
 class UnitFailed(RuntimeError):
@@ -177,8 +186,9 @@ class _Buffer:
         self.written = 0
         self.shared = ctx.writer is not None
         self.writer = ctx.writer if ctx.writer is not None else SampleWriter(ctx.store)
-        #: The execution token of each graded sample whose usage is not taken yet.
-        self.tokens: dict[str, str] = {}
+        #: The execution tokens (one per criterion) of each graded sample whose usage is
+        #: not taken yet.
+        self.tokens: dict[str, list[str]] = {}
 
     def add(self, record: SampleRecord) -> None:
         guard = self.ctx.guard
@@ -222,20 +232,25 @@ class _Buffer:
         owned = [(r, tokens.pop(r.sample_id)) for r in self.records if r.sample_id in tokens]
         if not owned:
             return
-        usage = self.ctx.bridge.take_usage([token for _, token in owned])
+        opened = [token for _, ts in owned for token in ts]
+        usage = self.ctx.bridge.take_usage(opened)
         if self.ctx.answers is not None:
-            self.ctx.answers.unlabel([token for _, token in owned])
-        for record, token in owned:
-            calls = usage.get(token)
-            if not calls:
-                continue
-            merged = dict(record.model_calls)
-            for purpose, count in (calls.get("by_purpose") or {}).items():
-                merged[purpose] = merged.get(purpose, 0) + int(count)
-            ids = list(merged.get("response_ids", [])) + list(calls.get("response_ids") or [])
-            if ids:
-                merged["response_ids"] = ids
-            record.model_calls = merged
+            self.ctx.answers.unlabel(opened)
+        for record, ts in owned:
+            for token in ts:
+                self._merge_usage(record, usage.get(token))
+
+    @staticmethod
+    def _merge_usage(record: SampleRecord, calls: dict[str, Any] | None) -> None:
+        if not calls:
+            return
+        merged = dict(record.model_calls)
+        for purpose, count in (calls.get("by_purpose") or {}).items():
+            merged[purpose] = merged.get(purpose, 0) + int(count)
+        ids = list(merged.get("response_ids", [])) + list(calls.get("response_ids") or [])
+        if ids:
+            merged["response_ids"] = ids
+        record.model_calls = merged
 
 
 def run_shard(ctx: UnitContext, unit: Unit, rows: list[dict[str, Any]]) -> UnitReport:
@@ -257,7 +272,7 @@ def run_shard(ctx: UnitContext, unit: Unit, rows: list[dict[str, Any]]) -> UnitR
             prepared = [p for p in prepared if p.sample_id not in done]
         ctx.progress.unit_started(unit, len(prepared) + buffer.written + len(buffer.records))
         ready = _candidates(ctx, unit, prepared, buffer)
-        if runtime.task.grader.resolved_execution == "aggregate":
+        if runtime.task.primary_grader.resolved_execution == "aggregate":
             for p in ready:
                 p.record.status = "pending"
                 buffer.add(p.record)
@@ -287,11 +302,12 @@ def sandbox_environment(backend: SandboxBackend, runtime: TaskRuntime) -> LocalE
         return None
     if runtime.environment is not None:
         return runtime.environment
+    programs = runtime.task.grader_programs()
+    if not programs:
+        return None  # built-in criteria only: no grader code to give packages to
+    kind, spec = programs[0]
     try:
-        return resolve_local(
-            runtime.task.grader.environment,
-            field=f"tasks[{runtime.task.id}].grader.environment",
-        )
+        return resolve_local(spec.environment, field=f"tasks[{runtime.task.id}].{kind}.environment")
     except EnvironmentProblem as exc:
         raise UnitFailed(str(exc)) from None
 
@@ -304,11 +320,13 @@ def _start_sandbox(
         runtime.programs,
         task_id=runtime.task.id,
         model_endpoint=model_endpoint,
-        load_timeout=float(runtime.task.grader.timeout_seconds),
+        load_timeout=float(max(g.timeout_seconds for g in runtime.task.criteria)),
         batch_size=limits.WORKER_BATCH_SIZE_MODEL_ACCESS
         if model_endpoint
         else limits.WORKER_BATCH_SIZE,
-        isolation=runtime.task.grader.resolved_isolation,
+        isolation="sample"
+        if any(g.resolved_isolation == "sample" for g in runtime.task.criteria)
+        else "unit",
         environment=sandbox_environment(backend, runtime),
     )
     try:
@@ -318,15 +336,21 @@ def _start_sandbox(
     return sandbox
 
 
-def observe_into(live: dict[tuple[str, str], TaskAggregate], records: list[SampleRecord]) -> None:
-    """Count ``records`` into per task x model aggregates (``add`` skips response ids)."""
+def observe_into(
+    live: dict[tuple[str, str], TaskAggregate],
+    records: list[SampleRecord],
+    criteria_of: Mapping[str, Sequence[Criterion]] | None = None,
+) -> None:
+    """Count ``records`` into per task x model aggregates (``add`` skips response ids);
+    ``criteria_of`` (task id -> criteria) adds the pass/fail counts."""
     for key, group in itertools.groupby(records, key=lambda r: (r.task_id, r.model)):
         aggregate = live.get(key)
         if aggregate is None:
             aggregate = live[key] = TaskAggregate()
         add = aggregate.add
+        criteria = (criteria_of or {}).get(key[0], ())
         for record in group:
-            add(record.status, record.scores, record.model_calls)
+            add(record.status, record.scores, record.model_calls, criteria)
 
 
 class TaskModelSandboxes:
@@ -359,7 +383,8 @@ class TaskModelSandboxes:
 def program_load_message(runtime: TaskRuntime, exc: ProgramLoadError) -> str:
     error = exc.error
     line = error.get("line")
-    spec = runtime.task.grader if exc.program == "grader" else runtime.task.preprocess
+    specs: dict[str, Any] = dict(runtime.task.grader_programs())
+    spec = specs.get(exc.program, runtime.task.preprocess)
     where = f"task {runtime.task.id!r} {exc.program}"
     message = str(error.get("message"))
     at = f", line {line}" if line else ""
@@ -540,6 +565,7 @@ def _apply_candidate(
             _error("generation", "GenerationError", candidate.error),
         )
         return False
+    p.output_tools = candidate.output_tools
     text = candidate.output_text or ""
     record.output_text = apply_stop(text, stop) if stop else text
     if candidate.extracted_output is not None:
@@ -553,12 +579,133 @@ def _apply_candidate(
     return True
 
 
+def grader_inputs(p: _Prepared) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(sample, item)`` as graders receive them (DESIGN.md §1).
+
+    ``item`` is the row plus convenience fields; the row's own fields win (an OpenAI dataset's
+    ``reference_answer`` column is the reference, whatever the target template says).
+    """
+    record = p.record
+    sample = {
+        "output_text": record.output_text,
+        "output_json": parse_output_json(record.output_text),
+        "output_tools": p.output_tools,
+        "extracted_output": record.extracted_output,
+        "model": record.model,
+        "prompt": record.prompt,
+        "task_id": record.task_id,
+        "run_id": record.run_id,
+        "sample_id": record.sample_id,
+    }
+    item = {
+        "prompt": record.prompt,
+        "target": record.target,
+        "reference_answer": record.target,
+        "choices": p.choices,
+        "task_id": record.task_id,
+        **p.row,
+    }
+    return sample, item
+
+
 def _grade_samples(
     ctx: UnitContext, sandbox: GraderSandbox, ready: Iterator[_Prepared], buffer: _Buffer
 ) -> None:
+    """Grade each sample once per criterion; one Python grader streams, else they take turns."""
     runtime = ctx.runtime
     task = runtime.task
-    metric_id = task.grader.metric_id
+    fields = task.grader_fields()
+    if len(fields) == 1 and not fields[0][1].builtin:
+        program, spec = fields[0]
+        for p, execution in _execute_criterion(ctx, sandbox, program, spec, ready, buffer):
+            _record_outcome(p.record, execution, _outcome(execution, spec.metric_id))
+            buffer.add(p.record)
+        return
+    # Several criteria share the candidates: the shard's samples are in memory already
+    # (candidates are fetched per shard), so each criterion takes its turn over all of them.
+    samples = list(ready)
+    criteria = task_criteria(task)
+    graded: dict[str, list[tuple[Criterion, GradeOutcome, Execution | None]]] = {
+        p.sample_id: [] for p in samples
+    }
+    for (field_name, spec), criterion in zip(fields, criteria, strict=True):
+        builtin = runtime.builtins.get(field_name)
+        if isinstance(builtin, ModelJudge | EmbeddingJudge):
+            outcomes = judge_samples(
+                builtin,
+                [grader_inputs(p) for p in samples],
+                ctx.model_endpoint,
+                functools.partial(_open_tokens, ctx, buffer, samples),
+            )
+            for p, outcome in zip(samples, outcomes, strict=True):
+                graded[p.sample_id].append((criterion, outcome, None))
+            continue
+        if builtin is not None:
+            for p in samples:
+                sample, item = grader_inputs(p)
+                graded[p.sample_id].append((criterion, builtin.grade(sample, item), None))
+            continue
+        for p, execution in _execute_criterion(
+            ctx, sandbox, field_name, spec, iter(samples), buffer
+        ):
+            outcome = _outcome(execution, spec.metric_id)
+            graded[p.sample_id].append((criterion, outcome, execution))
+    for p in samples:
+        results = graded[p.sample_id]
+        record = p.record
+        if len(results) == 1:  # one built-in criterion: stored as a single grader's
+            _record_outcome(record, None, results[0][1])
+        else:
+            _record_outcome(record, None, merge_outcomes([(c, o) for c, o, _ in results]))
+        executions = [(c.name, e) for c, _, e in results if e is not None]
+        record.stdout = _labelled([(name, e.stdout) for name, e in executions])
+        record.stderr = _labelled([(name, e.stderr) for name, e in executions])
+        ms = [e.ms for _, e in executions if e.ms is not None]
+        if ms:
+            record.timings["grade_ms"] = round(sum(ms), 3)
+        buffer.add(record)
+
+
+def _open_tokens(
+    ctx: UnitContext, buffer: _Buffer, samples: Sequence[_Prepared], count: int
+) -> list[str]:
+    """Fresh execution tokens for a model criterion's calls, one per sample, opened on the
+    bridge; their usage is taken with the samples' other usage when they are written."""
+    tokens = [execution_token() for _ in range(count)]
+    if ctx.bridge is not None:
+        ctx.bridge.open_executions(tokens)
+        for p, token in zip(samples, tokens, strict=True):
+            buffer.tokens.setdefault(p.sample_id, []).append(token)
+    return tokens
+
+
+def _labelled(outputs: Sequence[tuple[str, str | None]]) -> str | None:
+    """The criteria's prints, each under its name."""
+    parts = [f"[{name}]\n{text}" for name, text in outputs if text]
+    return "\n".join(parts) if parts else None
+
+
+def _record_outcome(
+    record: SampleRecord, execution: Execution | None, outcome: GradeOutcome
+) -> None:
+    record.status, record.scores, record.judge = outcome.status, outcome.scores, outcome.judge
+    if outcome.error is not None:
+        record.error = {"stage": "grading", **outcome.error}
+    if execution is not None:
+        record.stdout, record.stderr = execution.stdout, execution.stderr
+        if execution.ms is not None:
+            record.timings["grade_ms"] = execution.ms
+
+
+def _execute_criterion(
+    ctx: UnitContext,
+    sandbox: GraderSandbox,
+    program: str,
+    spec: GraderSpec,
+    ready: Iterator[_Prepared],
+    buffer: _Buffer,
+) -> Iterator[tuple[_Prepared, Execution]]:
+    """``(sample, execution)`` of one criterion's grader over ``ready``, in order."""
     in_flight: deque[_Prepared] = deque()
     bridge = ctx.bridge
 
@@ -576,45 +723,17 @@ def _grade_samples(
                 ctx.answers.label(dict(zip(tokens, samples, strict=True)), resuming=ctx.resuming)
             bridge.open_executions(tokens)
             for p, token in zip(chunk, tokens, strict=True):
-                buffer.tokens[p.sample_id] = token
+                buffer.tokens.setdefault(p.sample_id, []).append(token)
                 yield p, token
 
     def requests() -> Iterator[tuple[list[Any], str | None]]:
         for p, execution_id in tokened():
-            record = p.record
-            sample = {
-                "output_text": record.output_text,
-                "extracted_output": record.extracted_output,
-                "model": record.model,
-                "prompt": record.prompt,
-                "task_id": record.task_id,
-                "run_id": record.run_id,
-                "sample_id": record.sample_id,
-            }
-            item = {
-                **p.row,
-                "prompt": record.prompt,
-                "target": record.target,
-                "reference_answer": record.target,
-                "choices": p.choices,
-                "task_id": record.task_id,
-            }
+            sample, item = grader_inputs(p)
             in_flight.append(p)
             yield [sample, item], execution_id
 
-    for execution in sandbox.execute(
-        "grader", requests(), timeout=float(task.grader.timeout_seconds)
-    ):
-        p = in_flight.popleft()
-        outcome = _outcome(execution, metric_id)
-        record = p.record
-        record.status, record.scores, record.judge = outcome.status, outcome.scores, outcome.judge
-        if outcome.error is not None:
-            record.error = {"stage": "grading", **outcome.error}
-        record.stdout, record.stderr = execution.stdout, execution.stderr
-        if execution.ms is not None:
-            record.timings["grade_ms"] = execution.ms
-        buffer.add(record)
+    for execution in sandbox.execute(program, requests(), timeout=float(spec.timeout_seconds)):
+        yield in_flight.popleft(), execution
 
 
 def batch_sample(record: SampleRecord) -> dict[str, Any]:
@@ -639,6 +758,7 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
     started = time.perf_counter()
     runtime = ctx.runtime
     task = runtime.task
+    grader_spec = task.primary_grader
     records = list(ctx.store.iter_samples(ctx.run_id, task_id=unit.task_id, model=unit.model))
     ctx.progress.unit_started(unit, len(records))
     by_id = {r.sample_id: r for r in records}
@@ -648,8 +768,8 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         [runtime.grader],
         task_id=task.id,
         model_endpoint=ctx.model_endpoint,
-        load_timeout=float(task.grader.timeout_seconds),
-        isolation=task.grader.resolved_isolation,
+        load_timeout=float(grader_spec.timeout_seconds),
+        isolation=grader_spec.resolved_isolation,
         environment=sandbox_environment(ctx.backend, runtime),
     )
     try:
@@ -665,9 +785,9 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         execution = next(
             iter(
                 sandbox.execute(
-                    "grader",
+                    runtime.grader.name,
                     [([payload], token)],
-                    timeout=float(task.grader.timeout_seconds),
+                    timeout=float(grader_spec.timeout_seconds),
                 )
             )
         )
@@ -676,7 +796,7 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
             ctx.bridge.take_usage([token])
         report.restarts = sandbox.restarts
         sandbox.close()
-    metric_id = task.grader.metric_id
+    metric_id = grader_spec.metric_id
     if execution.status != "returned":
         failed = _outcome(execution, metric_id)
         _fail_batch(ctx, unit, failed.error or {}, metric_id)

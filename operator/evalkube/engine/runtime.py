@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from evalkube.engine.loading import ConfigError, LoadedSuite
-from evalkube.grading import Extractor, PromptTemplate, TemplateError
-from evalkube.models import TaskSpec
+from evalkube.grading import (
+    BuiltinGrader,
+    Criterion,
+    EmbeddingJudge,
+    Extractor,
+    Formula,
+    FormulaError,
+    MissingLibrary,
+    ModelJudge,
+    MultiGrader,
+    PromptTemplate,
+    TemplateError,
+)
+from evalkube.models import EvalSuiteSpec, GraderSpec, TaskSpec
 from evalkube.sandbox import Program
 from evalkube.sandbox.environment import (
     EnvironmentProblem,
@@ -15,6 +27,9 @@ from evalkube.sandbox.environment import (
     is_path,
     resolve_local,
 )
+
+Builtin = BuiltinGrader | MultiGrader | ModelJudge | EmbeddingJudge
+"""A built-in criterion, ready to grade (the engine runs it, not the sandbox)."""
 
 
 @dataclass
@@ -24,7 +39,8 @@ class TaskRuntime:
     task: TaskSpec
     template: PromptTemplate
     extractor: Extractor
-    grader: Program
+    graders: list[Program]
+    """One program per criterion (``grader``, or ``graders[i]``), in the task's order."""
     preprocess: Program | None
     context: dict[str, Any]
     saved_run: str | None = None
@@ -32,10 +48,17 @@ class TaskRuntime:
     environment: LocalEnvironment | None = None
     """A ``grader.environment`` path, resolved and checked; ``None`` for the other values
     (resolved where the sandbox starts: :func:`evalkube.engine.runner.sandbox_environment`)."""
+    builtins: dict[str, Builtin] = field(default_factory=dict)
+    """The built-in criteria by field (``grader``, ``graders[i]``), run in the engine."""
+
+    @property
+    def grader(self) -> Program:
+        """The first Python criterion's program (the only one of a ``grade_batch`` task)."""
+        return self.graders[0]
 
     @property
     def programs(self) -> list[Program]:
-        return [self.grader] + ([self.preprocess] if self.preprocess else [])
+        return self.graders + ([self.preprocess] if self.preprocess else [])
 
     def choices(self, row: dict[str, Any]) -> list[str]:
         """``item.choices``: the task's list, or the row field it names."""
@@ -69,29 +92,109 @@ class TaskRuntime:
             )
         except Exception as exc:  # re.error on a bad pattern
             raise ConfigError(f"{where}.extraction.pattern: {exc}") from None
-        source, filename = loaded.sources[(task.id, "grader")]
-        grader = Program("grader", source, filename, task.grader.entrypoint)
+        graders = []
+        for kind, spec in task.grader_programs():
+            source, filename = loaded.sources[(task.id, kind)]
+            graders.append(Program(kind, source, filename, spec.entrypoint))
         preprocess = None
         if task.preprocess is not None:
             source, filename = loaded.sources[(task.id, "preprocess")]
             preprocess = Program("preprocess", source, filename, task.preprocess.entrypoint)
         environment = None
-        if task.grader.environment is not None and is_path(task.grader.environment):
+        # one sandbox serves every criterion of the task: the first Python criterion names it
+        python_specs = [spec for _kind, spec in task.grader_programs()]
+        named = python_specs[0].environment if python_specs else None
+        if named is not None and is_path(named):
+            kind = task.grader_programs()[0][0]
             try:
                 environment = resolve_local(
-                    task.grader.environment,
-                    field=f"{where}.grader.environment",
-                    base=loaded.base_dir,
+                    named, field=f"{where}.{kind}.environment", base=loaded.base_dir
                 )
             except EnvironmentProblem as exc:
+                raise ConfigError(str(exc)) from None
+        builtins: dict[str, Builtin] = {}
+        for kind, spec in task.grader_fields():
+            if not spec.builtin:
+                continue
+            try:
+                builtins[kind] = _builtin(spec, f"{where}.{kind}")
+            except MissingLibrary as exc:
+                raise ConfigError(f"{where}.{kind}: {exc}") from None
+            except (TemplateError, FormulaError) as exc:
                 raise ConfigError(str(exc)) from None
         return cls(
             task,
             template,
             extractor,
-            grader,
+            graders,
             preprocess,
             {"few_shot": task.few_shot, "task_id": task.id},
-            loaded.saved_run,
-            environment,
+            saved_run=loaded.saved_run,
+            environment=environment,
+            builtins=builtins,
         )
+
+
+def _builtin(spec: GraderSpec, where: str) -> Builtin:
+    if spec.type in ("score_model", "label_model"):
+        assert isinstance(spec.input, list)
+        return ModelJudge(
+            spec.type,
+            messages=[(m.role, m.content) for m in spec.input],
+            metric_id=spec.metric_id,
+            where=where,
+            model=spec.model,
+            score_range=spec.range,
+            labels=spec.labels,
+            passing_labels=spec.passing_labels,
+            sampling=spec.sampling_params.model_dump(exclude_none=True)
+            if spec.sampling_params
+            else None,
+        )
+    if spec.evaluation_metric == "cosine":
+        assert isinstance(spec.input, str)
+        assert spec.reference is not None
+        return EmbeddingJudge(
+            input=spec.input, reference=spec.reference, metric_id=spec.metric_id, where=where
+        )
+    if spec.type == "multi":
+        assert spec.graders is not None
+        assert spec.calculate_output is not None
+        graders = {
+            name: BuiltinGrader(
+                sub.type,
+                input=sub.input,
+                reference=sub.reference,
+                metric_id=name,
+                where=f"{where}.graders.{name}",
+                operation=sub.operation,
+                evaluation_metric=sub.evaluation_metric,
+            )
+            for name, sub in spec.graders.items()
+        }
+        formula = Formula(spec.calculate_output, graders, f"{where}.calculateOutput")
+        return MultiGrader(graders, formula, spec.metric_id)
+    assert isinstance(spec.input, str)
+    assert spec.reference is not None
+    return BuiltinGrader(
+        spec.type,
+        input=spec.input,
+        reference=spec.reference,
+        metric_id=spec.metric_id,
+        where=where,
+        operation=spec.operation,
+        evaluation_metric=spec.evaluation_metric,
+    )
+
+
+def task_criteria(task: TaskSpec) -> tuple[Criterion, ...]:
+    """The task's criteria as the aggregates count them."""
+    return tuple(
+        Criterion(g.name or g.metric_id, g.metric_id, g.resolved_pass_threshold)
+        for g in task.criteria
+    )
+
+
+def suite_criteria(suite: EvalSuiteSpec) -> dict[str, tuple[Criterion, ...]]:
+    """Criteria per task id, for :func:`evalkube.engine.local.aggregate_results`."""
+    return {task.id: task_criteria(task) for task in suite.tasks}

@@ -39,10 +39,11 @@ def check_source(source: str, filename: str, entrypoint: str, where: str) -> Non
 def check_programs(loaded: LoadedSuite) -> None:
     """Check every task's grader and preprocessor."""
     for task in loaded.suite.spec.tasks:
-        source, filename = loaded.sources[(task.id, "grader")]
-        check_source(
-            source, filename, task.grader.entrypoint, f"task {task.id!r} grader ({filename})"
-        )
+        for kind, grader in task.grader_programs():
+            source, filename = loaded.sources[(task.id, kind)]
+            check_source(
+                source, filename, grader.entrypoint, f"task {task.id!r} {kind} ({filename})"
+            )
         if task.preprocess is not None:
             source, filename = loaded.sources[(task.id, "preprocess")]
             check_source(

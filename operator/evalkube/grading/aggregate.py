@@ -8,9 +8,11 @@ the score down instead of silently shrinking the denominator. Batch metrics from
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from evalkube.grading.criteria import Criterion, pass_counts
 
 
 @dataclass(slots=True)
@@ -24,14 +26,22 @@ class TaskAggregate:
     pending: int = 0
     sums: dict[str, float] = field(default_factory=dict)
     model_calls: dict[str, int] = field(default_factory=dict)
+    passed: dict[str, int] = field(default_factory=dict)
+    """Per criterion with a ``passThreshold``: graded samples whose score reached it."""
+    failed: dict[str, int] = field(default_factory=dict)
+    """Per criterion with a ``passThreshold``: graded samples whose score fell short."""
 
     def add(
         self,
         status: str,
         scores: Mapping[str, float] | None,
         model_calls: Mapping[str, Any] | None = None,
+        criteria: Sequence[Criterion] = (),
     ) -> None:
-        """Count one sample."""
+        """Count one sample (``criteria``: the task's, for pass/fail counts)."""
+        for name, ok in pass_counts(criteria, status, scores):
+            into = self.passed if ok else self.failed
+            into[name] = into.get(name, 0) + 1
         self.samples += 1
         if status == "valid":
             self.valid += 1
@@ -58,6 +68,9 @@ class TaskAggregate:
             self.sums[name] = self.sums.get(name, 0.0) + total
         for purpose, count in other.model_calls.items():
             self.model_calls[purpose] = self.model_calls.get(purpose, 0) + count
+        for mine, theirs in ((self.passed, other.passed), (self.failed, other.failed)):
+            for name, count in theirs.items():
+                mine[name] = mine.get(name, 0) + count
 
     def metrics(
         self,
@@ -86,4 +99,12 @@ class TaskAggregate:
             "valid": self.valid,
             "invalid": self.invalid,
             "errored": self.errored,
+        }
+
+    def criteria_counts(self, criteria: Sequence[Criterion]) -> dict[str, dict[str, int]]:
+        """``{criterion: {"passed", "failed"}}`` for each criterion with a threshold."""
+        return {
+            c.name: {"passed": self.passed.get(c.name, 0), "failed": self.failed.get(c.name, 0)}
+            for c in criteria
+            if c.pass_threshold is not None
         }

@@ -23,6 +23,23 @@ def apply_stop(text: str, stop: Sequence[str]) -> str:
     return text[:cut]
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_output_json(text: str | None) -> Any:
+    """``sample.output_json``: the output parsed as JSON, or ``None`` when it is not JSON.
+
+    ``NaN``/``Infinity`` are refused (not JSON, and not numbers a grader should compare).
+    """
+    if not text:
+        return None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+
+
 class Extractor:
     """A compiled extraction rule (``none``, ``regex``, ``json``, ``choice``)."""
 

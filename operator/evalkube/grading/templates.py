@@ -7,11 +7,12 @@ missing field is an error the sample records, not a silently blank prompt.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import jinja2
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.sandbox import SandboxedEnvironment
 
 _ENV = SandboxedEnvironment(
@@ -23,14 +24,48 @@ class TemplateError(ValueError):
     """A template does not compile or cannot render for a row."""
 
 
-def compile_template(source: str, where: str) -> jinja2.Template:
-    """Compile once per task; syntax errors name the field and line."""
+PROMPT_NAMES = frozenset({"item", "row", "few_shot", "task_id"})
+"""Names a prompt or target template may use: the row (``item``, alias ``row``), the task's
+few-shot rows and its id. ``sample`` does not exist yet when the prompt is rendered."""
+GRADER_NAMES = frozenset({"item", "sample"})
+"""Names a grader's input template may use (OpenAI's ``item`` and ``sample`` namespaces)."""
+
+
+def compile_template(
+    source: str, where: str, names: Collection[str] | None = None
+) -> jinja2.Template:
+    """Compile once per task; syntax errors name the field and line.
+
+    With ``names``, a template that reads any other top-level name (``{{ sampel.x }}``,
+    ``{{ sample.output_text }}`` in a prompt) is refused here, at ``validate``, instead of
+    erroring on every sample of the run.
+    """
     try:
-        return _ENV.from_string(source)
+        tree = _ENV.parse(source)
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(
             f"{where}: template syntax error on line {exc.lineno}: {exc.message}"
         ) from None
+    if names is not None:
+        _check_names(tree, where, names)
+    return _ENV.from_string(tree)
+
+
+def _check_names(tree: nodes.Template, where: str, names: Collection[str]) -> None:
+    unknown = sorted(meta.find_undeclared_variables(tree) - set(names) - set(_ENV.globals))
+    if not unknown:
+        return
+    allowed = ", ".join(sorted(names))
+    if "sample" in unknown:
+        raise TemplateError(
+            f"{where}: `sample` is not available here: the prompt and target are rendered "
+            "before the candidate exists; use `sample.*` in a grader's input templates "
+            f"(this template may use: {allowed})"
+        )
+    raise TemplateError(
+        f"{where}: unknown name(s) {', '.join(f'`{n}`' for n in unknown)}; "
+        f"this template may use: {allowed} (for example `{{{{ item.question }}}}`)"
+    )
 
 
 Part = str | tuple[str, ...]
@@ -102,7 +137,7 @@ class _Compiled:
     __slots__ = ("fast", "template", "what")
 
     def __init__(self, source: str, where: str, what: str) -> None:
-        self.template = compile_template(source, where)
+        self.template = compile_template(source, where, PROMPT_NAMES)
         self.fast = fast_parts(source)
         self.what = what
 
@@ -164,3 +199,36 @@ def _render(template: jinja2.Template, variables: Mapping[str, Any], what: str) 
         raise TemplateError(f"{what}: {exc}") from None
     except Exception as exc:  # template filters on bad data (e.g. int("x"))
         raise TemplateError(f"{what}: {type(exc).__name__}: {exc}") from None
+
+
+def _finalize(value: Any) -> Any:
+    """Objects and lists render as JSON (``{{ sample.output_json }}``), as OpenAI's did."""
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
+_GRADER_ENV = SandboxedEnvironment(
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
+    keep_trailing_newline=True,
+    finalize=_finalize,
+)
+
+
+class GraderTemplate:
+    """A built-in grader's input (``{{ sample.output_text }}``, ``{{ item.answer }}``).
+
+    Compiled once per task with only the ``item`` and ``sample`` namespaces allowed;
+    rendered per sample with the grader's ``item`` and ``sample`` dicts.
+    """
+
+    __slots__ = ("template", "what")
+
+    def __init__(self, source: str, where: str) -> None:
+        compile_template(source, where, GRADER_NAMES)  # names and syntax, with their errors
+        self.template = _GRADER_ENV.from_string(source)
+        self.what = where
+
+    def render(self, item: Mapping[str, Any], sample: Mapping[str, Any]) -> str:
+        return _render(self.template, {"item": item, "sample": sample}, self.what)

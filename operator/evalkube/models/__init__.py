@@ -7,6 +7,7 @@ from evalkube.models.meta import ObjectMeta
 from evalkube.models.run import (
     PRECOMPUTED,
     Condition,
+    CriterionCounts,
     EvalRun,
     EvalRunSpec,
     EvalRunStatus,
@@ -33,6 +34,7 @@ __all__ = [
     "BaselineSpec",
     "Condition",
     "ConfigMapKeyRef",
+    "CriterionCounts",
     "DatasetSpec",
     "EvalRun",
     "EvalRunSpec",

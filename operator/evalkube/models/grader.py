@@ -42,16 +42,143 @@ class _CodeRef(SpecModel):
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> _CodeRef:
-        if (self.source is None) == (self.file is None):
+        if getattr(self, "type", "python") == "python" and (self.source is None) == (
+            self.file is None
+        ):
             raise ValueError("set exactly one of `source` (inline Python) or `file`")
         return self
 
 
-class GraderSpec(_CodeRef):
-    """A Python grader (DESIGN.md §1)."""
+GraderType = Literal[
+    "python", "string_check", "text_similarity", "multi", "score_model", "label_model"
+]
+StringOperation = Literal["eq", "ne", "like", "ilike"]
+LocalMetric = Literal[
+    "fuzzy_match", "bleu", "gleu", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"
+]
+SimilarityMetric = Literal[
+    "fuzzy_match",
+    "bleu",
+    "gleu",
+    "rouge_1",
+    "rouge_2",
+    "rouge_3",
+    "rouge_4",
+    "rouge_5",
+    "rouge_l",
+    "cosine",
+]
+BUILTIN_FIELDS: dict[str, tuple[str, ...]] = {
+    "string_check": ("input", "reference", "operation"),
+    "text_similarity": ("input", "reference", "evaluation_metric"),
+    "multi": ("graders", "calculate_output"),
+    "score_model": ("input",),
+    "label_model": ("input", "labels", "passing_labels"),
+}
+"""The fields each built-in type requires (python requires ``source`` or ``file``)."""
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {
+    "score_model": ("model", "range", "sampling_params"),
+    "label_model": ("model", "sampling_params"),
+}
+"""Further fields a built-in type may set."""
+MODEL_TYPES = ("score_model", "label_model")
 
-    type: Literal["python"]
-    """Must be ``python``."""
+
+class GraderMessage(SpecModel):
+    """One input message of a model grader; ``content`` is a template (``item``, ``sample``)."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    """Chat role."""
+    content: str
+    """Template, e.g. ``Grade {{ sample.output_text }} against {{ item.answer }}``."""
+
+
+class SamplingParams(SpecModel):
+    """Sampling parameters of a model grader's call (OpenAI's ``sampling_params``)."""
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    """Sampling temperature."""
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    """Nucleus sampling."""
+    seed: int | None = None
+    """Seed, where the provider supports one."""
+    max_completions_tokens: int | None = Field(default=None, ge=1)
+    """Output token cap (sent as ``max_output_tokens``)."""
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    """Reasoning effort of reasoning models."""
+
+
+class SubGraderSpec(SpecModel):
+    """A grader inside a ``multi`` grader: a built-in type, its score named by its key."""
+
+    type: Literal["string_check", "text_similarity"]
+    """``string_check`` or ``text_similarity``."""
+    input: str
+    """Template of the text graded, e.g. ``{{ sample.output_text }}``."""
+    reference: str
+    """Template of the text it is compared with, e.g. ``{{ item.answer }}``."""
+    operation: StringOperation | None = None
+    """``string_check``: ``eq``, ``ne``, ``like`` or ``ilike``."""
+    evaluation_metric: LocalMetric | None = None
+    """``text_similarity``: the metric (as for a ``text_similarity`` grader; not ``cosine``)."""
+    name: str | None = None
+    """Ignored (OpenAI exports carry it); the key in ``graders`` names the score."""
+
+    @model_validator(mode="after")
+    def _fields_of_type(self) -> SubGraderSpec:
+        needed = "operation" if self.type == "string_check" else "evaluation_metric"
+        other = "evaluation_metric" if self.type == "string_check" else "operation"
+        if getattr(self, needed) is None:
+            raise ValueError(f"`{_camel(needed)}` is required for a {self.type} grader")
+        if getattr(self, other) is not None:
+            raise ValueError(f"`{_camel(other)}` is not a field of a {self.type} grader")
+        return self
+
+
+class GraderSpec(_CodeRef):
+    """A grader (DESIGN.md §1): Python code, or one of OpenAI's built-in types."""
+
+    type: GraderType
+    """``python`` (your code, in the sandbox), or a built-in type evaluated by the engine:
+    ``string_check``, ``text_similarity`` or ``multi`` (OpenAI's semantics; see
+    docs/graders.md)."""
+    input: str | list[GraderMessage] | None = None
+    """Built-ins: template of the text graded, e.g. ``{{ sample.output_text }}``; for
+    ``score_model``/``label_model`` the input messages (each content a template)."""
+    model: str | None = None
+    """Model graders: the model id (``provider:model``); unset or ``auto``: the run's
+    ``judgeModel``."""
+    range: list[float] | None = Field(default=None, min_length=2, max_length=2)
+    """``score_model``: ``[min, max]`` of a valid score; default ``[0, 1]``."""
+    sampling_params: SamplingParams | None = None
+    """Model graders: sampling parameters of the call."""
+    labels: list[str] | None = Field(default=None, min_length=1, max_length=100)
+    """``label_model``: the labels the model chooses from."""
+    passing_labels: list[str] | None = Field(default=None, min_length=1, max_length=100)
+    """``label_model``: the labels that pass (score 1; any other label scores 0)."""
+    reference: str | None = None
+    """Built-ins: template of the text it is compared with, e.g. ``{{ item.answer }}``."""
+    operation: StringOperation | None = None
+    """``string_check``: ``eq``, ``ne``, ``like`` (contains) or ``ilike`` (contains, any case)."""
+    evaluation_metric: SimilarityMetric | None = None
+    """``text_similarity``: ``fuzzy_match``, ``bleu``, ``gleu``, ``rouge_1``..``rouge_5``,
+    ``rouge_l`` or ``cosine`` (of the run's ``embeddingModel`` embeddings, via the bridge)."""
+    graders: dict[str, SubGraderSpec] | None = Field(default=None, min_length=1, max_length=20)
+    """``multi``: the graders whose scores ``calculateOutput`` combines, by name."""
+    calculate_output: str | None = Field(default=None, min_length=1, max_length=1_000)
+    """``multi``: a formula over the graders' names: numbers, ``+ - * / ^``, ``min``,
+    ``max``, ``abs``, ``floor``, ``ceil``, ``exp``, ``sqrt``, ``log`` (never run as code)."""
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$",
+    )
+    """The criterion's name (OpenAI's ``testing_criteria[].name``): required in a task's
+    ``graders`` list, where it is also the default ``metricId``."""
+    pass_threshold: float | None = Field(default=None, allow_inf_nan=False)
+    """A sample passes this criterion when its ``metricId`` score is >= the threshold
+    (OpenAI's semantics); passed and failed samples are counted per criterion."""
     contract: Contract = "sample"
     """``sample`` (``grade``), ``batch`` (``grade_batch``) or ``model_backed`` (with ``ctx``)."""
     execution: Execution | None = None
@@ -102,6 +229,67 @@ class GraderSpec(_CodeRef):
             )
         return value
 
+    @model_validator(mode="after")
+    def _fields_of_type(self) -> GraderSpec:
+        if self.type != "python":
+            for name in ("source", "file"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"`{name}` is for python graders; a {self.type} grader has none"
+                    )
+            for name in BUILTIN_FIELDS[self.type]:
+                if getattr(self, name) is None:
+                    raise ValueError(f"`{_camel(name)}` is required for a {self.type} grader")
+            if self.type == "text_similarity" and self.pass_threshold is None:
+                raise ValueError("`passThreshold` is required for a text_similarity grader")
+        allowed = BUILTIN_FIELDS.get(self.type, ()) + OPTIONAL_FIELDS.get(self.type, ())
+        for name in (
+            "input",
+            "reference",
+            "operation",
+            "evaluation_metric",
+            "graders",
+            "calculate_output",
+            "model",
+            "range",
+            "sampling_params",
+            "labels",
+            "passing_labels",
+        ):
+            if getattr(self, name) is not None and name not in allowed:
+                raise ValueError(f"`{_camel(name)}` is not a field of a {self.type} grader")
+        messages = self.type in MODEL_TYPES
+        if self.input is not None and isinstance(self.input, list) != messages:
+            raise ValueError(
+                "`input` of a model grader is a list of messages ({role, content})"
+                if messages
+                else f"`input` of a {self.type} grader is a template string"
+            )
+        if self.range is not None and self.range[0] >= self.range[1]:
+            raise ValueError("`range` is [min, max] with min < max")
+        if self.labels is not None and self.passing_labels is not None:
+            unknown = sorted(set(self.passing_labels) - set(self.labels))
+            if unknown:
+                raise ValueError(f"`passingLabels` {unknown} are not among `labels`")
+        return self
+
+    @property
+    def builtin(self) -> bool:
+        """Evaluated by the engine (not Python code in the sandbox)."""
+        return self.type != "python"
+
+    @property
+    def calls_models(self) -> bool:
+        """A built-in whose engine-side grading calls models (through the bridge)."""
+        return self.type in MODEL_TYPES or self.evaluation_metric == "cosine"
+
+    @property
+    def resolved_pass_threshold(self) -> float | None:
+        """``passThreshold``; a ``string_check`` passes on a match (score 1) by default."""
+        if self.pass_threshold is None and self.type in ("string_check", "label_model"):
+            return 1.0
+        return self.pass_threshold
+
     @field_validator("model_access")
     @classmethod
     def _normalize_access(cls, value: ModelAccess | None) -> ModelAccess | None:
@@ -117,6 +305,8 @@ class GraderSpec(_CodeRef):
     @property
     def resolved_model_access(self) -> Literal["gateway", "none"]:
         """Model access after applying the contract's default."""
+        if self.calls_models:
+            return "gateway"
         if self.model_access is not None:
             return "gateway" if self.model_access != "none" else "none"
         return "gateway" if self.contract == "model_backed" else "none"
@@ -147,3 +337,8 @@ class PreprocessSpec(_CodeRef):
     def entrypoint(self) -> Literal["transform", "transform_batch"]:
         """The function the preprocessor file must define."""
         return "transform_batch" if self.contract == "batch" else "transform"
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)

@@ -160,6 +160,15 @@ class SampleCounts(SpecModel):
     """No grade: preprocessing, rendering, generation or extraction failed."""
 
 
+class CriterionCounts(SpecModel):
+    """Pass/fail of one criterion with a ``passThreshold`` (OpenAI's ``result_counts``)."""
+
+    passed: int = 0
+    """Graded samples whose score is >= the threshold."""
+    failed: int = 0
+    """Graded samples (valid or invalid) whose score is below the threshold."""
+
+
 class TaskModelResult(SpecModel):
     """Aggregates of one task x model."""
 
@@ -171,6 +180,8 @@ class TaskModelResult(SpecModel):
     """Mean of each per-sample score (missing counts 0) and the batch metrics."""
     counts: SampleCounts = Field(default_factory=SampleCounts)
     """Samples by outcome."""
+    criteria: dict[str, CriterionCounts] = Field(default_factory=dict)
+    """Passed and failed samples per criterion that sets ``passThreshold``."""
     model_calls: dict[str, int] = Field(default_factory=dict)
     """Model calls by purpose (candidate, judge, embedding)."""
     error: str | None = None

@@ -116,10 +116,66 @@ class TaskSpec(SpecModel):
     """How to extract the answer from the output."""
     outputs: OutputsSpec | None = None
     """Precomputed outputs for the ``precomputed`` model."""
-    grader: GraderSpec
-    """The Python grader."""
+    grader: GraderSpec | None = None
+    """The Python grader (or use ``graders`` for several criteria)."""
+    graders: list[GraderSpec] | None = Field(default=None, min_length=1, max_length=20)
+    """Several criteria over one set of candidates (OpenAI's ``testing_criteria``): each
+    needs a unique ``name``, which is its default ``metricId``."""
     metrics: list[str] | None = None
     """Declared metric ids; undeclared batch metrics are dropped from aggregates."""
+
+    @model_validator(mode="after")
+    def _one_grader_field(self) -> TaskSpec:
+        if (self.grader is None) == (self.graders is None):
+            raise ValueError("set exactly one of `grader` or `graders` (a list of criteria)")
+        if self.graders is None:
+            return self
+        names: set[str] = set()
+        metric_ids: set[str] = set()
+        for index, grader in enumerate(self.graders):
+            if grader.name is None:
+                raise ValueError(f"graders[{index}].name is required: it names the criterion")
+            if grader.name in names:
+                raise ValueError(f"graders[{index}].name {grader.name!r} is used twice")
+            names.add(grader.name)
+            if "metric_id" not in grader.model_fields_set:
+                grader.metric_id = grader.name
+            if grader.metric_id in metric_ids:
+                raise ValueError(
+                    f"graders[{index}].metricId {grader.metric_id!r} is used by another "
+                    "criterion; give each criterion its own"
+                )
+            metric_ids.add(grader.metric_id)
+            if len(self.graders) > 1 and grader.resolved_execution == "aggregate":
+                raise ValueError(
+                    f"graders[{index}]: grade_batch graders cannot share a task with other "
+                    "criteria; put it in a task of its own"
+                )
+        return self
+
+    @property
+    def criteria(self) -> list[GraderSpec]:
+        """The task's graders in order (one for ``grader``)."""
+        if self.graders is not None:
+            return self.graders
+        assert self.grader is not None
+        return [self.grader]
+
+    @property
+    def primary_grader(self) -> GraderSpec:
+        """The first criterion: its execution mode decides the task's units."""
+        return self.criteria[0]
+
+    def grader_fields(self) -> list[tuple[str, GraderSpec]]:
+        """``(field, spec)`` per criterion: ``grader``, or ``graders[i]``. A Python
+        criterion's sandbox program is named after its field."""
+        if self.graders is None:
+            return [("grader", self.primary_grader)]
+        return [(f"graders[{i}]", g) for i, g in enumerate(self.graders)]
+
+    def grader_programs(self) -> list[tuple[str, GraderSpec]]:
+        """``(program name, spec)`` of the Python criteria (built-ins run in the engine)."""
+        return [(name, g) for name, g in self.grader_fields() if not g.builtin]
 
 
 class EvalSuiteSpec(SpecModel):

@@ -166,10 +166,27 @@ def test_optional_fields_are_nullable_and_required_ones_required(suite: Schema) 
     grader = at(suite, "spec.tasks.[].grader")
     assert grader["required"] == ["type"]
     assert grader["properties"]["source"]["nullable"] is True
-    assert grader["properties"]["type"]["enum"] == ["python"]
+    assert grader["properties"]["type"]["enum"] == [
+        "python",
+        "string_check",
+        "text_similarity",
+        "multi",
+        "score_model",
+        "label_model",
+    ]
     task = at(suite, "spec.tasks.[]")
-    assert set(task["required"]) == {"id", "dataset", "grader"}
+    assert set(task["required"]) == {"id", "dataset"}
     assert task["properties"]["preprocess"]["nullable"] is True
+
+
+def test_a_task_needs_exactly_one_of_grader_or_graders(suite: Schema) -> None:
+    task = at(suite, "spec.tasks.[]")
+    rules = [r["rule"] for r in task["x-kubernetes-validations"]]
+    assert any("grader" in r and "graders" in r for r in rules)
+    criterion = at(suite, "spec.tasks.[].graders.[]")
+    assert criterion["properties"]["source"]["maxLength"] == 262_144
+    assert {"name", "passThreshold"} <= set(criterion["properties"])
+    assert len(criterion["x-kubernetes-validations"]) == 2
 
 
 def test_camel_case_only(suite: Schema, run: Schema) -> None:
@@ -256,10 +273,20 @@ def messages(node: Schema) -> list[str]:
 
 
 def test_exactly_one_source_or_file(suite: Schema) -> None:
-    for path in ("spec.tasks.[].grader", "spec.tasks.[].preprocess"):
+    node = at(suite, "spec.tasks.[].preprocess")
+    [one] = [r for r in rules(node) if "exactly one of `source`" in r.get("message", "")]
+    assert one["rule"] == "has(self.source) != has(self.file)"
+    assert any("configmap-name/key" in m for m in messages(node))
+
+
+def test_python_graders_need_code_and_built_ins_none(suite: Schema) -> None:
+    for path in ("spec.tasks.[].grader", "spec.tasks.[].graders.[]"):
         node = at(suite, path)
-        [one] = [r for r in rules(node) if "exactly one of `source`" in r.get("message", "")]
-        assert one["rule"] == "has(self.source) != has(self.file)"
+        [one] = [r for r in rules(node) if "a built-in grader has neither" in r["message"]]
+        assert one["rule"] == (
+            "has(self.type) && self.type != 'python' ? "
+            "!has(self.source) && !has(self.file) : has(self.source) != has(self.file)"
+        )
         assert any("configmap-name/key" in m for m in messages(node))
 
 

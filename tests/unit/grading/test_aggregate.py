@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evalkube.grading import TaskAggregate
+from evalkube.grading import Criterion, GradeOutcome, TaskAggregate, merge_outcomes
 
 
 def test_mean_is_over_all_samples_with_missing_as_zero() -> None:
@@ -87,3 +87,40 @@ def test_expected_metrics_do_not_add_names_valid_samples_did_not_use() -> None:
     agg.add("valid", {"f1": 1.0})
     agg.add("errored", None)
     assert agg.metrics(expected=["score"]) == {"f1": 0.5}
+
+
+CRITERIA = (Criterion("exact", "exact", 1.0), Criterion("fuzzy", "ratio", 0.8), Criterion("x", "x"))
+
+
+def test_pass_fail_per_criterion_is_score_at_least_threshold() -> None:
+    agg = TaskAggregate()
+    agg.add("valid", {"exact": 1.0, "ratio": 0.8}, None, CRITERIA)
+    agg.add("valid", {"exact": 0.0, "ratio": 0.79}, None, CRITERIA)
+    agg.add("invalid", {"exact": 0.0}, None, CRITERIA)  # a missing score counts 0
+    agg.add("errored", {}, None, CRITERIA)  # never graded: neither
+    assert agg.criteria_counts(CRITERIA) == {
+        "exact": {"passed": 1, "failed": 2},
+        "fuzzy": {"passed": 1, "failed": 2},
+    }
+
+
+def test_pass_fail_counts_merge_across_processes() -> None:
+    one, two = TaskAggregate(), TaskAggregate()
+    one.add("valid", {"exact": 1.0}, None, CRITERIA)
+    two.add("valid", {"exact": 0.0}, None, CRITERIA)
+    one.merge(two)
+    assert one.criteria_counts(CRITERIA)["exact"] == {"passed": 1, "failed": 1}
+
+
+def test_merge_outcomes_prefixes_secondary_scores_and_keeps_the_first_error() -> None:
+    a, b = Criterion("a", "a"), Criterion("b", "bm")
+    merged = merge_outcomes(
+        [
+            (a, GradeOutcome("valid", {"a": 1.0, "extra": 2.0}, {"why": 1})),
+            (b, GradeOutcome("invalid", {"bm": 0.0}, None, {"type": "E", "message": "m"})),
+        ]
+    )
+    assert merged.status == "invalid"
+    assert merged.scores == {"a": 1.0, "a.extra": 2.0, "bm": 0.0}
+    assert merged.judge == {"a": {"why": 1}, "b": None}
+    assert merged.error == {"type": "E", "message": "m", "criterion": "b"}

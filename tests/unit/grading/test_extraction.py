@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evalkube.grading import ExtractionMiss, Extractor, apply_stop
+from evalkube.grading import ExtractionMiss, Extractor, apply_stop, parse_output_json
 
 # -- stop sequences -----------------------------------------------------------------------------
 
@@ -206,3 +206,22 @@ def test_regex_optional_group_that_did_not_match_is_a_miss() -> None:
     with pytest.raises(ExtractionMiss, match="first group did not"):
         extractor.extract("the answer, maybe")
     assert extractor.extract("the answer is 42") == "42"
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ('{"a": 1}', {"a": 1}),
+        ("[1, 2]", [1, 2]),
+        (" 3 ", 3),
+        ('"x"', "x"),
+        ("The answer is 4", None),
+        ("", None),
+        (None, None),
+        ('{"a": NaN}', None),
+        ("Infinity", None),
+        ("[" * 100_000, None),
+    ],
+)
+def test_output_json(text: str | None, parsed: object) -> None:
+    assert parse_output_json(text) == parsed

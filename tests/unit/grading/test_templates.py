@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evalkube.grading import PromptTemplate, TemplateError, compile_template
+from evalkube.grading import GraderTemplate, PromptTemplate, TemplateError, compile_template
 
 WHERE = "tasks[qa]"
 
@@ -87,9 +87,9 @@ def test_missing_field_is_an_error_naming_the_field() -> None:
     assert "check the row's field names" in message
 
 
-def test_missing_variable_is_an_error_naming_it() -> None:
-    with pytest.raises(TemplateError, match="'few_shots' is undefined"):
-        render("{{ few_shots }}", None, {}, few_shot=[])
+def test_unknown_variable_is_refused_when_compiled_naming_it() -> None:
+    with pytest.raises(TemplateError, match=r"^tasks\[qa\]\.prompt: unknown name\(s\) `few_shots`"):
+        PromptTemplate("{{ few_shots }}", None, WHERE)
 
 
 def test_missing_field_in_target_says_target() -> None:
@@ -174,3 +174,49 @@ def test_compiled_once_rendered_many_times() -> None:
         ("2", "1"),
         ("4", "2"),
     ]
+
+
+def test_prompt_naming_sample_is_refused_with_where_sample_works() -> None:
+    with pytest.raises(TemplateError) as info:
+        PromptTemplate([("user", "{{ sample.output_text }}")], None, WHERE)
+    assert str(info.value).startswith("tasks[qa].prompt[0].content: `sample` is not available")
+    assert "grader's input templates" in str(info.value)
+
+
+def test_jinja_globals_and_loop_variables_are_not_unknown_names() -> None:
+    prompt, _ = render(
+        "{% for i in range(2) %}{{ loop.index }}{{ item.q }}{% endfor %}", None, {"q": "x"}
+    )
+    assert prompt == "1x2x"
+
+
+def test_grader_template_reads_item_and_sample_namespaces() -> None:
+    template = GraderTemplate(
+        "{{ sample.output_text }}|{{ item.answer }}|{{ sample.output_json.a }}"
+        "|{{ sample.output_json }}|{{ sample.output_tools }}",
+        "tasks[qa].graders[0].input",
+    )
+    sample = {"output_text": "hi", "output_json": {"a": [1, 2]}, "output_tools": []}
+    assert template.render({"answer": "é"}, sample) == 'hi|é|[1, 2]|{"a": [1, 2]}|[]'
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            "{{ samples.output_text }}",
+            "unknown name(s) `samples`; this template may use: item, sample",
+        ),
+        ("{{ row.q }}", "unknown name(s) `row`"),
+    ],
+)
+def test_grader_template_refuses_other_namespaces(source: str, message: str) -> None:
+    with pytest.raises(TemplateError, match=r"^tasks\[qa\]\.graders\[0\]\.input: ") as info:
+        GraderTemplate(source, "tasks[qa].graders[0].input")
+    assert message in str(info.value)
+
+
+def test_grader_template_missing_field_is_a_render_error() -> None:
+    template = GraderTemplate("{{ item.nope }}", "input")
+    with pytest.raises(TemplateError, match="'nope'"):
+        template.render({}, {})

@@ -121,7 +121,12 @@ def test_metric_id_must_not_be_empty() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
     [
-        ("type", "javascript", "grader.type: must be one of 'python' (got 'javascript')"),
+        (
+            "type",
+            "javascript",
+            "grader.type: must be one of 'python', 'string_check', 'text_similarity', "
+            "'multi', 'score_model' or 'label_model' (got 'javascript')",
+        ),
         (
             "contract",
             "pairwise",

@@ -104,8 +104,56 @@ def test_unknown_top_level_field() -> None:
 def test_missing_required_fields_are_named() -> None:
     assert problems(EvalSuiteSpec, {"tasks": [{"id": "a"}]}) == [
         "spec.tasks[0].dataset: required field is missing",
-        "spec.tasks[0].grader: required field is missing",
     ]
+
+
+def test_a_task_without_grader_or_graders_says_which_to_set() -> None:
+    bare = {"id": "a", "dataset": {"rows": [{}]}}
+    assert problems(EvalSuiteSpec, {"tasks": [bare]}) == [
+        "spec.tasks[0]: set exactly one of `grader` or `graders` (a list of criteria)"
+    ]
+
+
+GRADE = {"type": "python", "source": "def grade(sample, item):\n    return 1.0\n"}
+
+
+@pytest.mark.parametrize(
+    ("graders", "message"),
+    [
+        ([GRADE], "graders[0].name is required: it names the criterion"),
+        ([{**GRADE, "name": "a"}, {**GRADE, "name": "a"}], "graders[1].name 'a' is used twice"),
+        (
+            [{**GRADE, "name": "a"}, {**GRADE, "name": "b", "metricId": "a"}],
+            "graders[1].metricId 'a' is used by another criterion",
+        ),
+        (
+            [{**GRADE, "name": "a"}, {**GRADE, "name": "b", "contract": "batch"}],
+            "graders[1]: grade_batch graders cannot share a task",
+        ),
+    ],
+)
+def test_graders_list_errors(graders: list[dict[str, Any]], message: str) -> None:
+    task = {"id": "a", "dataset": {"rows": [{}]}, "graders": graders}
+    (problem,) = problems(EvalSuiteSpec, {"tasks": [task]})
+    assert problem.startswith("spec.tasks[0]: ")
+    assert message in problem
+
+
+def test_criteria_name_their_metric_and_keep_a_threshold() -> None:
+    task = {
+        "id": "a",
+        "dataset": {"rows": [{}]},
+        "graders": [
+            {**GRADE, "name": "exact", "passThreshold": 1},
+            {**GRADE, "name": "fuzzy", "metricId": "ratio", "pass_threshold": 0.8},
+        ],
+    }
+    spec = validate_spec(EvalSuiteSpec, {"tasks": [task]})
+    assert [(g.metric_id, g.pass_threshold) for g in spec.tasks[0].criteria] == [
+        ("exact", 1.0),
+        ("ratio", 0.8),
+    ]
+    assert spec.tasks[0].grader_programs()[1][0] == "graders[1]"
 
 
 def test_chat_message_errors_name_the_message_not_the_union_branch() -> None:
@@ -356,3 +404,27 @@ def test_eval_run_kind_and_api_version() -> None:
     doc = {"kind": "EvalSuite", "metadata": {"name": "r"}, "spec": {"models": ["precomputed"]}}
     (problem,) = problems(EvalRun, doc, prefix="")
     assert problem.startswith("kind: must be one of 'EvalRun'")
+
+
+MESSAGES = [{"role": "user", "content": "{{ sample.output_text }}"}]
+
+
+@pytest.mark.parametrize(
+    ("grader", "message"),
+    [
+        ({"type": "score_model", "input": "text"}, "`input` of a model grader is a list"),
+        ({"type": "score_model", "input": MESSAGES, "range": [1, 0]}, "min < max"),
+        ({"type": "score_model", "input": MESSAGES, "labels": ["a"]}, "`labels` is not a field"),
+        (
+            {"type": "label_model", "input": MESSAGES, "labels": ["a"], "passingLabels": ["b"]},
+            "`passingLabels` ['b'] are not among `labels`",
+        ),
+        ({"type": "label_model", "input": MESSAGES, "labels": ["a"]}, "`passingLabels` is"),
+        ({"type": "string_check", "input": MESSAGES, "reference": "r", "operation": "eq"},
+         "`input` of a string_check grader is a template string"),
+    ],
+)  # fmt: skip
+def test_model_grader_fields(grader: dict[str, Any], message: str) -> None:
+    task = {"id": "a", "dataset": {"rows": [{}]}, "grader": grader}
+    (problem,) = problems(EvalSuiteSpec, {"tasks": [task]})
+    assert message in problem
