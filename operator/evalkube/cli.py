@@ -378,7 +378,6 @@ def _bridge_factory() -> Any:
 
 
 @app.command()
-@app.command()
 def compare(
     baseline: Annotated[str, typer.Argument(help="Baseline run id (see `evalkube runs`)")],
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id to compare with it")],
@@ -416,6 +415,7 @@ def compare(
         console.print(flipped_table(deltas, flipped))
 
 
+@app.command()
 def validate(
     suite: Annotated[Path, typer.Argument(help="EvalSuite YAML")],
     run_file: Annotated[Path | None, typer.Argument(metavar="[RUN]")] = None,

@@ -63,9 +63,13 @@ class GateCheck(SpecModel):
     kind: Literal["min", "errors", "baseline"]
     """A threshold, the error rate, or the comparison with the baseline."""
     passed: bool
+    """Whether the check held."""
     task: str | None = None
+    """The task checked (none for a check of the whole run)."""
     model: str | None = None
+    """The model checked."""
     metric: str | None = None
+    """The metric checked (thresholds and baseline checks)."""
     value: float | None = None
     """The observed value (aggregate, error rate, or mean difference to the baseline)."""
     threshold: float | None = None
@@ -78,6 +82,8 @@ class GateStatus(SpecModel):
     """The gate's outcome on a finished run."""
 
     passed: bool
+    """Every check held."""
     baseline: str | None = None
     """The run compared with, when there was one."""
     checks: list[GateCheck] = Field(default_factory=list)
+    """Each check and its outcome."""

@@ -21,6 +21,7 @@ from evalkube.engine import (
     load_files,
     resolve_run_spec,
 )
+from evalkube.engine.local import expected_metrics
 from evalkube.engine.runtime import suite_criteria
 from evalkube.models import EvalRunStatus
 from evalkube.sandbox import ProcessBackend
@@ -98,8 +99,13 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunSummary, list[
             records = list(store.iter_samples("crit"))
             stored = store.get_run("crit")
             # what the operator computes from the store for the EvalRun status
+            criteria_of = suite_criteria(loaded.suite.spec)
             (from_store,) = aggregate_results(
-                store, "crit", None, suite_criteria(loaded.suite.spec)
+                store,
+                "crit",
+                None,
+                expected_metrics(loaded.suite.spec, criteria_of),
+                criteria_of=criteria_of,
             )
         finally:
             store.close()
