@@ -120,11 +120,14 @@ def test_every_metric_a_query_selects_is_exported() -> None:
     exported = exported_series()
     found = queries()
     assert len(found) >= 15
-    variable_queries = [
-        ("variable " + v["name"], re.sub(r"^label_values\((.*),\s*\w+\)$", r"\1", v["definition"]))
-        for v in dashboard()["templating"]["list"]
-        if v["type"] == "query"
-    ]
+    variable_queries = []
+    for var in dashboard()["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        assert var["definition"] == var["query"]["query"], var["name"]
+        selector = re.fullmatch(r"label_values\((.*),\s*\w+\)", var["query"]["query"])
+        assert selector, f"variable {var['name']}: label_values(<selector>, <label>) expected"
+        variable_queries.append((f"variable {var['name']}", selector.group(1)))
     for title, expr in found + variable_queries:
         names = metric_names(expr)
         assert names, (title, expr)
@@ -171,9 +174,10 @@ def test_every_query_parses_and_returns_data_on_the_real_series(
         cwd=tmp_path,
         timeout=120,
     )
-    no_data = re.findall(r"alertname: (Panel\d+)NoData", tested.stdout)
-    titles = [found[int(n.removeprefix("Panel"))] for n in no_data]
-    assert tested.returncode == 0, f"queries without data: {titles}\n{tested.stdout}"
+    output = tested.stdout + tested.stderr
+    no_data = sorted(set(re.findall(r'alertname="Panel(\d+)NoData"', output)), key=int)
+    titles = [found[int(n)] for n in no_data]
+    assert tested.returncode == 0, f"queries without data: {titles}\n{output}"
 
 
 def test_configmap_for_the_grafana_sidecar(helm: Path) -> None:
