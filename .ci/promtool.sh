@@ -10,8 +10,10 @@
 #   BIN=$(bash .ci/promtool.sh | tail -n1) && export EVALKUBE_PROMTOOL_BIN=$BIN
 set -euo pipefail
 SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
-# github.com/prometheus/prometheus v0.316.0 is Prometheus 3.16.0 (Go module versions are 0.MMm.p).
+# github.com/prometheus/prometheus v0.316.0 is Prometheus 3.16.0 (its VERSION file; Go module
+# versions of Prometheus 3.x are v0.3MM.P).
 VERSION=v0.316.0
+RELEASE=3.16.0
 
 source "$(dirname "$SCRIPT")/go-env.sh" "promtool.sh (building promtool)"
 # `go install pkg@version` builds with the module's own go.mod/go.sum (checked against the
@@ -26,12 +28,14 @@ BIN=$DIR/promtool
 if [[ ! -x $BIN ]]; then
   mkdir -p "$DIR"
   exec 9>"$DIR/lock"
-  flock 9
+  # one builder per key at a time (CI and a developer on one machine); flock is util-linux's
+  if command -v flock >/dev/null 2>&1; then flock 9; fi
   if [[ ! -x $BIN ]]; then
     start=$SECONDS
     echo "promtool.sh: building promtool $VERSION with $(go version) (key $KEY) ..." >&2
     GOBIN="$DIR/gobin" nice -n "${EVALKUBE_BUILD_NICE:-10}" \
-      go install -p "${EVALKUBE_BUILD_P:-2}" -ldflags "-s -w" \
+      go install -p "${EVALKUBE_BUILD_P:-2}" \
+      -ldflags "-s -w -X github.com/prometheus/common/version.Version=$RELEASE" \
       "github.com/prometheus/prometheus/cmd/promtool@$VERSION" >&2
     mv "$DIR/gobin/promtool" "$BIN"
     rmdir "$DIR/gobin"
