@@ -96,10 +96,35 @@ def test_off_by_default_and_bad_values_fail_at_render(helm: Path) -> None:
         )
 
 
-def test_servicemonitor_keeps_the_metrics_namespace_label(helm: Path) -> None:
+def test_servicemonitors_keep_the_namespace_label_and_scrape_the_egress_gateway(
+    helm: Path,
+) -> None:
     """Without honorLabels, Prometheus renames the metrics' ``namespace`` (the EvalRun's) to
-    ``exported_namespace`` and the rules' and dashboard's selectors match nothing."""
-    (monitor,) = helm_template(
+    ``exported_namespace`` and the rules' and dashboard's selectors match nothing. The egress
+    gateway's metrics port is scraped too (the dashboard's egress panels)."""
+    monitors = helm_template(
         helm, "metrics.serviceMonitor.enabled=true", show_only="templates/servicemonitor.yaml"
     )
-    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    by_name = {m["metadata"]["name"]: m for m in monitors}
+    assert set(by_name) == {"ev-evalkube", "ev-evalkube-egress"}
+    operator = by_name["ev-evalkube"]["spec"]
+    assert operator["endpoints"][0]["honorLabels"] is True
+    assert operator["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    egress = by_name["ev-evalkube-egress"]["spec"]
+    assert egress["endpoints"][0]["port"] == "metrics"
+    assert egress["selector"]["matchLabels"]["app.kubernetes.io/component"] == "egress-gateway"
+    (service,) = [
+        s
+        for s in helm_template(helm)
+        if s["kind"] == "Service"
+        and s["metadata"]["labels"].get("app.kubernetes.io/component") == "egress-gateway"
+    ]
+    assert "metrics" in {p["name"] for p in service["spec"]["ports"]}
+    assert egress["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    off = helm_template(
+        helm,
+        "metrics.serviceMonitor.enabled=true",
+        "egress.enabled=false",
+        show_only="templates/servicemonitor.yaml",
+    )
+    assert [m["metadata"]["name"] for m in off] == ["ev-evalkube"]
