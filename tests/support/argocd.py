@@ -21,6 +21,9 @@ BEGIN = "<!-- argocd-cm: generated from charts/evalkube/argocd/*.lua -->"
 END = "<!-- end argocd-cm -->"
 #: Argo CD's health statuses (pkg/health): a script must return one of them.
 STATUSES = {"Healthy", "Progressing", "Degraded", "Suspended", "Missing", "Unknown"}
+#: Removed before a script runs: Argo CD's VM offers base, table, string, math and a few os
+#: functions only, and the scripts need nothing beyond the first four.
+SANDBOXED_AWAY = ("os", "io", "require", "dofile", "loadfile", "package", "debug")
 
 
 def scripts() -> dict[str, str]:
@@ -36,6 +39,8 @@ def health(kind: str, obj: dict[str, Any]) -> dict[str, str]:
     from lupa import lua51
 
     lua = lua51.LuaRuntime(unpack_returned_tuples=True)
+    for name in SANDBOXED_AWAY:
+        lua.globals()[name] = None
     lua.globals().obj = lua.table_from(_without_nulls(obj), recursive=True)
     result = lua.execute((LUA_DIR / f"evalkube.io_{kind}.lua").read_text())
     hs = dict(result.items())
