@@ -18,4 +18,7 @@ fi
 # case against it as well as against the Python proxy.
 EVALKUBE_PROXY_BIN=$(bash .ci/proxy.sh | tail -1)
 export EVALKUBE_PROXY_BIN
+# promtool checks and unit-tests the chart's alert rules and the dashboard's queries.
+EVALKUBE_PROMTOOL_BIN=$(bash .ci/promtool.sh | tail -1)
+export EVALKUBE_PROMTOOL_BIN
 exec .venv/bin/python -m pytest "$@"

@@ -96,6 +96,7 @@ def test_helm_lint(control_plane: ControlPlane) -> None:
         control_plane, "lint", str(CHART), "--strict",
         "--set", "replicas=3,store.type=postgres,store.postgres.existingSecret=pg",
         "--set", "watchNamespace=team-a,metrics.serviceMonitor.enabled=true",
+        "--set", "prometheusRule.enabled=true,grafanaDashboard.enabled=true",
     )  # fmt: skip
     assert "0 chart(s) failed" in out
 
@@ -328,8 +329,9 @@ def test_impossible_values_fail_at_render(
         ["runtimeClassName=", "store.sqlite.storageClass=fast,store.sqlite.size=1Gi"],
         ["replicas=2", "store.type=postgres", "store.postgres.existingSecret=pg"],
         ["replicas=2", "store.type=postgres", "store.postgres.existingSecret=pg", "WATCH"],
+        ["grafanaDashboard.enabled=true"],
     ],
-    ids=["defaults", "sqlite-options", "peering-cluster", "peering-namespaced"],
+    ids=["defaults", "sqlite-options", "peering-cluster", "peering-namespaced", "dashboard"],
 )
 def test_rendered_chart_is_accepted_by_the_api_server(
     chart_crds: ControlPlane, namespace: str, sets: list[str]
@@ -350,6 +352,9 @@ def test_rendered_chart_is_accepted_by_the_api_server(
     assert "deployment.apps" in proc.stdout
     assert "created (server dry run)" in proc.stdout
     assert "Warning" not in proc.stderr, proc.stderr
+    if "grafanaDashboard.enabled=true" in sets:
+        assert "configmap/ev" in proc.stdout
+        assert "-evalkube-dashboard created (server dry run)" in proc.stdout
     if "replicas=2" in sets:
         kind = (
             "kopfpeering"
