@@ -180,13 +180,13 @@ def test_source_and_file_together(
     code = {"type": "python", "source": "def grade(s, i): return 1", "file": "cm/grade.py"}
     message = rejected(crds_installed, cluster_namespace, suite(**{where: code}))
     assert f"spec.tasks[0].{where}" in message
-    assert "set exactly one of `source` (inline Python) or `file`" in message
+    assert "exactly one of `source` (inline Python) or `file`" in message
 
 
 def test_neither_source_nor_file(crds_installed: ControlPlane, cluster_namespace: str) -> None:
     message = rejected(crds_installed, cluster_namespace, suite(grader={"type": "python"}))
     assert "spec.tasks[0].grader" in message
-    assert "set exactly one of `source`" in message
+    assert "a python grader needs exactly one of `source`" in message
 
 
 def test_file_must_be_a_configmap_key(crds_installed: ControlPlane, cluster_namespace: str) -> None:
