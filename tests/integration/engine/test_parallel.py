@@ -34,7 +34,7 @@ def grade(sample, item):
     if n % 11 == 0:
         raise ValueError("invalid on purpose")
     return {"scores": {"exact": 1.0 if sample["extracted_output"] == item["target"] else 0.0,
-                       "pid": float(os.getpid() % 2)}}
+                       "pid": float(os.getpid())}}
 """
 
 
@@ -71,7 +71,7 @@ def test_two_unit_processes_record_and_report_what_one_does(tmp_path: Path) -> N
         for result in two.results:
             assert result.counts == stored[(result.task, result.model)].counts
             assert result.metrics == pytest.approx(stored[(result.task, result.model)].metrics)
-        # ... and the sequential run's, except the pid parity the grader reports
+        # ... and the sequential run's, except the worker pid the grader reports
         for a, b in zip(one.results, two.results, strict=True):
             assert (a.task, a.model, a.counts) == (b.task, b.model, b.counts)
             assert a.metrics["exact"] == pytest.approx(b.metrics["exact"])
@@ -85,9 +85,10 @@ def test_two_unit_processes_record_and_report_what_one_does(tmp_path: Path) -> N
         }
         assert samples_one == samples_two
         assert len(samples_two) == 2 * 700
-        # graded in more than one process: both parities of the worker pid show up
+        # graded in more than one process: more than one worker pid shows up (two workers'
+        # pids may share a parity, so the pids themselves are compared)
         pids = {r.scores.get("pid") for r in store_two.iter_samples(two.run_id, status="valid")}
-        assert pids == {0.0, 1.0}
+        assert len(pids) >= 2, pids
         assert len(store_two.done_units(two.run_id)) == 2 * 8
         assert two.phase == "Succeeded"
     finally:
