@@ -15,6 +15,7 @@ grandchild) are re-parented to it and found by the scan.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -146,6 +147,11 @@ def kill_descendants(rounds: int = 50) -> int:
                 killed += 1
             except OSError:
                 pass
+        for child in children:
+            # wait for each to be gone (SIGKILL cannot be caught): a killed child that has not
+            # exited yet would otherwise still be there when the next sample starts
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(child, 0)
         reap()
     reap()
     return killed

@@ -179,9 +179,9 @@ def grade(sample, item, ctx):
 # Waits as the grader does: kube-router admits a new pod to the operator's policy (every pod may
 # reach its API port) only once it has the pod's address in its ipsets.
 PROBE = (
-    "sleep 20; for t in {targets}; do "
+    "sleep 20; for t in {targets}; do r=BLOCKED; for i in 1 2 3 4 5 6 7 8 9 10 11 12; do "
     'n=$(printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 3 ${{t%:*}} ${{t#*:}} | wc -c); '
-    'if [ "$n" -gt 0 ]; then echo "$t reachable"; else echo "$t BLOCKED"; fi; done; '
+    'if [ "$n" -gt 0 ]; then r=reachable; break; fi; sleep 5; done; echo "$t $r"; done; '
     "nslookup kubernetes.default.svc.cluster.local {dns} && echo 'dns reachable'"
 )
 
