@@ -47,26 +47,15 @@ def evaluate_gate(
                 )
             )
         for result in matched:
-            name = f"min {result.task}/{result.model} {threshold.metric}"
             value = result.metrics.get(threshold.metric)
+            passed = value is not None and value >= threshold.min
             if value is None:
-                checks.append(
-                    GateCheck(
-                        name=name,
-                        kind="min",
-                        task=result.task,
-                        model=result.model,
-                        metric=threshold.metric,
-                        passed=False,
-                        threshold=threshold.min,
-                        message=f"metric {threshold.metric!r} missing (every sample errored?)",
-                    )
-                )
-                continue
-            passed = value >= threshold.min
+                message = f"metric {threshold.metric!r} missing (every sample errored?)"
+            else:
+                message = "" if passed else f"{value:.4f} < {threshold.min:g}"
             checks.append(
                 GateCheck(
-                    name=name,
+                    name=f"min {result.task}/{result.model} {threshold.metric}",
                     kind="min",
                     task=result.task,
                     model=result.model,
@@ -74,7 +63,7 @@ def evaluate_gate(
                     passed=passed,
                     value=value,
                     threshold=threshold.min,
-                    message="" if passed else f"{value:.4f} < {threshold.min:g}",
+                    message=message,
                 )
             )
     if gate.max_error_rate is not None:
