@@ -389,20 +389,42 @@ def compare(
     ] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
     db: DbOption = None,
+    api: Annotated[
+        str | None,
+        typer.Option(
+            envvar="EVALKUBE_API",
+            help="Compare two EvalRuns (by name) through the operator's API (URL)",
+        ),
+    ] = None,
+    namespace: Annotated[str, typer.Option("--namespace", "-n", help="With --api")] = "default",
 ) -> None:
     """Per-metric change of RUN against BASELINE over the samples both graded, with a paired
     bootstrap confidence interval, and the samples whose score changed."""
     from evalkube.compare_view import comparison_table, flipped_table
-    from evalkube.grading.compare import compare_runs
+    from evalkube.grading.compare import compare_runs, compare_scores
 
-    store = _open_store(db)
-    try:
-        for name in (baseline, run_id):
-            if store.get_run(name) is None:
-                _fail(f"run {name!r} not found in {shown_store(store_url(db))}", EXIT_CONFIG)
-        deltas = compare_runs(store, baseline, run_id, confidence=confidence)
-    finally:
-        store.close()
+    if api is not None:
+        from evalkube.reporting.export import ApiError, api_keyed_scores
+
+        token = os.environ.get("EVALKUBE_API_TOKEN")
+        try:
+            baseline_rows = list(api_keyed_scores(api, namespace, baseline, token))
+            deltas = compare_scores(
+                baseline_rows,
+                api_keyed_scores(api, namespace, run_id, token),
+                confidence=confidence,
+            )
+        except ApiError as exc:
+            _fail(str(exc), EXIT_RUNTIME if exc.unreachable else EXIT_CONFIG)
+    else:
+        store = _open_store(db)
+        try:
+            for name in (baseline, run_id):
+                if store.get_run(name) is None:
+                    _fail(f"run {name!r} not found in {shown_store(store_url(db))}", EXIT_CONFIG)
+            deltas = compare_runs(store, baseline, run_id, confidence=confidence)
+        finally:
+            store.close()
     if as_json:
         payload = {"baseline": baseline, "run": run_id, "metrics": [d.to_dict() for d in deltas]}
         sys.stdout.write(json.dumps(payload, indent=1) + "\n")

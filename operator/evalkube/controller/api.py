@@ -10,8 +10,9 @@ ingest port only; ``docs/security.md``):
 - :attr:`ApiServer.api_app`: ``GET .../samples``, the debugging view
   (``?status=&task=&model=&min_score=M=V&max_score=M=V&search=&limit=&cursor=``, as
   ``evalkube samples`` shows it; ``next_cursor`` pages on; ``metrics=true`` adds the run's
-  metric names), which
-  always needs a token: the operator's read token (``EVALKUBE_API_TOKEN``) or that run's own
+  metric names), and ``GET .../scores``, every sample's scores keyed by dataset row as NDJSON
+  (what ``evalkube compare --api`` pairs), both of which
+  always need a token: the operator's read token (``EVALKUBE_API_TOKEN``) or that run's own
   token; plus ``/metrics`` and ``/healthz``.
 
 Store calls run in threads so the event loop (shared with kopf) never blocks.
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -40,6 +43,9 @@ PREFIX = "/api/v1/namespaces/{namespace}/evalruns/{name}"
 MAX_BODY = 256 * 1024 * 1024
 #: Looks a run up from durable state: ``(namespace, name) -> entry`` or ``None`` (no such run).
 RunResolver = Callable[[str, str], Awaitable[RunEntry | None]]
+Row = TypeVar("Row")
+#: Rows a streamed answer reads from the store per step (bounds the handler's memory).
+STREAM_BATCH = 2_000
 
 
 def bearer(request: web.Request) -> str | None:
@@ -97,6 +103,7 @@ class ApiServer:
             web.get("/healthz", self.healthz),
             web.get("/metrics", self.prometheus),
             web.get(PREFIX + "/samples", self.list_samples),
+            web.get(PREFIX + "/scores", self.keyed_scores),
         ]
 
     # -- helpers ---------------------------------------------------------------------------
@@ -209,6 +216,25 @@ class ApiServer:
             answer["metrics"] = await asyncio.to_thread(self.store.score_names, entry.run_id)
         return _json(answer)
 
+    async def keyed_scores(self, request: web.Request) -> web.StreamResponse:
+        """Every sample's ``{task, model, key, status, scores}``, one JSON object per line,
+        ordered by task, model: the paired comparison's input."""
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        entry = await self._entry(namespace, name)
+        if not self._may_read(request):
+            return _error(
+                401,
+                "the scores API needs a token: the operator's read token (the chart's "
+                "api-token Secret, EVALKUBE_API_TOKEN) as 'Authorization: Bearer <token>'",
+            )
+        if entry is None:
+            return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
+        return await _stream_ndjson(
+            request,
+            lambda: self.store.iter_keyed_scores(entry.run_id),
+            lambda row: dict(zip(("task", "model", "key", "status", "scores"), row, strict=True)),
+        )
+
     async def sample_ids(self, request: web.Request) -> web.Response:
         entry = await self._authorized(request)
         if isinstance(entry, web.Response):
@@ -221,22 +247,13 @@ class ApiServer:
         entry = await self._authorized(request)
         if isinstance(entry, web.Response):
             return entry
-        records = await asyncio.to_thread(
-            lambda: list(
-                self.store.iter_samples(
-                    entry.run_id,
-                    task_id=request.query.get("task"),
-                    model=request.query.get("model"),
-                )
-            )
+        return await _stream_ndjson(
+            request,
+            lambda: self.store.iter_samples(
+                entry.run_id, task_id=request.query.get("task"), model=request.query.get("model")
+            ),
+            lambda record: {name: getattr(record, name) for name in record.__slots__},
         )
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await response.prepare(request)
-        for record in records:
-            wire = {name: getattr(record, name) for name in record.__slots__}
-            await response.write(jsonfast.dumps(wire) + b"\n")
-        await response.write_eof()
-        return response
 
     async def update(self, request: web.Request) -> web.Response:
         entry = await self._authorized(request)
@@ -307,3 +324,30 @@ class ApiServer:
         if self.on_unit_done is not None:
             self.on_unit_done(entry, unit)
         return _json({"done": unit})
+
+
+async def _stream_ndjson(
+    request: web.Request, source: Callable[[], Iterator[Row]], shape: Callable[[Row], Any]
+) -> web.StreamResponse:
+    """Write ``shape(row)`` for each row of ``source`` as NDJSON. The store is read a batch at
+    a time on one thread of its own (a store cursor stays on the thread that opened it, and is
+    closed there even when the client goes away), so neither the event loop blocks nor a large
+    run is held in memory."""
+    loop = asyncio.get_running_loop()
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkube-stream") as reader:
+        rows = await loop.run_in_executor(reader, source)
+
+        def batch() -> bytes:
+            return b"".join(
+                jsonfast.dumps(shape(row)) + b"\n" for row in islice(rows, STREAM_BATCH)
+            )
+
+        try:
+            await response.prepare(request)
+            while chunk := await loop.run_in_executor(reader, batch):
+                await response.write(chunk)
+        finally:
+            await loop.run_in_executor(reader, getattr(rows, "close", lambda: None))
+    await response.write_eof()
+    return response

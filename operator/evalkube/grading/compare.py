@@ -99,10 +99,13 @@ def bootstrap_interval(
 
 
 Scores = dict[str, dict[str, float]]
+#: ``(task, model, key, status, scores)`` of one sample, as :meth:`ResultStore.iter_keyed_scores`
+#: streams them.
+KeyedScore = tuple[str, str, str, str, dict[str, float]]
 
 
 def _by_unit(
-    rows: Iterable[tuple[str, str, str, str, dict[str, float]]],
+    rows: Iterable[KeyedScore],
 ) -> Iterator[tuple[tuple[str, str], Scores]]:
     """Group a run's keyed scores by task x model (rows come ordered by task, model)."""
     current: tuple[str, str] | None = None
@@ -126,11 +129,28 @@ def compare_runs(
     resamples: int = RESAMPLES,
 ) -> list[MetricDelta]:
     """Every metric of every task x model the two runs share, ``run`` against ``baseline_run``."""
+    return compare_scores(
+        store.iter_keyed_scores(baseline_run),
+        store.iter_keyed_scores(run),
+        confidence=confidence,
+        resamples=resamples,
+    )
+
+
+def compare_scores(
+    baseline_rows: Iterable[KeyedScore],
+    rows: Iterable[KeyedScore],
+    *,
+    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+) -> list[MetricDelta]:
+    """:func:`compare_runs` over keyed scores from anywhere (a store, or the operator's API),
+    each ordered by task, model."""
     import numpy as np
 
-    baseline = dict(_by_unit(store.iter_keyed_scores(baseline_run)))
+    baseline = dict(_by_unit(baseline_rows))
     deltas: list[MetricDelta] = []
-    for unit, scores in _by_unit(store.iter_keyed_scores(run)):
+    for unit, scores in _by_unit(rows):
         before = baseline.get(unit)
         if before is None:
             continue

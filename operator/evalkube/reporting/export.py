@@ -73,12 +73,7 @@ class ApiSamples:
             raise ApiError(
                 f"cannot reach the samples API at {self.api}: {exc}", unreachable=True
             ) from None
-        if response.status_code != 200:
-            try:
-                detail = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                detail = response.text[:300]
-            raise ApiError(f"samples API answered HTTP {response.status_code}: {detail}")
+        _raise_for_answer(response, "samples API")
         body: dict[str, Any] = response.json()
         return body
 
@@ -187,3 +182,36 @@ def text_stream(binary: IO[bytes]) -> io.TextIOWrapper:
     return io.TextIOWrapper(
         binary, encoding="utf-8", errors="backslashreplace", newline="", write_through=True
     )
+
+
+def _raise_for_answer(response: httpx.Response, what: str) -> None:
+    """An :class:`ApiError` with the API's own message for anything but 200."""
+    if response.status_code == 200:
+        return
+    response.read()
+    try:
+        detail = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        detail = response.text[:300]
+    raise ApiError(f"{what} answered HTTP {response.status_code}: {detail}")
+
+
+def api_keyed_scores(
+    api: str, namespace: str, name: str, token: str | None
+) -> Iterator[tuple[str, str, str, str, dict[str, float]]]:
+    """Every sample's ``(task, model, key, status, scores)`` of an EvalRun from the operator's
+    API (``GET .../scores``, streamed), the input :func:`compare_scores` pairs."""
+    url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/evalruns/{name}/scores"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream("GET", url, headers=headers) as answer,
+        ):
+            _raise_for_answer(answer, f"scores API (EvalRun {namespace}/{name})")
+            for line in answer.iter_lines():
+                if line:
+                    row = json.loads(line)
+                    yield row["task"], row["model"], row["key"], row["status"], row["scores"]
+    except httpx.HTTPError as exc:
+        raise ApiError(f"cannot reach the scores API at {api}: {exc}", unreachable=True) from None

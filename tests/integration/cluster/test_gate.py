@@ -8,6 +8,7 @@ Units are played as in test_operator.py: the test runs each unit's runner comman
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.cluster.plugin import ControlPlane
 from tests.integration.cluster.operator_support import (
+    READ_TOKEN,
     OperatorUrl,
     _free_port,
     _jobs,
@@ -27,6 +29,9 @@ from tests.integration.cluster.operator_support import (
     running_operator,
     suite,
 )
+from typer.testing import CliRunner
+
+from evalkube.cli import app
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -145,3 +150,36 @@ def test_a_gate_passes_or_fails_the_run_with_each_check_named(
     assert any(
         e["reason"] == "GateFailed" and e["involvedObject"]["name"] == "second" for e in events
     )
+
+
+def test_compare_api_pairs_two_evalruns_through_the_operator(
+    control_plane: ControlPlane, cluster_namespace: str, operator: OperatorUrl, tmp_path: Path
+) -> None:
+    """``evalkube compare --api`` pairs two EvalRuns' samples as the operator stored them: the
+    same suite played twice gives every metric a zero change over every row; the read token
+    is needed, and an unknown run is named."""
+    cp, ns = control_plane, cluster_namespace
+    cp.apply(suite(ns))
+    for name in ("monday", "tuesday"):
+        cp.apply(run(ns, name))
+        assert play_to_the_end(cp, ns, name, operator, tmp_path)["phase"] == "Succeeded"
+    command = ["compare", "--api", operator.api, "-n", ns, "monday", "tuesday", "--json"]
+    answer = CliRunner().invoke(app, command, env={"EVALKUBE_API_TOKEN": READ_TOKEN})
+    assert answer.exit_code == 0, answer.output
+    metrics = json.loads(answer.stdout)["metrics"]
+    assert {(m["task"], m["metric"]) for m in metrics} == {
+        ("qa", "exact_match"),
+        ("sentiment", "correct"),
+    }
+    qa = next(m for m in metrics if m["task"] == "qa")
+    assert (qa["shared"], qa["baselineMean"], qa["mean"]) == (25, 0.8, 0.8), qa
+    assert all(m["ciLow"] == m["ciHigh"] == 0 for m in metrics), metrics
+
+    no_token = CliRunner().invoke(app, command, env={"EVALKUBE_API_TOKEN": ""})
+    assert no_token.exit_code == 2, no_token.output
+    assert "needs a token" in no_token.output
+    unknown = CliRunner().invoke(
+        app, [*command[:5], "monday", "nope"], env={"EVALKUBE_API_TOKEN": READ_TOKEN}
+    )
+    assert unknown.exit_code == 2, unknown.output
+    assert f"EvalRun {ns}/nope is not known" in unknown.output

@@ -6,6 +6,7 @@ aiohttp's ``TestServer`` binds 127.0.0.1; the store is a real SQLite file.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -512,6 +513,74 @@ def test_samples_view_always_needs_a_token(harness: Harness) -> None:
         assert (await client.get(f"{BASE}/samples", headers=AUTH)).status == 200
 
     harness.serve(unconfigured)
+
+
+# -- scores for paired comparison and the export stream --------------------------------------
+def test_scores_stream_every_sample_keyed_by_row_in_batches(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GET .../scores`` is what ``evalkube compare --api`` pairs: every sample of this run
+    only, keyed by its dataset row id (else its position), ordered by task, model; read from
+    the store a batch at a time (a batch of 2 here, so 5 samples take 3 reads)."""
+    monkeypatch.setattr("evalkube.controller.api.STREAM_BATCH", 2)
+    harness.store.record_samples(
+        [
+            SampleRecord(OTHER_RUN_ID, "s_other", "qa", "m", 0, "valid", scores={"em": 1.0}),
+            *[
+                SampleRecord(
+                    RUN_ID,
+                    f"s_{task}_{i}",
+                    task,
+                    "m",
+                    i,
+                    "valid" if i else "errored",
+                    row_id=f"row-{i}" if i % 2 else None,
+                    scores={"em": float(i % 2)},
+                )
+                for task in ("qa", "math")
+                for i in range(3)
+            ][:5],
+        ]
+    )
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        assert (await client.get(f"{BASE}/scores")).status == 401
+        other_run = {"Authorization": f"Bearer {OTHER_TOKEN}"}
+        assert (await client.get(f"{BASE}/scores", headers=other_run)).status == 401
+        unknown = f"/api/v1/namespaces/{NS}/evalruns/nope/scores"
+        assert (await client.get(unknown, headers=READ)).status == 404
+        for headers in (READ, AUTH):
+            response = await client.get(f"{BASE}/scores", headers=headers)
+            assert response.status == 200
+            assert response.content_type == "application/x-ndjson"
+            lines = [json.loads(line) for line in (await response.text()).splitlines()]
+            assert [(r["task"], r["key"], r["status"], r["scores"]) for r in lines] == [
+                ("math", "#0", "errored", {"em": 0.0}),
+                ("math", "row-1", "valid", {"em": 1.0}),
+                ("qa", "#0", "errored", {"em": 0.0}),
+                ("qa", "row-1", "valid", {"em": 1.0}),
+                ("qa", "#2", "valid", {"em": 0.0}),
+            ]
+            assert {r["model"] for r in lines} == {"m"}
+
+    harness.serve(body)
+
+
+def test_export_streams_every_sample_across_batches(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("evalkube.controller.api.STREAM_BATCH", 2)
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        posted = [sample(i) for i in range(5)]
+        await client.post(f"{BASE}/samples", json={"samples": posted}, headers=AUTH)
+        response = await client.get(f"{BASE}/samples:export", headers=AUTH)
+        assert response.status == 200
+        lines = [json.loads(line) for line in (await response.text()).splitlines()]
+        assert [r["sample_id"] for r in lines] == [p["sample_id"] for p in posted]
+        assert all(r["run_id"] == RUN_ID for r in lines)
+
+    harness.serve(body)
 
 
 def test_ingest_and_api_are_separate_servers(harness: Harness) -> None:
