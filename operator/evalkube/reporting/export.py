@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
@@ -136,11 +137,28 @@ def write_json(views: Iterable[dict[str, Any]], out: IO[str]) -> int:
     return n
 
 
+#: First characters that make a spreadsheet read a cell as a formula (OWASP "CSV injection").
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def defuse(text: str) -> str:
+    """``text`` with a ``'`` in front when a spreadsheet would run it as a formula.
+
+    Cells hold model output and grader messages, and a model may learn to write
+    ``=HYPERLINK(...)`` for whoever opens the export; a plain number (``-3``, ``+1.5e3``) is
+    left alone. JSON and JSONL exports carry every value unchanged.
+    """
+    if text.startswith(FORMULA_STARTS) and not _NUMBER.fullmatch(text):
+        return "'" + text
+    return text
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
-        return value
+        return defuse(value)
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
@@ -166,7 +184,8 @@ def csv_row(view: dict[str, Any], metrics: list[str]) -> list[str]:
 
 
 def write_csv(views: Iterable[dict[str, Any]], out: IO[str], metrics: list[str]) -> int:
-    """RFC 4180 CSV with a header row; newlines inside cells are quoted, not split."""
+    """RFC 4180 CSV with a header row; newlines inside cells are quoted, not split, and text a
+    spreadsheet would run as a formula is :func:`defused <defuse>`."""
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(csv_columns(metrics))
     n = 0
