@@ -306,6 +306,7 @@ class ApiServer:
             {str(k): float(v) for k, v in (body.get("metrics") or {}).items()},
             body.get("error"),
             [str(p) for p in body.get("problems") or []],
+            {str(k): int(v) for k, v in (body.get("modelCalls") or {}).items()},
         )
         await asyncio.to_thread(self.store.save_task_result, record)
         return _json({"saved": True})

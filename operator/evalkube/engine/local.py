@@ -448,6 +448,9 @@ def aggregate_results(
     results = []
     for (task_id, model), aggregate in aggregates.items():
         task_result = batch.get((task_id, model))
+        model_calls = dict(aggregate.model_calls)
+        for purpose, count in (task_result.model_calls if task_result else {}).items():
+            model_calls[purpose] = model_calls.get(purpose, 0) + count
         results.append(
             TaskModelResult(
                 task=task_id,
@@ -463,7 +466,7 @@ def aggregate_results(
                         criteria_of.get(task_id, ())
                     ).items()
                 },
-                model_calls=dict(sorted(aggregate.model_calls.items())),
+                model_calls=dict(sorted(model_calls.items())),
                 error=task_result.error if task_result else None,
             )
         )

@@ -777,6 +777,7 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
     except ProgramLoadError as exc:
         raise UnitFailed(program_load_message(runtime, exc)) from None
     token = unit.unit_id
+    batch_calls: dict[str, int] = {}
     if ctx.bridge is not None:
         token = execution_token()
         ctx.bridge.open_executions([token])
@@ -793,19 +794,20 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         )
     finally:
         if ctx.bridge is not None:
-            ctx.bridge.take_usage([token])
+            usage = ctx.bridge.take_usage([token]).get(token) or {}
+            batch_calls = {k: int(v) for k, v in (usage.get("by_purpose") or {}).items()}
         report.restarts = sandbox.restarts
         sandbox.close()
     metric_id = grader_spec.metric_id
     if execution.status != "returned":
         failed = _outcome(execution, metric_id)
-        _fail_batch(ctx, unit, failed.error or {}, metric_id)
+        _fail_batch(ctx, unit, failed.error or {}, metric_id, batch_calls)
     else:
         outcome = validate_batch_return(
             execution.value, declared_metrics=task.metrics, sample_ids=by_id.keys()
         )
         if outcome.error is not None:
-            _fail_batch(ctx, unit, outcome.error, metric_id)
+            _fail_batch(ctx, unit, outcome.error, metric_id, batch_calls)
         else:
             updates = []
             for update in outcome.updates:
@@ -831,7 +833,13 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
                 )
             ctx.store.save_task_result(
                 TaskResultRecord(
-                    ctx.run_id, unit.task_id, unit.model, outcome.metrics, None, problems
+                    ctx.run_id,
+                    unit.task_id,
+                    unit.model,
+                    outcome.metrics,
+                    None,
+                    problems,
+                    batch_calls,
                 )
             )
     ctx.progress.advance(unit, len(records))
@@ -839,7 +847,13 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
     return report
 
 
-def _fail_batch(ctx: UnitContext, unit: Unit, error: dict[str, Any], metric_id: str) -> None:
+def _fail_batch(
+    ctx: UnitContext,
+    unit: Unit,
+    error: dict[str, Any],
+    metric_id: str,
+    model_calls: dict[str, int],
+) -> None:
     raw = error.get("invalid_payload")
     error = {"stage": "batch", **{k: v for k, v in error.items() if k != "invalid_payload"}}
     judge = {"invalid_payload": raw, "error": error}
@@ -858,5 +872,6 @@ def _fail_batch(ctx: UnitContext, unit: Unit, error: dict[str, Any], metric_id: 
             {},
             f"{error.get('type')}: {error.get('message')}",
             [],
+            model_calls,
         )
     )

@@ -66,3 +66,5 @@ class TaskResultRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     problems: list[str] = field(default_factory=list)
+    model_calls: dict[str, int] = field(default_factory=dict)
+    """Model calls of the ``grade_batch`` execution by purpose (it belongs to no one sample)."""

@@ -154,6 +154,7 @@ class RemoteStore:
                 "metrics": result.metrics,
                 "error": result.error,
                 "problems": result.problems,
+                "modelCalls": result.model_calls,
             },
         )
 

@@ -90,7 +90,11 @@ task_results = Table(
     Column("metrics", Text, nullable=False),
     Column("error", Text),
     Column("problems", Text),
+    Column("model_calls", Text),
 )
+#: Nullable columns added to existing tables since they were first written (table, column,
+#: SQL type): :meth:`ResultStore.open` adds those an older store lacks.
+ADDED_COLUMNS = (("evalkube_task_results", "model_calls", "TEXT"),)
 
 #: Model answers as they arrive, before their sample is graded and stored: a run stopped
 #: between the two (Ctrl-C, a crash) reuses them on ``--resume`` instead of paying again.

@@ -193,6 +193,11 @@ class ResultStore:
                 f"layout 1; this version writes layout {schema.SAMPLES_LAYOUT}); point --db "
                 "at a new file or database, or read it with the evalkube that wrote it"
             )
+        try:
+            _add_missing_columns(engine)
+        except Exception as exc:
+            engine.dispose()
+            raise StoreError(f"cannot upgrade the results store {shown}: {exc}") from None
         return cls(engine)
 
     @property
@@ -616,6 +621,7 @@ class ResultStore:
                     "metrics": _json(result.metrics),
                     "error": _text(result.error),
                     "problems": _json(result.problems),
+                    "model_calls": _json(result.model_calls) if result.model_calls else None,
                 }
             ],
             ("run_id", "task_id", "model"),
@@ -633,6 +639,7 @@ class ResultStore:
                 _load(row.metrics) or {},
                 row.error,
                 _load(row.problems) or [],
+                _load(row.model_calls) or {},
             )
             for row in rows
         ]
@@ -744,3 +751,14 @@ def _run(row: Any) -> RunRecord:
         completed_at=row.completed_at,
         summary=_load(row.summary),
     )
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Add the nullable columns (:data:`schema.ADDED_COLUMNS`) a store written by an earlier
+    evalkube lacks; what it recorded stays as it was."""
+    inspector = inspect(engine)
+    for table, column, sql_type in schema.ADDED_COLUMNS:
+        if column in {c["name"] for c in inspector.get_columns(table)}:
+            continue
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")

@@ -489,6 +489,32 @@ def test_store_of_an_older_layout_is_refused_clearly(tmp_path: Any) -> None:
         ResultStore.open(f"sqlite:///{path}")
 
 
+def test_a_store_without_later_columns_is_upgraded_and_keeps_its_records(
+    store: ResultStore,
+) -> None:
+    """A store written before batch model calls were kept (no ``model_calls`` column on task
+    results) opens, keeps its results, and records the new column from then on."""
+    from evalkube.store import TaskResultRecord
+
+    url = store.engine.url.render_as_string(hide_password=False)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE evalkube_task_results DROP COLUMN model_calls")
+        conn.exec_driver_sql(
+            "INSERT INTO evalkube_task_results (run_id, task_id, model, metrics, problems) "
+            "VALUES ('old', 'qa', 'm', '{\"f1\": 0.5}', '[]')"
+        )
+    store.close()
+    upgraded = ResultStore.open(url)
+    try:
+        assert upgraded.task_results("old") == [
+            TaskResultRecord("old", "qa", "m", {"f1": 0.5}, None, [], {})
+        ]
+        upgraded.save_task_result(TaskResultRecord("new", "qa", "m", {}, None, [], {"judge": 3}))
+        assert upgraded.task_results("new")[0].model_calls == {"judge": 3}
+    finally:
+        upgraded.close()
+
+
 def test_lone_surrogates_are_stored(store: ResultStore) -> None:
     record = sample(0, judge={"why": "\ud800x"}, output_text="ok")
     store.record_samples([record])
