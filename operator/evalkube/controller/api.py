@@ -25,10 +25,11 @@ import hmac
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evalkube import jsonfast
 from evalkube.controller.metrics import OperatorMetrics
@@ -46,6 +47,28 @@ RunResolver = Callable[[str, str], Awaitable[RunEntry | None]]
 Row = TypeVar("Row")
 #: Rows a streamed answer reads from the store per step (bounds the handler's memory).
 STREAM_BATCH = 2_000
+
+#: What a kept answer is for: a candidate, or the list of a sample's grader ``ctx`` calls.
+AnswerPurpose = Literal["candidate", "ctx"]
+
+
+class _KeptAnswers(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    purpose: AnswerPurpose
+    answers: list[tuple[str, Any]]
+
+
+class _AnswerLookup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    purpose: AnswerPurpose
+    sample_ids: list[str] = Field(max_length=10_000)
+
+
+def _first_problem(exc: ValidationError, expected: str) -> str:
+    """A request body's first problem, naming its field, and what the body should be."""
+    problem = exc.errors()[0]
+    where = ".".join(str(part) for part in problem["loc"]) or "body"
+    return f"{where}: {problem['msg']} (expected {expected})"
 
 
 def bearer(request: web.Request) -> str | None:
@@ -94,6 +117,9 @@ class ApiServer:
             web.post(PREFIX + "/samples:update", self.update),
             web.post(PREFIX + "/samples:settle", self.settle),
             web.post(PREFIX + "/task-results", self.task_result),
+            web.post(PREFIX + "/answers", self.record_answers),
+            web.post(PREFIX + "/answers:lookup", self.recorded_answers),
+            web.get(PREFIX + "/generation-errored-ids", self.generation_errored_ids),
             web.post(PREFIX + "/units/{unit}:done", self.unit_done),
         ]
 
@@ -291,6 +317,40 @@ class ApiServer:
             values,
         )
         return _json({"settled": settled})
+
+    async def record_answers(self, request: web.Request) -> web.Response:
+        """Model answers a pod keeps as they arrive: a retried Job takes them back."""
+        entry = await self._authorized(request)
+        if isinstance(entry, web.Response):
+            return entry
+        try:
+            body = _KeptAnswers.model_validate_json(await request.read())
+        except ValidationError as exc:
+            return _error(400, _first_problem(exc, "purpose and answers: [[sample_id, answer]]"))
+        answers = [(sample_id, answer) for sample_id, answer in body.answers]
+        await asyncio.to_thread(self.store.record_answers, entry.run_id, body.purpose, answers)
+        return _json({"recorded": len(answers)})
+
+    async def recorded_answers(self, request: web.Request) -> web.Response:
+        entry = await self._authorized(request)
+        if isinstance(entry, web.Response):
+            return entry
+        try:
+            body = _AnswerLookup.model_validate_json(await request.read())
+        except ValidationError as exc:
+            return _error(400, _first_problem(exc, "purpose and sample_ids"))
+        found = await asyncio.to_thread(
+            self.store.recorded_answers, entry.run_id, body.purpose, body.sample_ids
+        )
+        return _json({"answers": found})
+
+    async def generation_errored_ids(self, request: web.Request) -> web.Response:
+        entry = await self._authorized(request)
+        if isinstance(entry, web.Response):
+            return entry
+        task, model = request.query.get("task", ""), request.query.get("model", "")
+        ids = await asyncio.to_thread(self.store.generation_errored_ids, entry.run_id, task, model)
+        return _json({"sample_ids": sorted(ids)})
 
     async def task_result(self, request: web.Request) -> web.Response:
         entry = await self._authorized(request)

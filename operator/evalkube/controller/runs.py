@@ -459,6 +459,8 @@ class RunReconciler:
                 decision.phase,
                 {"results": new["results"]},
             )
+            # every unit is over: its samples hold the answers pods kept for a retried Job
+            await asyncio.to_thread(self.store.forget_answers, setup.entry.run_id)
             self._export_metrics(body, setup, results)
             self._setups.pop(body["metadata"]["uid"], None)
         new["conditions"] = merge_conditions(status.get("conditions") or [], conditions)

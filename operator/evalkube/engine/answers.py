@@ -25,10 +25,9 @@ import queue
 import threading
 from collections.abc import Mapping, Sequence
 from itertools import groupby
-from typing import Any
+from typing import Any, Protocol
 
 from evalkube.engine.candidates import Candidate
-from evalkube.store import ResultStore
 
 CANDIDATE = "candidate"
 #: Kept answers of a grader's ``ctx`` calls, a list per sample.
@@ -56,11 +55,30 @@ def kept_candidate(answer: dict[str, Any]) -> Candidate:
     )
 
 
-class AnswerLog:
-    """Model answers of one run, committed on a background thread as they arrive."""
+class AnswerStore(Protocol):
+    """Where answers are kept: the results store, or (in a work-unit pod) the operator's
+    ingest API through :class:`~evalkube.store.remote.RemoteStore`."""
 
-    def __init__(self, store: ResultStore, run_id: str) -> None:
+    def record_answers(
+        self, run_id: str, purpose: str, answers: Sequence[tuple[str, Any]]
+    ) -> None: ...
+
+    def recorded_answers(
+        self, run_id: str, purpose: str, sample_ids: Sequence[str]
+    ) -> dict[str, Any]: ...
+
+    def generation_errored_ids(self, run_id: str, task_id: str, model: str) -> set[str]: ...
+
+
+class AnswerLog:
+    """Model answers of one run, committed on a background thread as they arrive.
+
+    ``grader_calls``: whether graders' ``ctx`` calls are kept too (they are where the model
+    bridge runs in-process; in a pod the sidecar makes them)."""
+
+    def __init__(self, store: AnswerStore, run_id: str, *, grader_calls: bool = True) -> None:
         self.store, self.run_id = store, run_id
+        self.grader_calls = grader_calls
         self._queue: queue.Queue[tuple[str, str, Any] | None] = queue.Queue()
         self._lock = threading.Lock()
         #: Execution token -> sample id, for the grader executions in flight.
@@ -119,7 +137,11 @@ class AnswerLog:
         """Grader executions about to run: token -> sample id. ``resuming``: load the calls
         kept for those samples by the run's earlier attempt."""
         ids = list(executions.values())
-        kept = self.store.recorded_answers(self.run_id, GRADER_CALLS, ids) if resuming else {}
+        kept = (
+            self.store.recorded_answers(self.run_id, GRADER_CALLS, ids)
+            if resuming and self.grader_calls
+            else {}
+        )
         with self._lock:
             self._samples.update(executions)
             for sample_id in executions.values():

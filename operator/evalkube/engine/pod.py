@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalkube.engine.answers import AnswerLog
 from evalkube.engine.candidates import candidate_source
 from evalkube.engine.driver import BridgeControl, drive_unit, plan_run
 from evalkube.engine.loading import ConfigError, LoadedSuite
@@ -102,6 +103,7 @@ def run_pod_unit(
     """
     unit = snapshot.unit(unit_id)
     runtime = TaskRuntime.build(snapshot.loaded, snapshot.loaded.task(unit.task_id))
+    answers = AnswerLog(store, snapshot.run_id, grader_calls=False)
     ctx = UnitContext(
         run_id=snapshot.run_id,
         runtime=runtime,
@@ -111,11 +113,16 @@ def run_pod_unit(
             unit.model, runtime.task, snapshot.spec, snapshot.loaded.base_dir, bridge_control
         ),
         resuming=True,  # a retried Job skips what an earlier attempt recorded
+        # and takes back the candidates it paid for (and retries failed calls)
+        answers=answers,
     )
     started = time.perf_counter()
-    with relaxed_gc():
-        rows = rows_of(snapshot, unit) if unit.kind == "shard" else None
-        report = drive_unit(ctx, unit, rows, bridge)
+    try:
+        with relaxed_gc():
+            rows = rows_of(snapshot, unit) if unit.kind == "shard" else None
+            report = drive_unit(ctx, unit, rows, bridge)
+    finally:
+        answers.close()  # every answer that arrived is kept
     store.mark_unit_done(
         unit.unit_id,
         {

@@ -25,6 +25,8 @@ from evalkube.store.records import SampleRecord, TaskResultRecord
 SAMPLE_FIELDS = {f.name for f in dataclasses.fields(SampleRecord)}
 #: Answers worth waiting out: the run unknown to this replica yet, or the operator unwell.
 RETRIED_STATUSES = frozenset({404, 500, 502, 503, 504})
+#: Sample ids one ``answers:lookup`` request asks for (the whole shard is asked at once).
+ANSWER_LOOKUP_IDS = 5_000
 
 
 def sample_to_wire(record: SampleRecord) -> dict[str, Any]:
@@ -144,6 +146,25 @@ class RemoteStore:
     ) -> int:
         body = {"task": task_id, "model": model, "status": status, "values": values or {}}
         return int(self._post("/samples:settle", body).json()["settled"])
+
+    # -- kept model answers (a retried Job takes them back instead of paying again) ----------
+    def record_answers(self, run_id: str, purpose: str, answers: Sequence[tuple[str, Any]]) -> None:
+        self._post("/answers", {"purpose": purpose, "answers": [list(a) for a in answers]})
+
+    def recorded_answers(
+        self, run_id: str, purpose: str, sample_ids: Sequence[str]
+    ) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for start in range(0, len(sample_ids), ANSWER_LOOKUP_IDS):
+            chunk = list(sample_ids[start : start + ANSWER_LOOKUP_IDS])
+            body = {"purpose": purpose, "sample_ids": chunk}
+            found.update(self._post("/answers:lookup", body).json()["answers"])
+        return found
+
+    def generation_errored_ids(self, run_id: str, task_id: str, model: str) -> set[str]:
+        params = {"task": task_id, "model": model}
+        response = self._request("GET", "/generation-errored-ids", params=params)
+        return set(response.json()["sample_ids"])
 
     def save_task_result(self, result: TaskResultRecord) -> None:
         self._post(

@@ -116,7 +116,7 @@ class FakeUpstream:
         scripted = await self._record(request)
         if scripted is not None and (scripted.status != 200 or scripted.body is not None):
             return _reply(scripted)
-        body = self.received[-1].body
+        body = await request.json()  # this request's (others may have arrived meanwhile)
         number = next(self._ids)
         return web.json_response(
             {
@@ -140,7 +140,7 @@ class FakeUpstream:
         scripted = await self._record(request)
         if scripted is not None and (scripted.status != 200 or scripted.body is not None):
             return _reply(scripted)
-        body = self.received[-1].body
+        body = await request.json()  # this request's (others may have arrived meanwhile)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return web.json_response(
@@ -179,7 +179,7 @@ class FakeUpstream:
         scripted = await self._record(request)
         if scripted is not None and scripted.status != 200:
             return _reply(scripted)
-        body = self.received[-1].body
+        body = await request.json()  # this request's (others may have arrived meanwhile)
         inputs = body.get("input")
         texts = inputs if isinstance(inputs, list) else [inputs]
         return web.json_response(

@@ -10,11 +10,13 @@ grader spends nothing even when it finds the bridge's socket and talks to it dir
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +32,7 @@ from evalkube.controller.snapshot import build_snapshot, check_suite
 from evalkube.engine.pod import load_snapshot, parse_snapshot
 from evalkube.store import ResultStore, RunRecord
 from tests.integration.proxy.conftest import MakeBridge
-from tests.integration.proxy.fake_upstream import FakeUpstream
+from tests.integration.proxy.fake_upstream import FakeUpstream, Scripted
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -102,13 +104,24 @@ def suite_spec(bridge_socket: str) -> dict[str, Any]:
     }
 
 
-def snapshot_of(bridge_socket: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+def snapshot_of(
+    bridge_socket: str,
+    spec: dict[str, Any] | None = None,
+    models: tuple[str, ...] = ("precomputed",),
+    shard_size: int = 10,
+    providers: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     spec = spec or suite_spec(bridge_socket)
     check = check_suite(NS, spec, lambda ns, cm, key: None)
     assert check.ok, check.problems
     run = {
         "metadata": {"namespace": NS, "name": NAME, "uid": UID},
-        "spec": {"suiteRef": {"name": "qa"}, "models": ["precomputed"], "shardSize": 10},
+        "spec": {
+            "suiteRef": {"name": "qa"},
+            "models": list(models),
+            "shardSize": shard_size,
+            **({"providers": providers} if providers else {}),
+        },
     }
     return build_snapshot(run, RUN_ID, "qa", spec, check)
 
@@ -269,3 +282,82 @@ def test_the_operator_and_the_pod_plan_the_same_units(tmp_path: Path) -> None:
         "judge.openai-gpt-x.00000", "judge.openai-gpt-x.00001",
         "sneaky.precomputed.00000", "sneaky.openai-gpt-x.00000",
     ]  # fmt: skip
+
+
+# -- a retried Job pays for nothing twice ---------------------------------------------------
+ECHO = """
+def grade(sample, item):
+    return 1.0 if sample["output_text"] == "echo: " + item["q"] else 0.0
+"""
+
+
+def test_a_killed_pod_keeps_the_candidates_it_paid_for(
+    make_bridge: MakeBridge, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """The pod is killed (SIGKILL, as a node loss or a preemption would) while its shard is
+    still generating; the retried Job takes back every answer that had arrived, through the
+    operator's ingest API, and calls the provider only for the rest (at most the calls in
+    flight at the kill are made twice). Before pods kept answers, a shard generates all its
+    candidates before storing its first sample, so every answer was paid for again."""
+    rows = 96
+    upstream.then(*[Scripted(delay=0.05)] * (3 * rows))  # ~0.6 s of generation at 8 at a time
+    bridge = make_bridge(control_listen=f"unix:{tmp_path / 'control.sock'}")
+    assert bridge.endpoint is not None
+    assert bridge.control_endpoint is not None
+    spec = {
+        "tasks": [
+            {
+                "id": "echo",
+                "dataset": {"rows": [{"id": f"r{i}", "q": f"question {i}"} for i in range(rows)]},
+                "prompt": "{{ item.q }}",
+                "grader": {"type": "python", "source": ECHO},
+            }
+        ]
+    }
+    snapshot = snapshot_of(
+        bridge.endpoint.removeprefix("unix:"),
+        spec,
+        models=("fake:gpt-test",),
+        shard_size=rows,
+        providers={"fake": {"baseURL": upstream.base_url}},
+    )
+    snapshot_path = tmp_path / "snapshot.json"
+    snapshot_path.write_text(json.dumps(snapshot))
+    [unit] = [u.unit_id for u in load_snapshot(snapshot_path).units()]
+    store = ResultStore.open(f"sqlite:///{tmp_path / 'results.db'}")
+    try:
+        store.create_run(RunRecord(RUN_ID, "qa", "sha256:x", {}, "pod"))
+        with ingest_server(store) as ingest:
+            command = [
+                EVALKUBE, "unit", "--snapshot", str(snapshot_path), "--unit", unit,
+                "--ingest-url", ingest, "--sandbox", "process",
+                "--bridge", bridge.endpoint, "--bridge-control", bridge.control_endpoint,
+            ]  # fmt: skip
+            env = {**os.environ, "EVALKUBE_INGEST_TOKEN": TOKEN}
+            first = subprocess.Popen(
+                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            try:
+                deadline = time.monotonic() + 60
+                while len(upstream.received) < rows // 2 and first.poll() is None:
+                    assert time.monotonic() < deadline, "generation never got half way"
+                    time.sleep(0.01)
+            finally:
+                first.kill()
+                first.wait(10)
+            paid_before_kill = len(upstream.received)
+            assert paid_before_kill < rows, "the first attempt finished before the kill"
+            with store.engine.connect() as conn:
+                kept = conn.exec_driver_sql("SELECT count(*) FROM evalkube_answers").scalar_one()
+            run_unit(snapshot_path, unit, ingest, bridge)
+        samples = list(store.iter_samples(RUN_ID))
+    finally:
+        store.close()
+    assert len(samples) == rows
+    wrong = [(s.output_text, s.dataset_row, s.error) for s in samples if s.scores != {"score": 1.0}]
+    assert not wrong, wrong[:3]
+    prompts = collections.Counter(r.body["input"] for r in upstream.received)
+    repeated = sum(n - 1 for n in prompts.values())
+    assert len(prompts) == rows
+    assert repeated <= 8, f"{repeated} candidates paid twice ({paid_before_kill} before the kill)"
+    assert kept > 0, "no answer reached the operator before the kill"

@@ -129,6 +129,9 @@ def test_ingest_needs_this_runs_token(harness: Harness, headers: dict[str, str])
         ("POST", "/samples"),
         ("GET", "/sample-ids?task=qa&model=m"),
         ("GET", "/samples:export"),
+        ("POST", "/answers"),
+        ("POST", "/answers:lookup"),
+        ("GET", "/generation-errored-ids?task=qa&model=m"),
         ("POST", "/samples:update"),
         ("POST", "/samples:settle"),
         ("POST", "/task-results"),
@@ -513,6 +516,68 @@ def test_samples_view_always_needs_a_token(harness: Harness) -> None:
         assert (await client.get(f"{BASE}/samples", headers=AUTH)).status == 200
 
     harness.serve(unconfigured)
+
+
+# -- kept answers (a retried Job pays for nothing twice) ---------------------------------------
+def test_answers_are_kept_per_run_and_looked_up(harness: Harness) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        answer = {"output_text": "echo", "response_id": "resp_1", "model_calls": {"candidate": 1}}
+        kept = await client.post(
+            f"{BASE}/answers",
+            json={"purpose": "candidate", "answers": [["s_1", answer], ["s_2", {"x": 2}]]},
+            headers=AUTH,
+        )
+        assert await kept.json() == {"recorded": 2}
+        lookup = {"purpose": "candidate", "sample_ids": ["s_1", "s_3"]}
+        found = await client.post(f"{BASE}/answers:lookup", json=lookup, headers=AUTH)
+        assert await found.json() == {"answers": {"s_1": answer}}
+        # another run's token reaches its own run only, and finds nothing of this one
+        other = {"Authorization": f"Bearer {OTHER_TOKEN}"}
+        elsewhere = f"/api/v1/namespaces/{NS}/evalruns/{OTHER_RUN}/answers:lookup"
+        assert await (await client.post(elsewhere, json=lookup, headers=other)).json() == {
+            "answers": {}
+        }
+
+    harness.serve(body)
+    assert harness.store.recorded_answers(RUN_ID, "ctx", ["s_1"]) == {}
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "named"),
+    [
+        ("/answers", {"purpose": "bribe", "answers": []}, "purpose"),
+        ("/answers", {"purpose": "candidate", "answers": [["s_1"]]}, "answers.0"),
+        ("/answers", {"purpose": "candidate", "answers": [], "run_id": "x"}, "run_id"),
+        ("/answers:lookup", {"purpose": "ctx", "sample_ids": "s_1"}, "sample_ids"),
+        ("/answers:lookup", [], "body"),
+    ],
+)
+def test_bad_answer_bodies_are_400_naming_the_field(
+    harness: Harness, path: str, payload: Any, named: str
+) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        response = await client.post(f"{BASE}{path}", json=payload, headers=AUTH)
+        assert response.status == 400
+        assert (await response.json())["error"]["message"].startswith(named)
+
+    harness.serve(body)
+
+
+def test_generation_errored_ids_name_the_samples_to_call_again(harness: Harness) -> None:
+    failed = {"stage": "generation", "type": "ProviderError", "message": "HTTP 503"}
+    harness.store.record_samples(
+        [
+            SampleRecord(RUN_ID, "s_ok", "qa", "m", 0, "valid"),
+            SampleRecord(RUN_ID, "s_failed", "qa", "m", 1, "errored", error=failed),
+        ]
+    )
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        query = {"task": "qa", "model": "m"}
+        response = await client.get(f"{BASE}/generation-errored-ids", params=query, headers=AUTH)
+        assert await response.json() == {"sample_ids": ["s_failed"]}
+
+    harness.serve(body)
 
 
 # -- scores for paired comparison and the export stream --------------------------------------
