@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"sync"
 )
 
@@ -26,16 +27,20 @@ type Budgets struct {
 	plannedExecutions    *int
 	used                 int
 	perExecution         map[string]int
+	// refused counts refused calls by scope: the runner reports them with the unit, since
+	// Prometheus never scrapes a work-unit Pod's proxy.
+	refused map[string]int
 }
 
 // BudgetSnapshot is the served unit's budget and use, as the control API shows it.
 type BudgetSnapshot struct {
-	UnitID               string `json:"unit_id"`
-	MaxCallsPerExecution int    `json:"max_calls_per_execution"`
-	PlannedExecutions    *int   `json:"planned_executions"`
-	Total                *int   `json:"total"`
-	Used                 int    `json:"used"`
-	OpenExecutions       int    `json:"open_executions"`
+	UnitID               string         `json:"unit_id"`
+	MaxCallsPerExecution int            `json:"max_calls_per_execution"`
+	PlannedExecutions    *int           `json:"planned_executions"`
+	Total                *int           `json:"total"`
+	Used                 int            `json:"used"`
+	OpenExecutions       int            `json:"open_executions"`
+	Refused              map[string]int `json:"refused"`
 }
 
 func NewBudgets(unitID string, maxCallsPerExecution int, planned *int) *Budgets {
@@ -57,6 +62,7 @@ func (b *Budgets) Configure(unitID string, maxCallsPerExecution int, planned *in
 	b.plannedExecutions = planned
 	b.used = 0
 	b.perExecution = make(map[string]int)
+	b.refused = make(map[string]int)
 }
 
 func (b *Budgets) total() *int {
@@ -108,6 +114,7 @@ func (b *Budgets) Acquire(executionID string) *BudgetExhausted {
 	defer b.mu.Unlock()
 	used, open := b.perExecution[executionID]
 	if !open {
+		b.refused["unknown_execution"]++
 		return &BudgetExhausted{
 			Message: "this execution token is not open (forged, reused or already finished); " +
 				"call models through ctx.responses_create / ctx.embeddings_create",
@@ -115,12 +122,14 @@ func (b *Budgets) Acquire(executionID string) *BudgetExhausted {
 		}
 	}
 	if used >= b.maxCallsPerExecution {
+		b.refused["execution"]++
 		return &BudgetExhausted{
 			Message: fmt.Sprintf("model call budget of %d exhausted for this execution", b.maxCallsPerExecution),
 			Scope:   "execution",
 		}
 	}
 	if total := b.total(); total != nil && b.used >= *total {
+		b.refused["unit"]++
 		return &BudgetExhausted{
 			Message: fmt.Sprintf(
 				"model call budget of %d exhausted for this work unit (%d calls x %d executions)",
@@ -143,5 +152,6 @@ func (b *Budgets) Snapshot() BudgetSnapshot {
 		Total:                b.total(),
 		Used:                 b.used,
 		OpenExecutions:       len(b.perExecution),
+		Refused:              maps.Clone(b.refused),
 	}
 }

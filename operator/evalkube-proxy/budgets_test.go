@@ -47,6 +47,18 @@ func TestUnknownTokensAreRefusedAndChargeNobody(t *testing.T) {
 	if got := budgets.Snapshot(); got.Used != 2 {
 		t.Fatalf("forged calls were counted: %+v", got)
 	}
+	exhausted := budgets.Acquire("honest")
+	if exhausted == nil || exhausted.Scope != "execution" {
+		t.Fatalf("third call of a 2-call execution: %+v", exhausted)
+	}
+	refused := budgets.Snapshot().Refused
+	if refused["unknown_execution"] != 10 || refused["execution"] != 1 || len(refused) != 2 {
+		t.Fatalf("refusals by scope: %+v", refused)
+	}
+	budgets.Configure("u2", 2, &planned)
+	if got := budgets.Snapshot().Refused; len(got) != 0 {
+		t.Fatalf("a new unit starts with no refusals: %+v", got)
+	}
 }
 
 func TestClosedTokensCannotBeReused(t *testing.T) {

@@ -59,12 +59,12 @@ groups:
       {{- end }}
       {{- if $r.budgetExhausted.enabled }}
       - alert: EvalkubeModelBudgetExhausted
-        expr: sum by (namespace, scope) (increase(evalkube_proxy_budget_rejections_total[{{ $r.budgetExhausted.window }}])) > 0
+        expr: sum by (namespace, suite, scope) (increase(evalkube_model_budget_refusals_total{scope=~"execution|unit"}[{{ $r.budgetExhausted.window }}])) > 0
         labels:
           {{- include "evalkube.alertLabels" (dict "severity" $r.budgetExhausted.severity "extra" $r.alertLabels) | nindent 10 }}
         annotations:
-          summary: "A model bridge proxy refused calls: {{`{{ $labels.scope }}`}} budget exhausted"
-          description: "Graders asked for more model calls than their budget allows (scope {{`{{ $labels.scope }}`}}) in the last {{ $r.budgetExhausted.window }}."
+          summary: "Graders of suite {{`{{ $labels.namespace }}/{{ $labels.suite }}`}} ran out of model calls ({{`{{ $labels.scope }}`}} budget)"
+          description: "Work-unit proxies refused graders' model calls because the {{`{{ $labels.scope }}`}} budget (maxModelCalls) was exhausted, in runs completed in the last {{ $r.budgetExhausted.window }}: those samples were graded without the calls they asked for."
       {{- end }}
       {{- if $r.operatorDown.enabled }}
       - alert: EvalkubeOperatorDown

@@ -32,6 +32,13 @@ class OperatorMetrics:
             ["namespace", "suite", "task", "model", "metric"],
             registry=r,
         )
+        self.budget_refusals = Counter(
+            "evalkube_model_budget_refusals",
+            "Graders' model calls a work-unit Pod's proxy refused, by scope (execution, unit: "
+            "a budget ran out; unknown_execution: a token not open), added when a run finishes.",
+            ["namespace", "suite", "scope"],
+            registry=r,
+        )
         self.runs = Gauge(
             "evalkube_runs", "EvalRuns known to the operator, by phase.", ["phase"], registry=r
         )

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -461,7 +461,8 @@ class RunReconciler:
             )
             # every unit is over: its samples hold the answers pods kept for a retried Job
             await asyncio.to_thread(self.store.forget_answers, setup.entry.run_id)
-            self._export_metrics(body, setup, results)
+            infos = await asyncio.to_thread(self.store.done_unit_infos, setup.entry.run_id)
+            self._export_metrics(body, setup, results, budget_refusals(infos.values()))
             self._setups.pop(body["metadata"]["uid"], None)
         new["conditions"] = merge_conditions(status.get("conditions") or [], conditions)
         return self._changed(body, status, new, None)
@@ -523,8 +524,16 @@ class RunReconciler:
         self.metrics.status_patches.inc()
         return new
 
-    def _export_metrics(self, body: Mapping[str, Any], setup: _Setup, results: list[Any]) -> None:
+    def _export_metrics(
+        self,
+        body: Mapping[str, Any],
+        setup: _Setup,
+        results: list[Any],
+        refused: Mapping[str, int],
+    ) -> None:
         namespace = body["metadata"]["namespace"]
+        for scope, count in refused.items():
+            self.metrics.budget_refusals.labels(namespace, setup.entry.suite, scope).inc(count)
         for result in results:
             for metric, value in result.metrics.items():
                 self.metrics.score.labels(
@@ -571,3 +580,17 @@ def config_map_refs(namespace: str, task: Mapping[str, Any]) -> list[tuple[str, 
     if isinstance(dataset_ref, dict) and dataset_ref.get("name") and dataset_ref.get("key"):
         refs.append((namespace, dataset_ref["name"], dataset_ref["key"]))
     return refs
+
+
+def budget_refusals(unit_infos: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Model calls the run's Pods' proxies refused, by scope, summed over what each unit's
+    runner reported (a report without them, or with a malformed entry, adds nothing)."""
+    total: dict[str, int] = {}
+    for info in unit_infos:
+        refused = info.get("budgetRefused")
+        if not isinstance(refused, Mapping):
+            continue
+        for scope, count in refused.items():
+            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+                total[str(scope)] = total.get(str(scope), 0) + count
+    return total

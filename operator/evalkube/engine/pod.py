@@ -131,6 +131,8 @@ def run_pod_unit(
             "skipped": report.skipped,
             "restarts": report.restarts,
             "seconds": round(time.perf_counter() - started, 3),
+            # the sidecar's refusals (its metrics are never scraped in a Pod)
+            "budgetRefused": bridge.budget().get("refused") or {} if bridge is not None else {},
         },
     )
     return report

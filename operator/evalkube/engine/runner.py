@@ -67,6 +67,9 @@ class BridgeControl(Protocol):
     def take_usage(self, execution_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Remove and return the usage of ``execution_ids``, closing those tokens."""
 
+    def budget(self) -> dict[str, object]:
+        """The served unit's budget, use and refusals by scope (``refused``)."""
+
 
 def execution_token() -> str:
     """A fresh, unguessable execution token (128 bits): the only id a grader's model calls

@@ -42,6 +42,12 @@ class UnitBudget:
     used: int = 0
     per_execution: dict[str, int] = field(default_factory=dict)
     """Calls of each open execution token (a token is open while it is a key here)."""
+    refused: dict[str, int] = field(default_factory=dict)
+    """Calls refused by scope (``execution``, ``unit``, ``unknown_execution``): the runner
+    reports them with the unit, since Prometheus never scrapes a work-unit Pod's proxy."""
+
+    def refuse(self, scope: str) -> None:
+        self.refused[scope] = self.refused.get(scope, 0) + 1
 
     @property
     def total(self) -> int | None:
@@ -100,17 +106,20 @@ class Budgets:
         unit = self.unit
         used = unit.per_execution.get(execution_id)
         if used is None:
+            unit.refuse("unknown_execution")
             raise UnknownExecution(
                 "this execution token is not open (forged, reused or already finished); "
                 "call models through ctx.responses_create / ctx.embeddings_create"
             )
         if used >= unit.max_calls_per_execution:
+            unit.refuse("execution")
             raise BudgetExhausted(
                 f"model call budget of {unit.max_calls_per_execution} exhausted for this execution",
                 "execution",
             )
         total = unit.total
         if total is not None and unit.used >= total:
+            unit.refuse("unit")
             raise BudgetExhausted(
                 f"model call budget of {total} exhausted for this work unit "
                 f"({unit.max_calls_per_execution} calls x {unit.planned_executions} executions)",
@@ -129,4 +138,5 @@ class Budgets:
             "total": unit.total,
             "used": unit.used,
             "open_executions": len(unit.per_execution),
+            "refused": dict(sorted(unit.refused.items())),
         }

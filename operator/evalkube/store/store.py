@@ -306,6 +306,17 @@ class ResultStore:
             )
             return {row[0] for row in rows}
 
+    def done_unit_infos(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """What each done unit's runner reported with it (``units/{unit}:done``)."""
+        units = schema.units.c
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(units.unit_id, units.info).where(
+                    and_(units.run_id == run_id, units.state == "done")
+                )
+            )
+            return {row[0]: _load(row[1]) or {} for row in rows}
+
     # -- samples ----------------------------------------------------------------------------
     def record_samples(self, records: Sequence[SampleRecord]) -> None:
         """Insert or replace samples, a chunk per transaction (idempotent by sample id)."""

@@ -182,8 +182,13 @@ def test_the_pod_runner_enforces_budgets_and_model_access(
             assert len(upstream.received) == 6  # 3 executions x maxModelCalls 2, no more
             run_unit(snapshot_path, "sneaky.precomputed.00000", ingest, bridge)
         samples = {s.sample_id: s for s in store.iter_samples(RUN_ID)}
+        infos = store.done_unit_infos(RUN_ID)
     finally:
         store.close()
+    # each unit reports what its sidecar refused (Prometheus never scrapes a Pod's proxy):
+    # 3 executions x (5 asked - 2 allowed); the sneaky grader's 2 calls with no open token
+    assert infos["judge.precomputed.00000"]["budgetRefused"] == {"execution": 9}
+    assert infos["sneaky.precomputed.00000"]["budgetRefused"] == {"unknown_execution": 2}
     judged = [s for s in samples.values() if s.task_id == "judge"]
     assert len(judged) == 3
     for sample in judged:
@@ -359,5 +364,7 @@ def test_a_killed_pod_keeps_the_candidates_it_paid_for(
     prompts = collections.Counter(r.body["input"] for r in upstream.received)
     repeated = sum(n - 1 for n in prompts.values())
     assert len(prompts) == rows
-    assert repeated <= 8, f"{repeated} candidates paid twice ({paid_before_kill} before the kill)"
+    # the calls in flight at the kill, and answers still on their way to the operator (its
+    # writer commits a burst at a time): at most two bursts of the generation concurrency
+    assert repeated <= 2 * 8, f"{repeated} paid twice ({paid_before_kill} before the kill)"
     assert kept > 0, "no answer reached the operator before the kill"

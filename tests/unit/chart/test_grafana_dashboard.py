@@ -39,6 +39,7 @@ INPUT_SERIES = [
     series("evalkube_samples_total", "0+10x500", **RUN, status="valid"),
     series("evalkube_samples_total", "0+1x500", **RUN, status="errored"),
     series("evalkube_model_calls_total", "0+4x500", **RUN, purpose="judge"),
+    series("evalkube_model_budget_refusals_total", "0+2x500", **RUN, scope="execution"),
     series("evalkube_unit_duration_seconds_bucket", "0+1x500", kind="shard", le="30"),
     series("evalkube_unit_duration_seconds_bucket", "0+2x500", kind="shard", le="+Inf"),
     series("evalkube_jobs_created_total", "0+1x500"),

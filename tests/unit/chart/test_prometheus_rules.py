@@ -77,7 +77,7 @@ def test_rule_values_reach_the_expressions(helm: Path) -> None:
     )
     rules = {r["alert"]: r for g in spec["groups"] for r in g["rules"]}
     assert "EvalkubeRunsFailing" not in rules
-    assert "EvalkubeModelBudgetExhausted" not in rules  # off by default
+    assert "evalkube_model_budget_refusals_total" in rules["EvalkubeModelBudgetExhausted"]["expr"]
     assert rules["EvalkubeScoreRegressed"]["expr"] == "evalkube_score_baseline_delta < -0.2"
     assert 'job="evalkube-metrics"' in rules["EvalkubeOperatorDown"]["expr"]
     assert all(r["labels"]["team"] == "ml" for r in rules.values())

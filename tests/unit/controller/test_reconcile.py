@@ -273,3 +273,16 @@ def test_merge_conditions_keeps_transition_time_while_status_holds() -> None:
     assert same[0]["reason"] == "Completed"
     flipped = merge_conditions(old, [condition("Ready", False, "UnitsFailed", "z", 1)])
     assert flipped[0]["lastTransitionTime"] != "T0"
+
+
+def test_budget_refusals_sum_what_the_units_reported() -> None:
+    from evalkube.controller.runs import budget_refusals
+
+    reports = [
+        {"kind": "shard", "budgetRefused": {"execution": 9, "unit": 1}},
+        {"kind": "shard", "budgetRefused": {"execution": 3}},
+        {"kind": "shard"},  # a runner from before refusals were reported
+        {"budgetRefused": "lots"},  # malformed: adds nothing
+        {"budgetRefused": {"execution": -5, "unit": True, "unknown_execution": 2}},
+    ]
+    assert budget_refusals(reports) == {"execution": 12, "unit": 1, "unknown_execution": 2}

@@ -47,6 +47,7 @@ def test_budget_per_execution_then_per_unit() -> None:
         "model call budget of 4 exhausted for this work unit (2 calls x 2 executions)"
     )
     assert budgets.snapshot()["used"] == 4
+    assert budgets.snapshot()["refused"] == {"execution": 1, "unit": 1}
 
 
 def test_unplanned_unit_has_only_the_execution_budget() -> None:
@@ -85,6 +86,9 @@ def test_configure_unit_closes_every_token() -> None:
     budgets.configure_unit("next", 5, 5)
     with pytest.raises(UnknownExecution):
         budgets.acquire("t")
+    assert budgets.snapshot()["refused"] == {"unknown_execution": 1}
+    budgets.configure_unit("after", 5, 5)
+    assert budgets.snapshot()["refused"] == {}  # each unit reports its own
 
 
 def test_usage_ledger_takes_and_removes() -> None:
