@@ -31,7 +31,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evalkube import jsonfast
+from evalkube import jsonfast, limits
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunEntry, RunRegistry
 from evalkube.store import ResultStore, TaskResultRecord
@@ -41,7 +41,6 @@ from evalkube.store.store import decode_cursor
 from evalkube.store.views import sample_view
 
 PREFIX = "/api/v1/namespaces/{namespace}/evalruns/{name}"
-MAX_BODY = 256 * 1024 * 1024
 #: Looks a run up from durable state: ``(namespace, name) -> entry`` or ``None`` (no such run).
 RunResolver = Callable[[str, str], Awaitable[RunEntry | None]]
 Row = TypeVar("Row")
@@ -103,7 +102,7 @@ class ApiServer:
         self.metrics = metrics
         self.on_unit_done = on_unit_done
         self.resolve = resolve
-        self.ingest_app = web.Application(client_max_size=MAX_BODY)
+        self.ingest_app = web.Application(client_max_size=limits.INGEST_BODY_BYTES)
         self.ingest_app.add_routes(self.ingest_routes())
         self.api_app = web.Application()
         self.api_app.add_routes(self.api_routes())

@@ -59,10 +59,6 @@ log = logging.getLogger("evalkube.proxy")
 EXECUTION_HEADER = "X-Evalkube-Execution"
 PURPOSE_HEADER = "X-Evalkube-Purpose"
 CONTROL_TOKEN_HEADER = "X-Evalkube-Control-Token"
-#: Longest execution id accepted (the runner uses sample ids).
-EXECUTION_ID_CHARS = 256
-#: Largest request body accepted from a client (bytes).
-REQUEST_BODY_BYTES = 8 * 1024 * 1024
 #: Pending connections each listener queues (a grader opening many at once must not make
 #: the next honest connect fail: unix sockets refuse at once when the queue is full).
 LISTEN_BACKLOG = 1024
@@ -317,7 +313,11 @@ def _json(status: int, payload: bytes) -> web.Response:
 
 
 def _valid_execution_id(value: object) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= EXECUTION_ID_CHARS and value.isprintable()
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= limits.EXECUTION_ID_CHARS
+        and value.isprintable()
+    )
 
 
 class ProxyApps:
@@ -329,7 +329,7 @@ class ProxyApps:
 
     # -- grader listener ---------------------------------------------------------------------
     def grader_app(self) -> web.Application:
-        app = web.Application(client_max_size=REQUEST_BODY_BYTES)
+        app = web.Application(client_max_size=limits.BRIDGE_REQUEST_BODY_BYTES)
         app.router.add_post("/v1/responses", self._grader_call("responses"))
         app.router.add_post("/v1/embeddings", self._grader_call("embeddings"))
         return app
@@ -367,7 +367,9 @@ class ProxyApps:
 
     # -- control listener --------------------------------------------------------------------
     def control_app(self) -> web.Application:
-        app = web.Application(client_max_size=REQUEST_BODY_BYTES, middlewares=[self._token_check])
+        app = web.Application(
+            client_max_size=limits.BRIDGE_REQUEST_BODY_BYTES, middlewares=[self._token_check]
+        )
         app.router.add_post("/v1/responses", self._control_call("responses"))
         app.router.add_post("/v1/embeddings", self._control_call("embeddings"))
         app.router.add_post("/evalkube/v1/executions:open", self._executions_open)
@@ -448,7 +450,7 @@ class ProxyApps:
                 error_body(
                     "invalid_request",
                     'send {"tokens": ["token", ...]} (printable, at most '
-                    f"{EXECUTION_ID_CHARS} characters each)",
+                    f"{limits.EXECUTION_ID_CHARS} characters each)",
                 ),
             )
         try:
