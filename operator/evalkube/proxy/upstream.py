@@ -31,6 +31,7 @@ import aiohttp
 from yarl import URL
 
 from evalkube import limits
+from evalkube._net import bearer_token
 from evalkube.proxy.chat import CHAT_PATH, ChatTranslationError, chat_request, responses_answer
 from evalkube.proxy.egress import EgressGateway, EgressUnavailable, refusal
 
@@ -365,9 +366,7 @@ class Upstream:
                         kind="credentials",
                     )
                 else:
-                    message = scrub(
-                        _error_message(raw, reason), [headers.get("Authorization", "")[7:]]
-                    )
+                    message = scrub(_error_message(raw, reason), [bearer_token(headers) or ""])
                     failure = UpstreamError(
                         f"provider {provider_name} answered HTTP {status}: {message}",
                         status=status,
