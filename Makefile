@@ -37,6 +37,7 @@ system-deps: sandboxes
 lint: setup
 	$(VENV)/ruff check operator sandbox_image tests benchmarks
 	$(VENV)/ruff format --check operator sandbox_image tests benchmarks
+	$(VENV)/lint-imports --no-cache
 
 typecheck: setup
 	$(VENV)/mypy

@@ -103,3 +103,18 @@ POLICY_ENFORCED_TIMEOUT_SECONDS: Final = 120
 ERROR_RATE_MIN_SAMPLES: Final = 20
 #: Default ``--max-error-rate``: stop only when every one of them failed.
 MAX_ERROR_RATE_DEFAULT: Final = 1.0
+#: Characters of a built-in grader's ``formula`` (a line of arithmetic: a longer one is refused,
+#: which bounds its parse and evaluation cost).
+FORMULA_CHARS_MAX: Final = 1_000
+#: Inputs accepted in one request to the local embeddings model (the OpenAI API's own limit).
+EMBEDDING_INPUTS_MAX: Final = 2048
+#: Characters of one input to the local embeddings model (it truncates at 256 tokens anyway).
+EMBEDDING_INPUT_CHARS_MAX: Final = 100_000
+#: Characters of a provider's error message the model bridge passes on to the grader.
+PROVIDER_ERROR_CHARS: Final = 500
+#: Longest execution id the model bridge accepts (the runner uses sample ids).
+EXECUTION_ID_CHARS: Final = 256
+#: Largest request body the model bridge accepts from a grader or runner (bytes).
+BRIDGE_REQUEST_BODY_BYTES: Final = 8 * 1024 * 1024
+#: Largest request body the operator's ingest API accepts from a work-unit runner (bytes).
+INGEST_BODY_BYTES: Final = 256 * 1024 * 1024

@@ -28,10 +28,12 @@ from itertools import islice
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.aiohttp import make_aiohttp_handler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evalkube import jsonfast
+from evalkube import jsonfast, limits
+from evalkube._net import bearer_token
+from evalkube._wire import BodyError
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunEntry, RunRegistry
 from evalkube.store import ResultStore, TaskResultRecord
@@ -39,9 +41,9 @@ from evalkube.store.filters import SampleFilter
 from evalkube.store.remote import sample_from_wire
 from evalkube.store.store import decode_cursor
 from evalkube.store.views import sample_view
+from evalkube.store.wire import SAMPLE_UPDATES, SETTLE, TASK_RESULT
 
 PREFIX = "/api/v1/namespaces/{namespace}/evalruns/{name}"
-MAX_BODY = 256 * 1024 * 1024
 #: Looks a run up from durable state: ``(namespace, name) -> entry`` or ``None`` (no such run).
 RunResolver = Callable[[str, str], Awaitable[RunEntry | None]]
 Row = TypeVar("Row")
@@ -71,12 +73,6 @@ def _first_problem(exc: ValidationError, expected: str) -> str:
     return f"{where}: {problem['msg']} (expected {expected})"
 
 
-def bearer(request: web.Request) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header, else ``None``."""
-    header = request.headers.get("Authorization", "")
-    return header[7:] or None if header.startswith("Bearer ") else None
-
-
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
@@ -103,7 +99,7 @@ class ApiServer:
         self.metrics = metrics
         self.on_unit_done = on_unit_done
         self.resolve = resolve
-        self.ingest_app = web.Application(client_max_size=MAX_BODY)
+        self.ingest_app = web.Application(client_max_size=limits.INGEST_BODY_BYTES)
         self.ingest_app.add_routes(self.ingest_routes())
         self.api_app = web.Application()
         self.api_app.add_routes(self.api_routes())
@@ -127,7 +123,9 @@ class ApiServer:
         """What people, dashboards and probes call: the samples view, metrics, health."""
         return [
             web.get("/healthz", self.healthz),
-            web.get("/metrics", self.prometheus),
+            web.get(
+                "/metrics", make_aiohttp_handler(self.metrics.registry, disable_compression=True)
+            ),
             web.get(PREFIX + "/samples", self.list_samples),
             web.get(PREFIX + "/scores", self.keyed_scores),
         ]
@@ -147,7 +145,7 @@ class ApiServer:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         if await self._entry(namespace, name) is None:
             return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
-        entry = self.registry.authorize(namespace, name, bearer(request))
+        entry = self.registry.authorize(namespace, name, bearer_token(request.headers))
         if entry is None:
             return _error(401, "missing or wrong ingest token for this EvalRun")
         return entry
@@ -162,10 +160,6 @@ class ApiServer:
     # -- routes ----------------------------------------------------------------------------
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
-
-    async def prometheus(self, _request: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def ingest(self, request: web.Request) -> web.Response:
         entry = await self._authorized(request)
@@ -184,7 +178,7 @@ class ApiServer:
 
     def _may_read(self, request: web.Request) -> bool:
         """The samples view needs the operator's read token or this run's own token."""
-        token = bearer(request)
+        token = bearer_token(request.headers)
         if not token:
             return False
         if self.read_token and hmac.compare_digest(token.encode(), self.read_token.encode()):
@@ -285,16 +279,11 @@ class ApiServer:
         entry = await self._authorized(request)
         if isinstance(entry, web.Response):
             return entry
-        body = await self._body(request)
-        updates = body.get("updates") if isinstance(body, dict) else None
-        allowed = {"sample_id", "scores", "judge", "extracted_output"}
-        if not isinstance(updates, list) or not all(
-            isinstance(u, dict) and isinstance(u.get("sample_id"), str) and set(u) <= allowed
-            for u in updates
-        ):
-            return _error(
-                400, "updates must be objects with sample_id, scores, judge, extracted_output"
-            )
+        try:
+            body = SAMPLE_UPDATES.parse(await request.read())
+        except BodyError as exc:
+            return _error(400, str(exc))
+        updates = [u.model_dump(exclude_unset=True) for u in body.updates]
         await asyncio.to_thread(self.store.apply_sample_updates, entry.run_id, updates)
         return _json({"updated": len(updates)})
 
@@ -302,19 +291,17 @@ class ApiServer:
         entry = await self._authorized(request)
         if isinstance(entry, web.Response):
             return entry
-        body = await self._body(request)
-        if not isinstance(body, dict) or body.get("status") not in ("valid", "invalid"):
-            return _error(400, "body must name task, model and status (valid|invalid)")
-        values = body.get("values") or {}
-        if not isinstance(values, dict) or not set(values) <= {"scores", "judge", "error"}:
-            return _error(400, "values may set scores, judge and error only")
+        try:
+            body = SETTLE.parse(await request.read())
+        except BodyError as exc:
+            return _error(400, str(exc))
         settled = await asyncio.to_thread(
             self.store.settle_pending,
             entry.run_id,
-            str(body.get("task")),
-            str(body.get("model")),
-            body["status"],
-            values,
+            body.task,
+            body.model,
+            body.status,
+            body.values.model_dump(exclude_unset=True),
         )
         return _json({"settled": settled})
 
@@ -356,17 +343,18 @@ class ApiServer:
         entry = await self._authorized(request)
         if isinstance(entry, web.Response):
             return entry
-        body = await self._body(request)
-        if not isinstance(body, dict):
-            return _error(400, "body must be an object")
+        try:
+            body = TASK_RESULT.parse(await request.read())
+        except BodyError as exc:
+            return _error(400, str(exc))
         record = TaskResultRecord(
             entry.run_id,
-            str(body.get("task")),
-            str(body.get("model")),
-            {str(k): float(v) for k, v in (body.get("metrics") or {}).items()},
-            body.get("error"),
-            [str(p) for p in body.get("problems") or []],
-            {str(k): int(v) for k, v in (body.get("modelCalls") or {}).items()},
+            body.task,
+            body.model,
+            body.metrics,
+            body.error,
+            body.problems,
+            body.model_calls,
         )
         await asyncio.to_thread(self.store.save_task_result, record)
         return _json({"saved": True})

@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from evalkube._net import url_port
 from evalkube.controller import names
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import Unit
@@ -165,7 +166,7 @@ def network_policy(
                     "podSelector": {"matchLabels": dict(settings.egress_gateway_pod_labels)},
                 }
             ],
-            "ports": [{"protocol": "TCP", "port": _port(settings.egress_gateway_url)}],
+            "ports": [{"protocol": "TCP", "port": url_port(settings.egress_gateway_url)}],
         }
         return _work_unit_policy(owner, [gateway_rule, ingest_rule])
     egress: list[dict[str, Any]] = [
@@ -177,7 +178,7 @@ def network_policy(
         },
         ingest_rule,
     ]
-    ports = sorted({_port(p.base_url) for p in spec.providers.values()})
+    ports = sorted({url_port(p.base_url) for p in spec.providers.values()})
     if ports:
         egress.append(
             {
@@ -215,14 +216,6 @@ def _work_unit_policy(owner: Mapping[str, Any], egress: list[dict[str, Any]]) ->
             "egress": egress,
         },
     }
-
-
-def _port(url: str) -> int:
-    scheme, _, rest = url.partition("://")
-    host = rest.split("/", 1)[0]
-    if ":" in host.rsplit("]", 1)[-1]:
-        return int(host.rsplit(":", 1)[1])
-    return 80 if scheme == "http" else 443
 
 
 def active_deadline(

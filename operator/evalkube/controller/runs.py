@@ -26,11 +26,11 @@ from evalkube.controller.registry import RunEntry, RunRegistry, digest, new_toke
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import build_snapshot, check_suite
 from evalkube.engine.driver import has_model_access
-from evalkube.engine.local import aggregate_results, expected_metrics
 from evalkube.engine.plan import Unit
 from evalkube.engine.pod import Snapshot, parse_snapshot
 from evalkube.engine.runtime import suite_criteria
 from evalkube.grading.gate import gate_message, gate_run
+from evalkube.grading.run_results import aggregate_results, expected_metrics
 from evalkube.models import EvalRunSpec, GateStatus, SpecError, TaskModelResult, validate_spec
 from evalkube.store import ResultStore, RunRecord
 

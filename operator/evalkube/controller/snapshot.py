@@ -13,9 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalkube.engine.loading import ConfigError
 from evalkube.engine.validate import check_source
-from evalkube.models import EvalRunSpec, EvalSuiteSpec, SpecError, validate_spec
+from evalkube.models import ConfigError, EvalRunSpec, EvalSuiteSpec, SpecError, validate_spec
 from evalkube.sandbox.environment import is_path
 
 #: Reads ``(namespace, configmap, key)``; returns the value or ``None`` when absent.

@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from evalkube._net import parse_listen
 from evalkube.controller.api import ApiServer
 from evalkube.controller.kube import Kube
 from evalkube.controller.metrics import OperatorMetrics
@@ -62,8 +63,10 @@ class OperatorState:
 async def _serve(app: web.Application, listen: str) -> web.AppRunner:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    host, _, port = listen.rpartition(":")
-    await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+    address = parse_listen(listen, default_host="0.0.0.0")
+    if isinstance(address, str):
+        raise ValueError(f"{listen!r}: the operator listens on host:port only")
+    await web.TCPSite(runner, *address).start()
     return runner
 
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from evalkube.engine.loading import ConfigError, iter_json_rows
+from evalkube.engine.loading import iter_json_rows
 from evalkube.models import EvalRunSpec, OutputsSpec, TaskSpec
+from evalkube.models.errors import ConfigError
 from evalkube.proxy import Provider, Upstream, UpstreamError, response_output_text, split_model
 
 

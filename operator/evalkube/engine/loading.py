@@ -19,6 +19,7 @@ import yaml
 
 from evalkube import jsonfast
 from evalkube.models import (
+    ConfigError,
     EvalRun,
     EvalRunSpec,
     EvalSuite,
@@ -29,10 +30,6 @@ from evalkube.models import (
     validate_spec,
 )
 from evalkube.models.run import PRECOMPUTED
-
-
-class ConfigError(ValueError):
-    """A configuration problem the user must fix; the message says where and how."""
 
 
 @dataclass

@@ -12,7 +12,7 @@ import functools
 import secrets
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
@@ -25,7 +25,6 @@ from evalkube.engine.candidates import candidate_source
 from evalkube.engine.driver import drive_unit, has_model_access, plan_run
 from evalkube.engine.guard import ErrorGuard
 from evalkube.engine.loading import (
-    ConfigError,
     LoadedSuite,
     count_dataset_rows,
     iter_dataset,
@@ -47,16 +46,15 @@ from evalkube.engine.runner import (
 from evalkube.engine.runtime import TaskRuntime, suite_criteria
 from evalkube.engine.validate import check_programs
 from evalkube.gctune import relaxed_gc
-from evalkube.grading import Criterion, TaskAggregate
+from evalkube.grading import TaskAggregate
+from evalkube.grading.run_results import aggregate_results, expected_metrics
 from evalkube.models import (
-    CriterionCounts,
     EvalRunSpec,
     EvalSuite,
-    EvalSuiteSpec,
-    SampleCounts,
     TaskModelResult,
     validate_spec,
 )
+from evalkube.models.errors import ConfigError
 from evalkube.sandbox import SandboxBackend
 from evalkube.store import ResultStore, RunRecord, SampleWriter
 
@@ -403,74 +401,6 @@ def _group(units: list[Unit]) -> Iterator[tuple[tuple[str, str], list[Unit]]]:
     for unit in units:
         groups.setdefault((unit.task_id, unit.model), []).append(unit)
     yield from groups.items()
-
-
-def expected_metrics(
-    suite: EvalSuiteSpec, criteria_of: Mapping[str, Sequence[Criterion]]
-) -> dict[str, list[str]]:
-    """Per task, the per-sample metrics reported as 0 when no sample of it is valid (a metric
-    must not vanish from the results because every sample errored)."""
-    return {
-        task.id: (task.metrics or [c.metric_id for c in criteria_of.get(task.id, ())])
-        if task.primary_grader.resolved_execution == "per_sample"
-        else []
-        for task in suite.tasks
-    }
-
-
-def aggregate_results(
-    store: ResultStore,
-    run_id: str,
-    live: dict[tuple[str, str], TaskAggregate] | None = None,
-    expected: dict[str, list[str]] | None = None,
-    criteria_of: Mapping[str, Sequence[Criterion]] | None = None,
-) -> list[TaskModelResult]:
-    """Aggregates per task x model from the stored samples (or ``live`` ones) and batch results.
-
-    ``expected``: per task, the metrics reported as 0 when no sample of it is valid;
-    ``criteria_of`` (task id -> criteria) adds pass/fail counts per criterion.
-    """
-    criteria_of = criteria_of or {}
-    aggregates: dict[tuple[str, str], TaskAggregate] = dict(live) if live is not None else {}
-    rows = store.iter_scores(run_id) if live is None else iter(())
-    for task_id, model, status, scores, calls in rows:
-        key = (task_id, model)
-        aggregate = aggregates.get(key)
-        if aggregate is None:
-            aggregate = aggregates[key] = TaskAggregate()
-        aggregate.add(
-            status,
-            scores,
-            {k: v for k, v in calls.items() if k != "response_ids"},
-            criteria_of.get(task_id, ()),
-        )
-    batch = {(r.task_id, r.model): r for r in store.task_results(run_id)}
-    results = []
-    for (task_id, model), aggregate in aggregates.items():
-        task_result = batch.get((task_id, model))
-        model_calls = dict(aggregate.model_calls)
-        for purpose, count in (task_result.model_calls if task_result else {}).items():
-            model_calls[purpose] = model_calls.get(purpose, 0) + count
-        results.append(
-            TaskModelResult(
-                task=task_id,
-                model=model,
-                metrics=aggregate.metrics(
-                    task_result.metrics if task_result else None,
-                    (expected or {}).get(task_id, ()),
-                ),
-                counts=SampleCounts(**aggregate.counts()),
-                criteria={
-                    name: CriterionCounts(**counts)
-                    for name, counts in aggregate.criteria_counts(
-                        criteria_of.get(task_id, ())
-                    ).items()
-                },
-                model_calls=dict(sorted(model_calls.items())),
-                error=task_result.error if task_result else None,
-            )
-        )
-    return results
 
 
 def _snapshot(loaded: LoadedSuite, spec: EvalRunSpec) -> dict[str, Any]:

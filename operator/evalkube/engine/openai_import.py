@@ -16,8 +16,8 @@ from typing import Any
 
 import jsonschema
 
-from evalkube.engine.loading import ConfigError
 from evalkube.models import EvalRun, EvalSuite, SpecError, validate_spec
+from evalkube.models.errors import ConfigError
 
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 _GRADER_KEYS = {

@@ -35,6 +35,7 @@ from multiprocessing.synchronize import Event
 from types import FrameType
 from typing import Any
 
+from evalkube._process import signal_on_parent_death
 from evalkube.engine.answers import AnswerLog
 from evalkube.engine.candidates import (
     CandidateSource,
@@ -43,7 +44,7 @@ from evalkube.engine.candidates import (
 )
 from evalkube.engine.driver import drive_unit
 from evalkube.engine.guard import ErrorGuard, RunAborted
-from evalkube.engine.loading import ConfigError, LoadedSuite, shard_rows
+from evalkube.engine.loading import LoadedSuite, shard_rows
 from evalkube.engine.plan import Unit
 from evalkube.engine.runner import (
     Progress,
@@ -55,8 +56,8 @@ from evalkube.engine.runner import (
 from evalkube.engine.runtime import TaskRuntime, task_criteria
 from evalkube.grading import TaskAggregate
 from evalkube.models import EvalRunSpec
+from evalkube.models.errors import ConfigError
 from evalkube.sandbox import SandboxBackend, SandboxError
-from evalkube.sandbox.backends import signal_on_parent_death
 from evalkube.store import ResultStore, SampleWriter, StoreError
 
 #: Below this many samples per extra process, forking and one more sandbox cold start per

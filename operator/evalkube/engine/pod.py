@@ -19,12 +19,13 @@ from typing import Any
 from evalkube.engine.answers import AnswerLog
 from evalkube.engine.candidates import candidate_source
 from evalkube.engine.driver import BridgeControl, drive_unit, plan_run
-from evalkube.engine.loading import ConfigError, LoadedSuite
+from evalkube.engine.loading import LoadedSuite
 from evalkube.engine.plan import Unit
 from evalkube.engine.runner import UnitContext, UnitReport
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.gctune import relaxed_gc
 from evalkube.models import EvalRunSpec, EvalSuite, validate_spec
+from evalkube.models.errors import ConfigError
 from evalkube.sandbox import SandboxBackend
 from evalkube.store.remote import RemoteStore
 

@@ -15,10 +15,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from evalkube.engine.driver import has_model_access
-from evalkube.engine.loading import ConfigError, LoadedSuite, iter_dataset
+from evalkube.engine.loading import LoadedSuite, iter_dataset
 from evalkube.engine.runner import program_load_message, sandbox_environment
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.models import EvalRunSpec
+from evalkube.models.errors import ConfigError
 from evalkube.proxy import Upstream, UpstreamError
 from evalkube.proxy.providers import key_file_env, providers_from_spec
 from evalkube.sandbox import GraderSandbox, ProgramLoadError, SandboxBackend

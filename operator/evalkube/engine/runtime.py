@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalkube.engine.loading import ConfigError, LoadedSuite
+from evalkube.engine.loading import LoadedSuite
 from evalkube.grading import (
     BuiltinGrader,
     Criterion,
@@ -20,6 +20,7 @@ from evalkube.grading import (
     TemplateError,
 )
 from evalkube.models import EvalSuiteSpec, GraderSpec, TaskSpec
+from evalkube.models.errors import ConfigError
 from evalkube.sandbox import Program
 from evalkube.sandbox.environment import (
     EnvironmentProblem,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import ast
 
-from evalkube.engine.loading import ConfigError, LoadedSuite
+from evalkube.engine.loading import LoadedSuite
+from evalkube.models.errors import ConfigError
 
 
 def defined_names(tree: ast.Module) -> set[str]:

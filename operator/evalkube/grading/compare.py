@@ -13,12 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-from evalkube.store import ResultStore
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
+
+
+class KeyedScores(Protocol):
+    """The store read a comparison needs (:class:`evalkube.store.ResultStore` has it)."""
+
+    def iter_keyed_scores(
+        self, run_id: str
+    ) -> Iterable[tuple[str, str, str, str, dict[str, float]]]: ...
+
 
 #: Bootstrap resamples (seeded: the same runs always give the same interval).
 RESAMPLES = 2_000
@@ -121,7 +128,7 @@ def _by_unit(
 
 
 def compare_runs(
-    store: ResultStore,
+    store: KeyedScores,
     baseline_run: str,
     run: str,
     *,

@@ -14,8 +14,7 @@ import ast
 import math
 from collections.abc import Callable, Collection, Mapping
 
-MAX_FORMULA_CHARS = 1_000
-"""A formula is a line of arithmetic; a longer one is refused (bounds parse and eval cost)."""
+from evalkube import limits
 
 _FUNCTIONS: dict[str, Callable[..., float]] = {
     "min": min,
@@ -45,8 +44,8 @@ class Formula:
     """A checked ``calculate_output``, evaluated per sample with the sub-graders' scores."""
 
     def __init__(self, source: str, names: Collection[str], where: str) -> None:
-        if len(source) > MAX_FORMULA_CHARS:
-            raise FormulaError(f"{where}: longer than {MAX_FORMULA_CHARS} characters")
+        if len(source) > limits.FORMULA_CHARS_MAX:
+            raise FormulaError(f"{where}: longer than {limits.FORMULA_CHARS_MAX} characters")
         try:
             tree = ast.parse(source.strip(), mode="eval")
         except SyntaxError as exc:

@@ -4,10 +4,28 @@ decide the same way (the operator writes the ``Passed`` condition, the CLI its e
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
-from evalkube.grading.compare import MetricDelta, compare_runs
+from evalkube.grading.compare import KeyedScores, MetricDelta, compare_runs
 from evalkube.models import GateCheck, GateSpec, GateStatus, TaskModelResult
-from evalkube.store import ResultStore
+
+
+class _Run(Protocol):
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def phase(self) -> str: ...
+
+
+class RunHistory(KeyedScores, Protocol):
+    """The store reads a gate needs (:class:`evalkube.store.ResultStore` has them)."""
+
+    def get_run(self, run_id: str) -> _Run | None: ...
+
+    def last_run(
+        self, suite_name: str, *, phase: str = ..., id_prefix: str = ..., exclude: str = ...
+    ) -> _Run | None: ...
+
 
 #: Failed checks named in the condition message before "and N more".
 MESSAGE_CHECKS = 5
@@ -146,7 +164,7 @@ def _baseline_checks(
 
 
 def gate_run(
-    store: ResultStore,
+    store: RunHistory,
     gate: GateSpec,
     run_id: str,
     results: Sequence[TaskModelResult],

@@ -1,6 +1,6 @@
 """Pydantic specs and statuses: the single source of truth for the CRDs and the CLI files."""
 
-from evalkube.models.errors import SpecError, format_validation_error, validate_spec
+from evalkube.models.errors import ConfigError, SpecError, format_validation_error, validate_spec
 from evalkube.models.gate import BaselineSpec, GateCheck, GateSpec, GateStatus, ThresholdSpec
 from evalkube.models.grader import GraderSpec, PreprocessSpec
 from evalkube.models.meta import ObjectMeta
@@ -33,6 +33,7 @@ __all__ = [
     "PRECOMPUTED",
     "BaselineSpec",
     "Condition",
+    "ConfigError",
     "ConfigMapKeyRef",
     "CriterionCounts",
     "DatasetSpec",

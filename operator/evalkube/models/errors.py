@@ -17,6 +17,14 @@ from pydantic.fields import FieldInfo
 M = TypeVar("M", bound=BaseModel)
 
 
+class ConfigError(ValueError):
+    """A configuration problem the user must fix; the message says where and how.
+
+    Raised by the local engine's loaders and the operator's suite checks alike, so it lives
+    at the bottom of the package where both may import it.
+    """
+
+
 class SpecError(ValueError):
     """A spec failed validation; ``problems`` holds one ``path: message`` line per error."""
 

@@ -19,13 +19,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from evalkube import limits
+
 #: Provider name of the in-process models (``local:all-minilm-l6-v2``).
 LOCAL_PROVIDER = "local"
 
-#: Inputs accepted in one embeddings request (the OpenAI API's own limit).
-MAX_INPUTS = 2048
-#: Characters of one input accepted (the model truncates at 256 tokens anyway).
-MAX_INPUT_CHARS = 100_000
 
 #: Model name (lower case) -> (PyPI package carrying it, loader returning a model directory).
 MODELS: dict[str, tuple[str, str]] = {
@@ -133,8 +131,9 @@ def _inputs(value: Any) -> list[str]:
         )
     if not texts:
         raise LocalModelError("`input` is empty")
-    if len(texts) > MAX_INPUTS:
-        raise LocalModelError(f"`input` has {len(texts)} items; at most {MAX_INPUTS} per request")
-    if any(len(t) > MAX_INPUT_CHARS for t in texts):
-        raise LocalModelError(f"an input is longer than {MAX_INPUT_CHARS} characters")
+    most, chars = limits.EMBEDDING_INPUTS_MAX, limits.EMBEDDING_INPUT_CHARS_MAX
+    if len(texts) > most:
+        raise LocalModelError(f"`input` has {len(texts)} items; at most {most} per request")
+    if any(len(t) > chars for t in texts):
+        raise LocalModelError(f"an input is longer than {chars} characters")
     return texts

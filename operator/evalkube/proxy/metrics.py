@@ -9,14 +9,14 @@ no credentials.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 
 PURPOSES = ("candidate", "judge", "embedding")
 #: Call latency buckets (seconds): loopback fakes answer in under a millisecond, real
 #: providers in seconds.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
-__all__ = ["CONTENT_TYPE_LATEST", "PURPOSES", "ProxyMetrics"]
+__all__ = ["PURPOSES", "ProxyMetrics"]
 
 
 class ProxyMetrics:

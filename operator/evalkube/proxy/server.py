@@ -44,12 +44,16 @@ from typing import Any, Literal, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from evalkube import limits
+from evalkube._net import parse_listen
+from evalkube._wire import BodyError
 from evalkube.gctune import relaxed_gc
+from evalkube.proxy.bodies import EXECUTIONS_OPEN, UNIT_BUDGET, USAGE_TAKE
 from evalkube.proxy.budgets import BudgetExhausted, Budgets, UnknownExecution
 from evalkube.proxy.local_embeddings import LOCAL_PROVIDER, LocalEmbeddings, LocalModelError
-from evalkube.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
+from evalkube.proxy.metrics import ProxyMetrics
 from evalkube.proxy.settings import ProxySettings
 from evalkube.proxy.upstream import Provider, Upstream, UpstreamError
 from evalkube.proxy.usage import UsageLedger, token_usage
@@ -59,10 +63,6 @@ log = logging.getLogger("evalkube.proxy")
 EXECUTION_HEADER = "X-Evalkube-Execution"
 PURPOSE_HEADER = "X-Evalkube-Purpose"
 CONTROL_TOKEN_HEADER = "X-Evalkube-Control-Token"
-#: Longest execution id accepted (the runner uses sample ids).
-EXECUTION_ID_CHARS = 256
-#: Largest request body accepted from a client (bytes).
-REQUEST_BODY_BYTES = 8 * 1024 * 1024
 #: Pending connections each listener queues (a grader opening many at once must not make
 #: the next honest connect fail: unix sockets refuse at once when the queue is full).
 LISTEN_BACKLOG = 1024
@@ -317,7 +317,11 @@ def _json(status: int, payload: bytes) -> web.Response:
 
 
 def _valid_execution_id(value: object) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= EXECUTION_ID_CHARS and value.isprintable()
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= limits.EXECUTION_ID_CHARS
+        and value.isprintable()
+    )
 
 
 class ProxyApps:
@@ -329,7 +333,7 @@ class ProxyApps:
 
     # -- grader listener ---------------------------------------------------------------------
     def grader_app(self) -> web.Application:
-        app = web.Application(client_max_size=REQUEST_BODY_BYTES)
+        app = web.Application(client_max_size=limits.BRIDGE_REQUEST_BODY_BYTES)
         app.router.add_post("/v1/responses", self._grader_call("responses"))
         app.router.add_post("/v1/embeddings", self._grader_call("embeddings"))
         return app
@@ -359,15 +363,11 @@ class ProxyApps:
     async def _healthz(self, request: web.Request) -> web.Response:
         return _json(200, b'{"status":"ok"}')
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=self.service.metrics.exposition(),
-            headers={"Content-Type": CONTENT_TYPE_LATEST},
-        )
-
     # -- control listener --------------------------------------------------------------------
     def control_app(self) -> web.Application:
-        app = web.Application(client_max_size=REQUEST_BODY_BYTES, middlewares=[self._token_check])
+        app = web.Application(
+            client_max_size=limits.BRIDGE_REQUEST_BODY_BYTES, middlewares=[self._token_check]
+        )
         app.router.add_post("/v1/responses", self._control_call("responses"))
         app.router.add_post("/v1/embeddings", self._control_call("embeddings"))
         app.router.add_post("/evalkube/v1/executions:open", self._executions_open)
@@ -375,7 +375,8 @@ class ProxyApps:
         app.router.add_get("/evalkube/v1/budget", self._budget_get)
         app.router.add_put("/evalkube/v1/budget", self._budget_put)
         app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/metrics", self._metrics)
+        metrics = make_aiohttp_handler(self.service.metrics.registry, disable_compression=True)
+        app.router.add_get("/metrics", metrics)
         return app
 
     @web.middleware
@@ -420,39 +421,18 @@ class ProxyApps:
 
     async def _usage_take(self, request: web.Request) -> web.Response:
         try:
-            body = json.loads(await request.read() or b"{}")
-        except ValueError:
-            body = None
-        ids = body.get("execution_ids") if isinstance(body, dict) else None
-        if ids == "*":
-            return _json(200, json.dumps(self.service.take_usage(None)).encode())
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            return _json(
-                400,
-                error_body(
-                    "invalid_request",
-                    'send {"execution_ids": ["id", ...]} (or "*" for every recorded execution)',
-                ),
-            )
+            body = USAGE_TAKE.parse(await request.read())
+        except BodyError as exc:
+            return _json(400, error_body("invalid_request", str(exc)))
+        ids = None if body.execution_ids == "*" else body.execution_ids
         return _json(200, json.dumps(self.service.take_usage(ids)).encode())
 
     async def _executions_open(self, request: web.Request) -> web.Response:
         try:
-            body = json.loads(await request.read() or b"{}")
-        except ValueError:
-            body = None
-        tokens = body.get("tokens") if isinstance(body, dict) else None
-        if not isinstance(tokens, list) or not all(_valid_execution_id(t) for t in tokens):
-            return _json(
-                400,
-                error_body(
-                    "invalid_request",
-                    'send {"tokens": ["token", ...]} (printable, at most '
-                    f"{EXECUTION_ID_CHARS} characters each)",
-                ),
-            )
-        try:
+            tokens = EXECUTIONS_OPEN.parse(await request.read()).tokens
             self.service.budgets.open(tokens)
+        except BodyError as exc:
+            return _json(400, error_body("invalid_request", str(exc)))
         except ValueError as exc:
             return _json(409, error_body("invalid_request", str(exc)))
         return _json(200, json.dumps({"opened": len(tokens)}).encode())
@@ -462,45 +442,16 @@ class ProxyApps:
 
     async def _budget_put(self, request: web.Request) -> web.Response:
         try:
-            body = json.loads(await request.read())
-            unit_id = body["unit_id"]
-            per_execution = body["max_calls_per_execution"]
-            planned = body["planned_executions"]
-            if not isinstance(unit_id, str) or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                for v in (per_execution, planned)
-            ):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            return _json(
-                400,
-                error_body(
-                    "invalid_request",
-                    'send {"unit_id": str, "max_calls_per_execution": int >= 0, '
-                    '"planned_executions": int >= 0}',
-                ),
-            )
-        self.service.budgets.configure_unit(unit_id, per_execution, planned)
+            body = UNIT_BUDGET.parse(await request.read())
+        except BodyError as exc:
+            return _json(400, error_body("invalid_request", str(exc)))
+        self.service.budgets.configure_unit(
+            body.unit_id, body.max_calls_per_execution, body.planned_executions
+        )
         return _json(200, json.dumps(self.service.budgets.snapshot()).encode())
 
 
 # -- listening ---------------------------------------------------------------------------------
-def parse_listen(value: str) -> tuple[str, int] | str:
-    """``unix:/path`` -> the path; ``host:port`` or ``http://host:port`` -> ``(host, port)``."""
-    if value.startswith("unix:"):
-        path = value[len("unix:") :]
-        if not path:
-            raise ValueError(
-                "unix: listen address needs a path, e.g. unix:/run/evalkube/model.sock"
-            )
-        return path
-    rest = value.split("://", 1)[-1].rstrip("/")
-    host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"listen address {value!r} is neither unix:/path nor host:port")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 def bind_socket(address: str, *, mode: int = 0o600) -> tuple[socket.socket, str]:
     """A listening socket for ``address`` and the endpoint clients use to reach it."""
     target = parse_listen(address)

@@ -30,6 +30,8 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from evalkube import limits
+from evalkube._net import bearer_token
 from evalkube.proxy.chat import CHAT_PATH, ChatTranslationError, chat_request, responses_answer
 from evalkube.proxy.egress import EgressGateway, EgressUnavailable, refusal
 
@@ -37,8 +39,6 @@ from evalkube.proxy.egress import EgressGateway, EgressUnavailable, refusal
 #: configured key (a provider echoing some other credential it saw).
 _KEY_PATTERNS = re.compile(r"(?:sk|pk|rk|key)-[A-Za-z0-9_\-]{8,}|Bearer\s+[A-Za-z0-9._\-~+/]{8,}=*")
 REDACTED = "[redacted]"
-#: Characters of a provider's error message passed on.
-ERROR_MESSAGE_CHARS = 500
 #: ``Provider.api`` values: the API a provider serves for ``/responses`` requests.
 RESPONSES_API = "responses"
 CHAT_COMPLETIONS_API = "chat_completions"
@@ -366,9 +366,7 @@ class Upstream:
                         kind="credentials",
                     )
                 else:
-                    message = scrub(
-                        _error_message(raw, reason), [headers.get("Authorization", "")[7:]]
-                    )
+                    message = scrub(_error_message(raw, reason), [bearer_token(headers) or ""])
                     failure = UpstreamError(
                         f"provider {provider_name} answered HTTP {status}: {message}",
                         status=status,
@@ -447,15 +445,15 @@ def _error_message(raw: bytes, reason: str) -> str:
         data = json.loads(raw)
     except ValueError:
         text = raw.decode("utf-8", "replace").strip()
-        return (text or reason or "error")[:ERROR_MESSAGE_CHARS]
+        return (text or reason or "error")[: limits.PROVIDER_ERROR_CHARS]
     if isinstance(data, dict):
         error = data.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])[:ERROR_MESSAGE_CHARS]
+            return str(error["message"])[: limits.PROVIDER_ERROR_CHARS]
         if isinstance(error, str):
-            return error[:ERROR_MESSAGE_CHARS]
+            return error[: limits.PROVIDER_ERROR_CHARS]
         if isinstance(data.get("message"), str):  # vLLM: {"object": "error", "message": ...}
-            return str(data["message"])[:ERROR_MESSAGE_CHARS]
+            return str(data["message"])[: limits.PROVIDER_ERROR_CHARS]
     return reason or "error"
 
 

@@ -17,7 +17,6 @@ killed predecessor process left behind (see :func:`sweep_stale`).
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import resource
 import shutil
@@ -35,6 +34,7 @@ from typing import IO, ClassVar
 
 import evalkube_sandbox
 from evalkube import limits
+from evalkube._process import signal_on_parent_death
 from evalkube.sandbox import environment as grader_env
 
 #: Where the worker package lives on the host (bound read-only into sandboxes).
@@ -242,13 +242,6 @@ def kill_all() -> None:
 
 
 # -- the child side of spawning ----------------------------------------------------------------
-_PR_SET_PDEATHSIG = 1
-try:
-    _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _prctl = None
-
-
 @dataclass(frozen=True, slots=True)
 class ChildSetup:
     """What runs in the forked child before ``exec``: only async-signal-safe-ish ``os`` calls.
@@ -281,18 +274,8 @@ class ChildSetup:
             os.setresgid(self.gid, self.gid, self.gid)
         if self.uid is not None:
             os.setresuid(self.uid, self.uid, self.uid)
-        if _prctl is not None:
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != self.parent:  # the parent died before the signal was armed
-            os._exit(1)
-
-
-def signal_on_parent_death(signum: int, parent: int) -> bool:
-    """Have the kernel send ``signum`` to this process when ``parent`` dies; False when
-    ``parent`` is already gone (or the platform cannot do it and it is gone)."""
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
-    return os.getppid() == parent
+        if not signal_on_parent_death(signal.SIGKILL, self.parent):
+            os._exit(1)  # the parent died before the signal was armed
 
 
 def spawn_pipes(

@@ -12,12 +12,12 @@ its Service): the unit's samples wait instead of failing the unit.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+import tenacity
 
 from evalkube import jsonfast
 from evalkube.store.records import SampleRecord, TaskResultRecord
@@ -27,6 +27,12 @@ SAMPLE_FIELDS = {f.name for f in dataclasses.fields(SampleRecord)}
 RETRIED_STATUSES = frozenset({404, 500, 502, 503, 504})
 #: Sample ids one ``answers:lookup`` request asks for (the whole shard is asked at once).
 ANSWER_LOOKUP_IDS = 5_000
+
+
+def _worth_waiting(exc: BaseException) -> bool:
+    if isinstance(exc, RemoteStoreError):
+        return exc.status in RETRIED_STATUSES
+    return isinstance(exc, httpx.TransportError)
 
 
 def sample_to_wire(record: SampleRecord) -> dict[str, Any]:
@@ -82,23 +88,21 @@ class RemoteStore:
         self.client.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        deadline = time.monotonic() + self.retry_seconds
-        attempt = 0
-        while True:
-            pause = min(10.0, 0.25 * 2**attempt)
-            last_chance = time.monotonic() + pause > deadline
-            try:
-                response = self.client.request(method, self.prefix + path, **kwargs)
-            except httpx.TransportError:
-                if last_chance:
-                    raise
-            else:
-                if response.status_code not in RETRIED_STATUSES or last_chance:
-                    if response.status_code >= 400:
-                        raise RemoteStoreError(response)
-                    return response
-            time.sleep(pause)
-            attempt += 1
+        """One call, retried (0.25 s doubling to 10 s) while a retry can still start within
+        ``retry_seconds``; the last error is raised as it was."""
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_worth_waiting),
+            wait=tenacity.wait_exponential(multiplier=0.25, max=10.0),
+            stop=tenacity.stop_before_delay(self.retry_seconds),
+            reraise=True,
+        )
+        return retrying(self._once, method, self.prefix + path, **kwargs)
+
+    def _once(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        response = self.client.request(method, url, **kwargs)
+        if response.status_code >= 400:
+            raise RemoteStoreError(response)
+        return response
 
     def _post(self, path: str, body: Any) -> httpx.Response:
         return self._request(

@@ -21,8 +21,8 @@ from evalkube.engine import (
     load_files,
     resolve_run_spec,
 )
-from evalkube.engine.local import expected_metrics
 from evalkube.engine.runtime import suite_criteria
+from evalkube.grading.run_results import expected_metrics
 from evalkube.models import EvalRunStatus
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore, SampleRecord

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from evalkube.engine import LocalEngine, aggregate_results, load_files, resolve_run_spec
-from evalkube.engine.loading import ConfigError
 from evalkube.engine.parallel import MIN_SAMPLES_PER_WORKER, choose_workers
 from evalkube.engine.runner import UnitFailed
+from evalkube.models.errors import ConfigError
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore
 

@@ -492,6 +492,64 @@ def test_health_and_metrics(harness: Harness) -> None:
     harness.serve(body)
 
 
+def test_bad_runner_bodies_are_400s_naming_the_field(harness: Harness) -> None:
+    """A task result with a metric that is not a number is refused with the field's path (it
+    was a 500 from ``float()``), and the other small bodies answer the same way."""
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        cases = [
+            (
+                "/task-results",
+                {"task": "s", "model": "m", "metrics": {"macro_f1": "high"}},
+                "metrics.macro_f1: Input should be a valid number",
+            ),
+            ("/task-results", {"model": "m"}, "task: Field required"),
+            (
+                "/samples:settle",
+                {"task": "s", "model": "m", "status": "maybe"},
+                "status: Input should be 'valid' or 'invalid'",
+            ),
+            (
+                "/samples:settle",
+                {"task": "s", "model": "m", "status": "valid", "values": {"seq": 1}},
+                "values.seq: Extra inputs are not permitted",
+            ),
+            (
+                "/samples:update",
+                {"updates": [{"sample_id": "a"}, {"scores": {}}]},
+                "updates[1].sample_id: Field required",
+            ),
+        ]
+        for path, sent, message in cases:
+            response = await client.post(f"{BASE}{path}", json=sent, headers=AUTH)
+            assert response.status == 400, (path, sent)
+            error = (await response.json())["error"]["message"]
+            assert error.startswith(message), error
+            assert "; send {" in error
+
+    harness.serve(body)
+    assert harness.store.task_results(RUN_ID) == []
+
+
+def test_metrics_speak_prometheus_negotiation(harness: Harness) -> None:
+    """``/metrics`` is prometheus_client's own handler: a scrape may ask for some families
+    (``name[]``) or for OpenMetrics, as Prometheus does."""
+    harness.metrics.status_patches.inc(3)
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        some = await client.get("/metrics", params={"name[]": "evalkube_status_patches_total"})
+        text = await some.text()
+        assert "evalkube_status_patches_total 3.0" in text
+        assert "evalkube_jobs_created" not in text
+        openmetrics = await client.get(
+            "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
+        assert openmetrics.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert (await openmetrics.text()).endswith("# EOF\n")
+
+    harness.serve(body)
+
+
 def test_samples_view_always_needs_a_token(harness: Harness) -> None:
     """Prompts and outputs are served to the read token, or to a run's own token for that run
     only; never to a caller without one (a work pod of another run, say)."""

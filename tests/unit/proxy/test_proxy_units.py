@@ -13,7 +13,7 @@ from evalkube.models.run import EvalRunSpec
 from evalkube.proxy.budgets import BudgetExhausted, Budgets, UnknownExecution
 from evalkube.proxy.metrics import ProxyMetrics
 from evalkube.proxy.providers import key_file_env, load_run_spec, providers_from_spec
-from evalkube.proxy.server import build_service, parse_listen
+from evalkube.proxy.server import build_service
 from evalkube.proxy.upstream import (
     Provider,
     ProviderAuth,
@@ -135,15 +135,6 @@ def test_split_model() -> None:
     assert split_model("local:all-minilm-l6-v2") == ("local", "all-minilm-l6-v2")
     with pytest.raises(UpstreamError, match="not `provider:model`"):
         split_model("gpt-4")
-
-
-def test_parse_listen() -> None:
-    assert parse_listen("unix:/run/x.sock") == "/run/x.sock"
-    assert parse_listen("127.0.0.1:8080") == ("127.0.0.1", 8080)
-    assert parse_listen("http://localhost:9/") == ("localhost", 9)
-    assert parse_listen("[::1]:7") == ("::1", 7)
-    with pytest.raises(ValueError, match="neither unix:/path nor host:port"):
-        parse_listen("somewhere")
 
 
 def test_provider_key_file_wins_then_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
