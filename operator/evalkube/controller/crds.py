@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import difflib
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -34,8 +34,9 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel, TypeAdapter
 
-from evalkube.models import Condition, EvalRunSpec, EvalRunStatus, EvalSuiteSpec
+from evalkube.models import EvalRunSpec, EvalRunStatus, EvalSuiteSpec
 from evalkube.models.run import MODEL_ID
+from evalkube.models.suite import EvalSuiteStatus
 
 __all__ = [
     "CATEGORY",
@@ -116,52 +117,6 @@ CRD_LIMITS: Final[dict[str, dict[str, Schema]]] = {
         "spec.providers{}.credentialsSecretRef.key": {"maxLength": 253},
         "spec.providers{}.apiKeyEnv": {"maxLength": 253},
     },
-}
-
-#: Descriptions for fields whose model has no docstring yet (status models). The model's own
-#: docstring always wins; these only fill gaps so ``kubectl explain`` says something useful.
-FALLBACK_DESCRIPTIONS: Final[dict[str, str]] = {
-    "status.phase": "Pending, Running, Succeeded or Failed.",
-    "status.observedGeneration": "The metadata.generation of the spec this status describes.",
-    "status.suiteVersion": (
-        "Version (content hash) of the suite snapshot this run uses; later edits of the "
-        "EvalSuite do not change a running run."
-    ),
-    "status.startedAt": "When the run started (RFC 3339).",
-    "status.completedAt": "When the run finished (RFC 3339).",
-    "status.conditions": "Ready / Succeeded / Failed conditions, each with observedGeneration.",
-    "status.conditions[].type": "Condition type, for example Ready, Succeeded or Failed.",
-    "status.conditions[].status": "True, False or Unknown.",
-    "status.conditions[].reason": "Machine-readable reason in CamelCase.",
-    "status.conditions[].message": "Human-readable explanation.",
-    "status.conditions[].observedGeneration": (
-        "The metadata.generation the condition was computed from."
-    ),
-    "status.conditions[].lastTransitionTime": "When the status last changed (RFC 3339).",
-    "status.results": "Aggregates per task x model (samples live in the results store).",
-    "status.results[].task": "Task id.",
-    "status.results[].model": "Model id (`provider:model` or `precomputed`).",
-    "status.results[].metrics": "Mean of each metric over all samples, plus batch metrics.",
-    "status.results[].counts": "Samples by outcome.",
-    "status.results[].counts.samples": "All samples.",
-    "status.results[].counts.valid": "Samples whose grader returned a valid score.",
-    "status.results[].counts.invalid": (
-        "Samples whose grader raised, timed out or returned an invalid value (scored 0)."
-    ),
-    "status.results[].counts.errored": (
-        "Samples that failed before grading (generation, extraction or sandbox failure)."
-    ),
-    "status.summary": (
-        'One-line score summary shown by `kubectl get evalruns`, for example "score=0.83 '
-        '(3 tasks)".'
-    ),
-    "status.tasks": "Number of tasks in the suite.",
-}
-
-#: Status fields the CRD declares that the status model does not have yet (added only while
-#: the model lacks them; see the closing note of the CRD work for the model change).
-EXTRA_STATUS_PROPERTIES: Final[dict[str, Schema]] = {
-    "summary": {"type": "string", "nullable": True},
 }
 
 _TOP_LEVEL_DESCRIPTIONS: Final = {
@@ -460,25 +415,6 @@ def _walk(schema: Schema, path: str) -> Schema:
     return node
 
 
-def _iter_props(schema: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
-    for name, sub in schema.get("properties", {}).items():
-        here = f"{path}.{name}" if path else name
-        yield here, sub
-        yield from _iter_props(sub, here)
-        yield from _iter_children(sub, here)
-    if not path:
-        yield from _iter_children(schema, path)
-
-
-def _iter_children(sub: Schema, here: str) -> Iterator[tuple[str, Schema]]:
-    if "items" in sub:
-        yield from _iter_props(sub["items"], here + "[]")
-        yield from _iter_children(sub["items"], here + "[]")
-    if isinstance(sub.get("additionalProperties"), dict):
-        yield from _iter_props(sub["additionalProperties"], here + "{}")
-        yield from _iter_children(sub["additionalProperties"], here + "{}")
-
-
 def _apply_overlays(kind: str, root: Schema) -> None:
     for path, keywords in CRD_LIMITS[kind].items():
         node = _walk(root, path)
@@ -487,9 +423,6 @@ def _apply_overlays(kind: str, root: Schema) -> None:
     for path, rules in CRD_RULES[kind].items():
         node = _walk(root, path)
         node.setdefault("x-kubernetes-validations", []).extend(r.to_schema() for r in rules)
-    for path, sub in _iter_props(root):
-        if "description" not in sub and path in FALLBACK_DESCRIPTIONS:
-            sub["description"] = FALLBACK_DESCRIPTIONS[path]
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,37 +436,9 @@ class _Kind:
     plural: str
     short_name: str
     spec: type[BaseModel]
-    status: Callable[[], Schema]
+    status: type[BaseModel]
     columns: list[Schema] = field(default_factory=list)
     required_spec: tuple[str, ...] = ()
-
-
-def _run_status() -> Schema:
-    status = structural_schema(EvalRunStatus)
-    for name, schema in EXTRA_STATUS_PROPERTIES.items():
-        status["properties"].setdefault(name, schema)
-    return status
-
-
-def _suite_status() -> Schema:
-    # No EvalSuiteStatus model yet: the known fields, typed; anything else kept as written.
-    return {
-        "description": "What the operator observed about the suite: version and readiness.",
-        "type": "object",
-        "properties": {
-            "observedGeneration": {"type": "integer", "nullable": True},
-            "suiteVersion": {
-                "type": "string",
-                "nullable": True,
-                "description": (
-                    "Content hash (sha256) over the spec and the ConfigMap files and datasets "
-                    "it references; EvalRuns snapshot it when they start."
-                ),
-            },
-            "tasks": {"type": "integer", "nullable": True},
-            "conditions": structural_schema(list[Condition]),
-        },
-    }
 
 
 _AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
@@ -544,7 +449,7 @@ _KINDS: Final = {
         plural="evalsuites",
         short_name="evs",
         spec=EvalSuiteSpec,
-        status=_suite_status,
+        status=EvalSuiteStatus,
         columns=[
             {
                 "name": "Version",
@@ -566,7 +471,7 @@ _KINDS: Final = {
         plural="evalruns",
         short_name="evr",
         spec=EvalRunSpec,
-        status=_run_status,
+        status=EvalRunStatus,
         required_spec=("suiteRef",),
         columns=[
             {
@@ -597,7 +502,7 @@ def _openapi(kind: _Kind) -> Schema:
     spec = structural_schema(kind.spec)
     if kind.required_spec:
         spec["required"] = sorted({*spec.get("required", ()), *kind.required_spec})
-    status = kind.status()
+    status = structural_schema(kind.status)
     # kopf keeps its own bookkeeping (handler progress, returned values) under status unless
     # told otherwise; keep unknown status fields instead of pruning them. Known ones are typed.
     status["x-kubernetes-preserve-unknown-fields"] = True

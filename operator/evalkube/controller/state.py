@@ -73,6 +73,7 @@ async def _serve(app: web.Application, listen: str) -> web.AppRunner:
 def suite_status(check: Any, generation: int | None, old: Mapping[str, Any]) -> dict[str, Any]:
     """EvalSuite status from a :class:`~evalkube.controller.snapshot.SuiteCheck`."""
     from evalkube.controller.runs import condition, merge_conditions
+    from evalkube.models.suite import EvalSuiteStatus
 
     if check.ok:
         cond = condition(
@@ -80,9 +81,13 @@ def suite_status(check: Any, generation: int | None, old: Mapping[str, Any]) -> 
         )
     else:
         cond = condition("Ready", False, "Invalid", "; ".join(check.problems)[:4000], generation)
-    return {
-        "phase": "Ready" if check.ok else "Invalid",
-        "observedGeneration": generation,
-        "suiteVersion": check.version if check.ok else None,
-        "conditions": merge_conditions(list(old.get("conditions") or []), [cond]),
-    }
+    status = EvalSuiteStatus.model_validate(
+        {
+            "phase": "Ready" if check.ok else "Invalid",
+            "observedGeneration": generation,
+            "suiteVersion": check.version if check.ok else None,
+            "conditions": merge_conditions(list(old.get("conditions") or []), [cond]),
+        }
+    )
+    # a suite that turns Invalid must lose its old version, not keep it: null deletes it
+    return {**status.to_wire(), "suiteVersion": status.suite_version}

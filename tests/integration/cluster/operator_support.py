@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 from tests.cluster.plugin import COMPLETE_ANNOTATION, HOLD_ANNOTATION, ControlPlane
 
+from evalkube.models import EvalRunStatus
+
 ROOT = Path(__file__).resolve().parents[3]
 EVALKUBE = str(Path(sys.executable).parent / "evalkube")
 
@@ -260,9 +262,12 @@ def metric(url: OperatorUrl, name: str) -> float:
 
 
 def run_status(cp: ControlPlane, namespace: str, name: str = "nightly") -> dict[str, Any]:
+    """The run's status as the operator wrote it, checked against ``EvalRunStatus``: every
+    field the operator writes is one the model (and so the CRD) declares, in its type."""
     status: dict[str, Any] = (
         cp.kubectl_json("get", "evalrun", name, "-n", namespace).get("status") or {}
     )
+    EvalRunStatus.model_validate({k: v for k, v in status.items() if k != "kopf"})
     return status
 
 
