@@ -303,9 +303,10 @@ def test_rbac_is_least_privilege(control_plane: ControlPlane) -> None:
     ("sets", "message"),
     [
         (["replicas=2"], "replicas=2 needs store.type=postgres"),
-        (["store.type=postgres"], "needs store.postgres.existingSecret"),
-        (["store.type=mysql"], "store.type must be sqlite or postgres"),
-        (["work.parallelism=0"], "work.parallelism must be between 1 and 1000"),
+        # the values schema (values.schema.json) refuses these before any template renders
+        (["store.type=postgres"], "at '/store/postgres/existingSecret': minLength"),
+        (["store.type=mysql"], "at '/store/type': value must be one of 'sqlite', 'postgres'"),
+        (["work.parallelism=0"], "at '/work/parallelism': minimum: got 0, want 1"),
     ],
 )
 def test_impossible_values_fail_at_render(
