@@ -33,12 +33,27 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
+{{/* repository@digest when a digest is set (immutable), else repository:tag. */}}
+{{- define "evalkube.imageRef" -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository .tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Both images carry one version: image.tag, else the chart's appVersion (which is the
+package's version); sandboxImage.tag overrides it for the grader image only. */}}
+{{- define "evalkube.imageTag" -}}
+{{- default .Chart.AppVersion .Values.image.tag -}}
+{{- end -}}
+
 {{- define "evalkube.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "evalkube.imageRef" (dict "repository" .Values.image.repository "tag" (include "evalkube.imageTag" .) "digest" .Values.image.digest) -}}
 {{- end -}}
 
 {{- define "evalkube.sandboxImage" -}}
-{{- printf "%s:%s" .Values.sandboxImage.repository (default .Chart.AppVersion .Values.sandboxImage.tag) -}}
+{{- include "evalkube.imageRef" (dict "repository" .Values.sandboxImage.repository "tag" (default (include "evalkube.imageTag" .) .Values.sandboxImage.tag) "digest" .Values.sandboxImage.digest) -}}
 {{- end -}}
 
 {{- define "evalkube.apiTokenSecret" -}}

@@ -116,8 +116,8 @@ def test_defaults_render_a_locked_down_operator(control_plane: ControlPlane) -> 
     assert kinds == [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
         "Deployment", "Deployment", "NetworkPolicy", "NetworkPolicy", "PersistentVolumeClaim",
-        "Role", "RoleBinding", "Secret", "Secret", "Service", "Service", "ServiceAccount",
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Secret", "Service", "Service",
+        "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ]  # fmt: skip
     [deploy] = by_kind(docs, "Deployment", "operator")
     pod = deploy["spec"]["template"]["spec"]
