@@ -88,6 +88,22 @@ package's version); sandboxImage.tag overrides it for the grader image only. */}
 {{- end -}}
 {{- end -}}
 
+{{/* helm install/upgrade (not template: lookup sees no cluster there): the CRDs in the
+cluster must be this chart's, since Helm never upgrades crds/ (docs/install.md#6-upgrading). */}}
+{{- define "evalkube.checkCRDs" -}}
+{{- if .Values.crdCheck -}}
+{{- range $file := list "evalsuites.evalkube.io.yaml" "evalruns.evalkube.io.yaml" -}}
+{{- $want := $.Files.Get (printf "crds/%s" $file) | fromYaml -}}
+{{- $live := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" $want.metadata.name -}}
+{{- if $live -}}
+{{- if ne (toJson (index $live.spec.versions 0).schema) (toJson (index $want.spec.versions 0).schema) -}}
+{{- fail (printf "the CustomResourceDefinition %s in the cluster is not this chart's (Helm never upgrades CRDs): apply the chart's CRDs first, `kubectl apply --server-side --force-conflicts -f charts/evalkube/crds/` (docs/install.md#6-upgrading), or set crdCheck=false if you manage them another way" $want.metadata.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The egress gateway's pods: never matched by the operator's selector. */}}
 {{- define "evalkube.egressSelectorLabels" -}}
 app.kubernetes.io/name: {{ printf "%s-egress" (include "evalkube.name" .) }}

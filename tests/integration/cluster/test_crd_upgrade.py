@@ -2,7 +2,8 @@
 
 Helm never upgrades the CRDs in a chart's ``crds/``; docs/install.md#6-upgrading has users
 apply them first (``kubectl apply --server-side --force-conflicts -f charts/evalkube/crds/``),
-then ``helm upgrade``. This test installs the chart of an earlier commit (its CRDs and its
+then ``helm upgrade``, which fails, naming that step, while the cluster's CRDs are not the
+chart's (value ``crdCheck``). This test installs the chart of an earlier commit (its CRDs and its
 templates, from ``git archive``), creates live EvalSuites and EvalRuns with status, runs the
 documented steps, and checks that every object survives unchanged and the new schema is live.
 """
@@ -104,6 +105,17 @@ def test_upgrade_from_previous_crds_keeps_live_objects(
         pruned = cp.kubectl(*GATE_PATCH, "-n", ns)
         assert 'unknown field "spec.gate"' in pruned.stderr
         assert "gate" not in cp.kubectl_json("get", "evalrun", "nightly", "-n", ns)["spec"]
+
+        # forgetting the CRD step: the new chart refuses to upgrade, saying what to run
+        early = cp.run("helm", "upgrade", release, str(CHART), "-n", ns, timeout=120)
+        assert early.returncode != 0
+        assert (
+            "CustomResourceDefinition evalsuites.evalkube.io in the cluster is not this chart's"
+            in early.stderr
+        )
+        assert (
+            "kubectl apply --server-side --force-conflicts -f charts/evalkube/crds/" in early.stderr
+        )
 
         _apply_crds(cp, CHART / "crds")
         upgraded = cp.run("helm", "upgrade", release, str(CHART), "-n", ns, timeout=120)
