@@ -225,4 +225,7 @@ def test_namespaced_operator_leaves_other_namespaces_alone(
             assert not cp.kubectl_json("get", kind, "-n", outside).get("status")
         assert not cp.kubectl_json("get", "jobs", "-n", outside)["items"]
     finally:
+        # no run left behind for the next module's cluster-wide operator to trip over
+        for ns in (outside, cluster_namespace):
+            cp.kubectl("delete", "evalrun", "--all", "-n", ns, "--wait=true", check=False)
         cp.kubectl("delete", "namespace", outside, "--wait=false", check=False)
