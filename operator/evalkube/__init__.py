@@ -4,4 +4,4 @@ The package is layered (see DESIGN.md §3): ``controller -> engine -> (sandbox, 
 store, grading) -> models``. ``grading`` and ``models`` import nothing from the others.
 """
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0"

@@ -552,7 +552,7 @@ def operator_command(
     from evalkube.controller.settings import OperatorSettings
 
     settings = OperatorSettings()
-    namespaces = list(namespace or ([settings.namespace] if settings.namespace else []))
+    namespaces = list(namespace or settings.watched_namespaces())
     kopf.run(
         standalone=not settings.peering,
         clusterwide=not namespaces,

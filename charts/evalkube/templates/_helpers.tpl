@@ -33,12 +33,27 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
+{{/* repository@digest when a digest is set (immutable), else repository:tag. */}}
+{{- define "evalkube.imageRef" -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository .tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Both images carry one version: image.tag, else the chart's appVersion (which is the
+package's version); sandboxImage.tag overrides it for the grader image only. */}}
+{{- define "evalkube.imageTag" -}}
+{{- default .Chart.AppVersion .Values.image.tag -}}
+{{- end -}}
+
 {{- define "evalkube.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "evalkube.imageRef" (dict "repository" .Values.image.repository "tag" (include "evalkube.imageTag" .) "digest" .Values.image.digest) -}}
 {{- end -}}
 
 {{- define "evalkube.sandboxImage" -}}
-{{- printf "%s:%s" .Values.sandboxImage.repository (default .Chart.AppVersion .Values.sandboxImage.tag) -}}
+{{- include "evalkube.imageRef" (dict "repository" .Values.sandboxImage.repository "tag" (default (include "evalkube.imageTag" .) .Values.sandboxImage.tag) "digest" .Values.sandboxImage.digest) -}}
 {{- end -}}
 
 {{- define "evalkube.apiTokenSecret" -}}
@@ -70,6 +85,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- if or (lt (int .Values.work.parallelism) 1) (gt (int .Values.work.parallelism) 1000) -}}
 {{- fail "work.parallelism must be between 1 and 1000" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* helm install/upgrade (not template: lookup sees no cluster there): the CRDs in the
+cluster must be this chart's, since Helm never upgrades crds/ (docs/install.md#6-upgrading). */}}
+{{- define "evalkube.checkCRDs" -}}
+{{- if .Values.crdCheck -}}
+{{- range $file := list "evalsuites.evalkube.io.yaml" "evalruns.evalkube.io.yaml" -}}
+{{- $want := $.Files.Get (printf "crds/%s" $file) | fromYaml -}}
+{{- $live := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" $want.metadata.name -}}
+{{- if $live -}}
+{{- if ne (toJson (index $live.spec.versions 0).schema) (toJson (index $want.spec.versions 0).schema) -}}
+{{- fail (printf "the CustomResourceDefinition %s in the cluster is not this chart's (Helm never upgrades CRDs): apply the chart's CRDs first, `kubectl apply --server-side --force-conflicts -f charts/evalkube/crds/` (docs/install.md#6-upgrading), or set crdCheck=false if you manage them another way" $want.metadata.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 

@@ -33,6 +33,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="evalkube.io")
     settings.posting.level = 20
     operator_settings = OperatorSettings()
+    if operator_settings.watched_namespaces():
+        # namespace-scoped RBAC (watchNamespaces): no cluster-wide reads of namespaces or CRDs
+        settings.scanning.disabled = True
     if operator_settings.peering:  # the chart's (Cluster)KopfPeering object, not kopf's default
         settings.peering.name = operator_settings.peering_name
         settings.peering.mandatory = True

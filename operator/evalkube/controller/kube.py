@@ -6,7 +6,6 @@ what makes deterministic names restart-safe.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,14 +43,29 @@ class Kube:
 
     async def create_or_update_secret(self, manifest: Mapping[str, Any]) -> None:
         """Create the Secret ``manifest``, or merge its data into the existing one."""
-        if await self.create(manifest):
-            return
+        if not await self.create(manifest):
+            await self.overwrite_secret(manifest)
+
+    async def overwrite_secret(self, manifest: Mapping[str, Any]) -> None:
+        """Merge ``manifest``'s data into the existing Secret (never read: the operator has
+        no ``get`` on Secrets)."""
         meta = manifest["metadata"]
         await self.client.patch(
             Secret,
             meta["name"],
             {"stringData": dict(manifest.get("stringData") or {})},
             namespace=meta["namespace"],
+            patch_type=PatchType.MERGE,
+        )
+
+    async def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge ``status`` into the EvalRun's status subresource now (not at the handler's
+        end), so a restart finds it even if this pass stops early."""
+        await self.client.patch(
+            EvalRunResource.Status,
+            name,
+            {"status": status},
+            namespace=namespace,
             patch_type=PatchType.MERGE,
         )
 
@@ -79,11 +93,6 @@ class Kube:
     async def config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         config_map = await self._get(ConfigMap, namespace, name)
         return None if config_map is None else dict(config_map.data or {})
-
-    async def secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        secret = await self._get(Secret, namespace, name)
-        value = None if secret is None else (secret.data or {}).get(key)
-        return base64.b64decode(value).decode() if value is not None else None
 
     async def suite(self, namespace: str, name: str) -> dict[str, Any] | None:
         suite = await self._get(EvalSuiteResource, namespace, name)

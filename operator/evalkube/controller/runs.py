@@ -35,6 +35,8 @@ from evalkube.models import EvalRunSpec, GateStatus, SpecError, TaskModelResult,
 from evalkube.store import ResultStore, RunRecord
 
 FINAL_PHASES = ("Succeeded", "Failed")
+#: The EvalRun status field holding the SHA-256 of the run's ingest token (never the token).
+TOKEN_DIGEST_FIELD = "ingestTokenSha256"
 #: Seconds a resolved ClusterIP of the ingest or gateway Service is reused.
 SERVICE_IP_CACHE_SECONDS = 300.0
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
@@ -196,12 +198,10 @@ class RunReconciler:
         suite = ((body.get("spec") or {}).get("suiteRef") or {}).get("name", "")
         if (body.get("status") or {}).get("phase") in FINAL_PHASES:
             return RunEntry(namespace, name, run_id, suite, token_digest="")
-        token = await self.kube.secret_value(
-            namespace, names.token_secret_name(name), manifests.TOKEN_KEY
-        )
-        if token is None:
+        token_digest = (body.get("status") or {}).get(TOKEN_DIGEST_FIELD)
+        if not token_digest:
             return None
-        return RunEntry(namespace, name, run_id, suite, digest(token))
+        return RunEntry(namespace, name, run_id, suite, str(token_digest))
 
     # -- setup: suite snapshot, token, network policy, store record ----------------------------
     def _register_finished(self, body: Mapping[str, Any]) -> None:
@@ -263,17 +263,8 @@ class RunReconciler:
         # an edit of the EvalRun's spec mid-run must not change the operator's plan either
         spec = validate_spec(EvalRunSpec, snapshot["run_spec"], prefix="spec")
         suite_name = str(snapshot["suite"]["name"])
-        token = await self.kube.secret_value(
-            namespace, names.token_secret_name(name), manifests.TOKEN_KEY
-        )
-        if token is None:
-            token = new_token()
-            if not await self.kube.create(manifests.token_secret(body, token)):
-                token = await self.kube.secret_value(
-                    namespace, names.token_secret_name(name), manifests.TOKEN_KEY
-                )
-                assert token is not None
-        entry = RunEntry(namespace, name, run_id, suite_name, digest(token))
+        token_digest = await self._ingest_token_digest(body)
+        entry = RunEntry(namespace, name, run_id, suite_name, token_digest)
         self.registry.register(entry)
         grant_expires = (
             await self._issue_grant(body, spec) if self.settings.egress_via_gateway else 0
@@ -294,6 +285,28 @@ class RunReconciler:
                     raise
         parsed = parse_snapshot(snapshot)
         return _Setup(snapshot, spec, entry, parsed, parsed.units(), grant_expires)
+
+    async def _ingest_token_digest(self, body: Mapping[str, Any]) -> str:
+        """The digest of the run's ingest token, recorded in its status.
+
+        The operator never reads a Secret (RBAC: create and patch only): it keeps the token's
+        SHA-256 in ``status.ingestTokenSha256``, written before any Job can use the token.
+        Without one (a new run, or a pass that stopped between the Secret and the status), it
+        makes a token and writes it into the Secret, created or overwritten: no Job exists yet.
+        """
+        meta = body["metadata"]
+        recorded = (body.get("status") or {}).get(TOKEN_DIGEST_FIELD)
+        if recorded:
+            return str(recorded)
+        token = new_token()
+        secret = manifests.token_secret(body, token)
+        if not await self.kube.create(secret):
+            await self.kube.overwrite_secret(secret)
+        token_digest = digest(token)
+        await self.kube.patch_run_status(
+            meta["namespace"], meta["name"], {TOKEN_DIGEST_FIELD: token_digest}
+        )
+        return token_digest
 
     # -- egress: the run's grant and the URLs pods use without DNS ------------------------------
     async def _issue_grant(self, body: Mapping[str, Any], spec: EvalRunSpec) -> int:

@@ -43,7 +43,11 @@ class OperatorSettings(BaseSettings):
     api_listen: str = "0.0.0.0:8081"
     """Address of the samples API, ``/metrics`` and ``/healthz`` (not reachable from work pods)."""
     namespace: str | None = None
-    """Watch only this namespace (default: all namespaces)."""
+    """Watch only this namespace (default: all namespaces); added to ``namespaces``."""
+    namespaces: list[str] = Field(default_factory=list)
+    """Watch only these namespaces (JSON list; the chart's ``watchNamespaces``). The operator
+    then needs a Role in each and nothing cluster-wide: kopf runs namespace-scoped with its
+    cluster scanning (namespaces, CRDs) off."""
     operator_namespace: str = "evalkube-system"
     """Namespace of the operator (egress from work-unit pods is allowed to it)."""
     operator_pod_labels: dict[str, str] = Field(
@@ -105,3 +109,9 @@ class OperatorSettings(BaseSettings):
     """Run with kopf peering (several replicas sharing a PostgreSQL store)."""
     peering_name: str = "evalkube"
     """Name of the kopf peering object replicas coordinate through."""
+
+    def watched_namespaces(self) -> list[str]:
+        """``namespaces`` plus ``namespace``, without repeats; empty means every namespace."""
+        return list(
+            dict.fromkeys([*self.namespaces, *([self.namespace] if self.namespace else [])])
+        )

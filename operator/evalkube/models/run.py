@@ -226,6 +226,9 @@ class EvalRunStatus(SpecModel):
     """Aggregates per task x model."""
     gate: GateStatus | None = None
     """The gate's checks, when the run has a gate."""
+    ingest_token_sha256: str | None = Field(default=None, max_length=128)
+    """SHA-256 of the run's ingest token (the token itself is in the run's Secret, which the
+    operator writes but never reads back)."""
 
 
 class EvalRun(SpecModel):

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -201,20 +202,66 @@ READ_TOKEN = "cluster-test-read-token"
 READ = {"Authorization": f"Bearer {READ_TOKEN}"}
 
 
+CHART = ROOT / "charts" / "evalkube"
+_RBAC_KINDS = {
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
+def chart_identity(cp: ControlPlane, system: str, watch: list[str], workdir: Path) -> Path:
+    """A kubeconfig of the chart's operator ServiceAccount (release ``evalkube`` in
+    ``system``) with exactly the chart's RBAC: every namespace, or a Role in each of ``watch``.
+    The operator tests run as this account, so they fail if the chart grants too little."""
+    import yaml
+
+    cp.kubectl("create", "namespace", system, check=False)
+    args = ["template", "evalkube", str(CHART), "--namespace", system]
+    for i, ns in enumerate(watch):
+        args += ["--set", f"watchNamespaces[{i}]={ns}"]
+    done = cp.run("helm", *args, timeout=120)
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d and d["kind"] in _RBAC_KINDS]
+    cp.apply(docs)
+    token = cp.kubectl("create", "token", "evalkube", "-n", system, "--duration=2h").stdout
+    config = yaml.safe_load(cp.kubeconfig.read_text())
+    config["users"][0]["user"] = {"token": token.strip()}
+    path = workdir / f"operator-{system}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
 @contextmanager
 def running_operator(
-    cp: ControlPlane, store: Path, port: int, **settings: str
+    cp: ControlPlane,
+    store: Path,
+    port: int,
+    *,
+    watch: list[str] | None = None,
+    **settings: str,
 ) -> Iterator[OperatorUrl]:
     """Run the operator (KopfRunner) until the block ends; yields its ingest URL (with the API
     URL as ``.api``).
 
+    It runs as the chart's ServiceAccount with the chart's RBAC (:func:`chart_identity`):
+    cluster-wide, or with ``watch`` namespace-scoped (the chart's ``watchNamespaces``).
     ``settings`` become ``EVALKUBE_<NAME>`` variables, read at the operator's startup.
     """
     from kopf.testing import KopfRunner
 
     api_port = _free_port()
+    system = settings.get("operator_namespace") or f"evk-sys-{uuid.uuid4().hex[:8]}"
+    kubeconfig = chart_identity(cp, system, watch or [], store.parent)
+    scope = [a for ns in watch for a in ("--namespace", ns)] if watch else ["-A"]
     env = {
-        "KUBECONFIG": str(cp.kubeconfig),
+        "KUBECONFIG": str(kubeconfig),
+        "EVALKUBE_NAMESPACES": json.dumps(watch or []),
         "EVALKUBE_STORE_URL": f"sqlite:///{store}",
         "EVALKUBE_LISTEN": f"127.0.0.1:{port}",
         "EVALKUBE_API_LISTEN": f"127.0.0.1:{api_port}",
@@ -228,7 +275,7 @@ def running_operator(
     os.environ.update(env)
     try:
         with KopfRunner(
-            ["run", "--standalone", "-A", "-m", "evalkube.controller.handlers"]
+            ["run", "--standalone", *scope, "-m", "evalkube.controller.handlers"]
         ) as runner:
             _wait_http(port)
             _wait_http(api_port)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from tests.cluster.ctrlplane import ControlPlane
@@ -114,7 +116,8 @@ def test_defaults_render_a_locked_down_operator(control_plane: ControlPlane) -> 
     assert kinds == [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
         "Deployment", "Deployment", "NetworkPolicy", "NetworkPolicy", "PersistentVolumeClaim",
-        "Role", "RoleBinding", "Secret", "Secret", "Service", "Service", "ServiceAccount",
+        "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Secret", "Service", "Service",
+        "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ]  # fmt: skip
     [deploy] = by_kind(docs, "Deployment", "operator")
     pod = deploy["spec"]["template"]["spec"]
@@ -291,21 +294,61 @@ def test_rbac_is_least_privilege(control_plane: ControlPlane) -> None:
         for resource in rule["resources"]:
             verbs.setdefault(resource, set()).update(rule["verbs"])
     assert "*" not in {v for vs in verbs.values() for v in vs}
-    assert verbs["secrets"] == {"get", "create", "patch", "delete"}  # no list/watch
-    assert verbs["pods"] == {"get", "list", "watch"}
-    assert {"create", "delete"} <= verbs["jobs"]
-    assert {"create", "delete"} <= verbs["networkpolicies"]
-    assert "create" in verbs["events"]
-    assert {"patch"} <= verbs["evalruns/status"]
+    assert verbs["secrets"] == {"create", "patch"}  # never read: no get, list or watch
+    assert "pods" not in verbs  # the operator never reads pods
+    assert verbs["jobs"] == {"list", "create"}  # ownerReferences delete them
+    assert verbs["networkpolicies"] == {"create"}
+    assert verbs["configmaps"] == {"get", "create"}  # by name: no cluster-wide list/watch
+    assert verbs["events"] == {"create"}
+    assert verbs["evalruns/status"] == {"get", "patch"}
+    # kopf and the operator patch: `update` only where an admission plugin asks for it
+    assert {r for r, vs in verbs.items() if "update" in vs} == {"evalruns/finalizers"}
+    assert "namespaces" not in verbs
+    # peering only with several replicas
+    assert "clusterkopfpeerings" not in verbs
+    assert "kopfpeerings" not in verbs
+    docs = render(
+        control_plane, "evalkube-system",
+        "replicas=2,store.type=postgres,store.postgres.existingSecret=pg",
+    )  # fmt: skip
+    resources = {r for role in by_kind(docs, "ClusterRole") for rule in role["rules"]
+                 for r in rule["resources"]}  # fmt: skip
+    assert {"clusterkopfpeerings", "kopfpeerings"} <= resources
+
+
+def test_watch_namespaces_renders_roles_only(control_plane: ControlPlane) -> None:
+    """watchNamespaces: a Role and RoleBinding in each namespace, nothing cluster-wide, and
+    the operator told the same list (kopf namespace-scoped)."""
+    docs = render(
+        control_plane,
+        "evalkube-system",
+        "watchNamespaces={team-a,team-b}",
+        "replicas=2,store.type=postgres,store.postgres.existingSecret=pg",
+    )
+    assert not by_kind(docs, "ClusterRole")
+    assert not by_kind(docs, "ClusterRoleBinding")
+    runs_roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "ev-evalkube-runs"]
+    assert sorted(r["metadata"]["namespace"] for r in runs_roles) == ["team-a", "team-b"]
+    bindings = {b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")}
+    assert {"team-a", "team-b"} <= bindings
+    peerings = [d for d in docs if d["kind"] == "KopfPeering"]
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    [operator] = by_kind(docs, "Deployment", "operator")
+    env = {
+        e["name"]: e.get("value")
+        for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert json.loads(env["EVALKUBE_NAMESPACES"]) == ["team-a", "team-b"]
 
 
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
         (["replicas=2"], "replicas=2 needs store.type=postgres"),
-        (["store.type=postgres"], "needs store.postgres.existingSecret"),
-        (["store.type=mysql"], "store.type must be sqlite or postgres"),
-        (["work.parallelism=0"], "work.parallelism must be between 1 and 1000"),
+        # the values schema (values.schema.json) refuses these before any template renders
+        (["store.type=postgres"], "at '/store/postgres/existingSecret': minLength"),
+        (["store.type=mysql"], "at '/store/type': value must be one of 'sqlite', 'postgres'"),
+        (["work.parallelism=0"], "at '/work/parallelism': minimum: got 0, want 1"),
     ],
 )
 def test_impossible_values_fail_at_render(
@@ -376,14 +419,23 @@ def test_install_and_rbac_with_can_i(chart_crds: ControlPlane, namespace: str) -
             return out.stdout.strip() == "yes"
 
         assert can("create", "jobs.batch")
-        assert can("delete", "networkpolicies.networking.k8s.io")
+        assert can("create", "networkpolicies.networking.k8s.io")
         assert can("create", "secrets")
         assert can("patch", "evalruns.evalkube.io/status")
         assert can("watch", "evalsuites.evalkube.io")
         assert can("create", "events")
         assert can("get", "configmaps")
-        assert not can("list", "secrets")
-        assert not can("watch", "secrets")
+        # Secrets are never read, here or in kube-system
+        for ns in ("team-x", "kube-system"):
+            for verb in ("get", "list", "watch"):
+                assert not can(verb, "secrets", ns)
+        assert not can("list", "configmaps")
+        assert not can("delete", "jobs.batch")
+        assert not can("delete", "networkpolicies.networking.k8s.io")
+        assert not can("update", "evalruns.evalkube.io")
+        assert not can("get", "pods")
+        assert not can("list", "namespaces")
+        assert not can("patch", "clusterkopfpeerings.kopf.dev")
         assert not can("delete", "pods")
         assert not can("create", "pods")
         assert not can("create", "deployments.apps")
@@ -397,3 +449,133 @@ def test_install_and_rbac_with_can_i(chart_crds: ControlPlane, namespace: str) -
         assert json.loads(status)["info"]["status"] == "deployed"
     finally:
         cp.run("helm", "uninstall", release, "--namespace", namespace)
+
+
+def _operator_client(cp: ControlPlane, namespace: str, account: str) -> httpx.Client:
+    """HTTP straight to the apiserver with the account's token: PATCH and POST as the
+    operator's client sends them (kubectl would GET first)."""
+    token = cp.kubectl("create", "token", account, "-n", namespace).stdout.strip()
+    return httpx.Client(
+        base_url=cp.server,
+        verify=ssl.create_default_context(cafile=str(cp.workdir / "pki" / "ca.crt")),
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+
+
+def test_namespaced_install_can_i(chart_crds: ControlPlane, namespace: str) -> None:
+    """watchNamespaces on the real apiserver: the operator may work in the listed namespaces
+    only, and holds nothing cluster-wide."""
+    cp = chart_crds
+    release = f"ev{uuid.uuid4().hex[:6]}"
+    watched, other = f"{namespace}-a", f"{namespace}-b"
+    for ns in (watched, other):
+        cp.kubectl("create", "namespace", ns)
+    helm(
+        cp,
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--set",
+        f"watchNamespaces={{{watched}}}",
+    )
+    try:
+        sa = f"system:serviceaccount:{namespace}:{release}-evalkube"
+
+        def can(verb: str, resource: str, ns: str | None) -> bool:
+            where = ["-n", ns] if ns else ["--all-namespaces"]
+            out = cp.kubectl("auth", "can-i", verb, resource, *where, "--as", sa, check=False)
+            return out.stdout.strip() == "yes"
+
+        for verb, resource in [
+            ("create", "jobs.batch"),
+            ("list", "jobs.batch"),
+            ("create", "secrets"),
+            ("watch", "evalruns.evalkube.io"),
+            ("patch", "evalsuites.evalkube.io/status"),
+            ("create", "events"),
+            ("get", "configmaps"),
+        ]:
+            assert can(verb, resource, watched), (verb, resource)
+            assert not can(verb, resource, other), (verb, resource)
+            assert not can(verb, resource, None), (verb, resource)
+        assert not can("get", "secrets", watched)
+        assert not can("list", "customresourcedefinitions.apiextensions.k8s.io", None)
+        assert not can("list", "namespaces", None)
+        assert not cp.kubectl_json(
+            "get", "clusterroles", "-l", f"app.kubernetes.io/instance={release}"
+        )["items"]
+    finally:
+        cp.run("helm", "uninstall", release, "--namespace", namespace)
+        for ns in (watched, other):
+            cp.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_secret_policy_confines_the_operators_secret_writes(
+    chart_crds: ControlPlane, namespace: str
+) -> None:
+    """RBAC lets the operator patch Secrets (the grant renewal), and a PATCH answers with the
+    whole Secret: the chart's admission policy refuses any write to a Secret that is not one of
+    its runs' (so it can neither read nor change kube-system's), and allows its own."""
+    cp = chart_crds
+    release = f"ev{uuid.uuid4().hex[:6]}"
+    helm(cp, "install", release, str(CHART), "--namespace", namespace)
+    refusal = "may only create and patch the Secrets of its EvalRuns"
+    merge = {"Content-Type": "application/merge-patch+json"}
+    try:
+        cp.kubectl("create", "secret", "generic", "precious", "-n", namespace,
+                   "--from-literal=password=hunter2")  # fmt: skip
+        cp.kubectl("create", "secret", "generic", "evk-test-precious", "-n", "kube-system",
+                   "--from-literal=password=hunter2")  # fmt: skip
+        cp.apply({
+            "apiVersion": "evalkube.io/v1alpha1", "kind": "EvalRun",
+            "metadata": {"name": "nightly", "namespace": namespace},
+            "spec": {"suiteRef": {"name": "qa"}, "models": ["precomputed"]},
+        })  # fmt: skip
+        uid = cp.kubectl_json("get", "evalrun", "nightly", "-n", namespace)["metadata"]["uid"]
+        owner = {"apiVersion": "evalkube.io/v1alpha1", "kind": "EvalRun", "name": "nightly",
+                 "uid": uid}  # fmt: skip
+        ours = {"app.kubernetes.io/managed-by": "evalkube",
+                "app.kubernetes.io/component": "ingest-token"}  # fmt: skip
+
+        def secret(name: str, labels: dict[str, str], owners: list[Any]) -> dict[str, Any]:
+            meta = {"name": name, "labels": labels, "ownerReferences": owners}
+            return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": meta,
+                    "stringData": {"token": "t"}}  # fmt: skip
+
+        with _operator_client(cp, namespace, f"{release}-evalkube") as api:
+            base = f"/api/v1/namespaces/{namespace}/secrets"
+            # what the operator makes: created, then patched in place
+            made = api.post(base, json=secret("nightly-ingest", ours, [owner]))
+            assert made.status_code == 201, made.text
+            patched = api.patch(f"{base}/nightly-ingest", headers=merge,
+                                json={"stringData": {"token": "u"}})  # fmt: skip
+            assert patched.status_code == 200, patched.text
+            # anything else is refused, naming the rule
+            for body in (
+                secret("plain", {}, []),
+                secret("unowned", ours, []),
+                secret("other", {**ours, "app.kubernetes.io/component": "x"}, [owner]),
+            ):
+                refused = api.post(base, json=body)
+                assert refused.status_code in (403, 422), refused.text
+                assert refusal in refused.text
+            # a patch (even an empty one) of a Secret it did not make: refused, nothing read
+            for where in (
+                f"{base}/precious",
+                "/api/v1/namespaces/kube-system/secrets/evk-test-precious",
+            ):
+                refused = api.patch(where, headers=merge, json={})
+                assert refused.status_code in (403, 422), refused.text
+                assert refusal in refused.text
+                assert "aHVudGVyMg" not in refused.text  # base64 of the password
+                assert api.get(where).status_code == 403  # and no read either
+            # nor can it take one of its own Secrets out of the policy's reach
+            unlabel = {"metadata": {"labels": {"app.kubernetes.io/managed-by": None}}}
+            refused = api.patch(f"{base}/nightly-ingest", headers=merge, json=unlabel)
+            assert refused.status_code in (403, 422), refused.text
+    finally:
+        cp.run("helm", "uninstall", release, "--namespace", namespace)
+        cp.kubectl("delete", "secret", "evk-test-precious", "-n", "kube-system", check=False)

@@ -1,12 +1,14 @@
 """Ingest auth from durable state, on the real apiserver: an operator replica that never
 reconciled a run (a standby behind the Service, or any replica right after a restart)
-accepts that run's posts with its token, read from the EvalRun and its Secret; a finished
-run takes none; another run's token and unknown runs are refused."""
+accepts that run's posts with its token, checked against the token's SHA-256 in the EvalRun's
+status (the operator never reads Secrets); a finished run takes none; another run's token and
+unknown runs are refused."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,8 @@ from evalkube.controller import names
 from evalkube.controller.api import ApiServer
 from evalkube.controller.kube import Kube
 from evalkube.controller.metrics import OperatorMetrics
-from evalkube.controller.registry import RunRegistry
-from evalkube.controller.runs import RunReconciler
+from evalkube.controller.registry import RunRegistry, digest
+from evalkube.controller.runs import TOKEN_DIGEST_FIELD, RunReconciler
 from evalkube.controller.settings import OperatorSettings
 from evalkube.store import ResultStore, RunRecord
 
@@ -46,6 +48,12 @@ def _apply_run(cp: ControlPlane, namespace: str, name: str, token: str) -> str:
             },
         ]
     )
+    # what the operator records when it creates the token (runs.TOKEN_DIGEST_FIELD)
+    status = json.dumps({"status": {TOKEN_DIGEST_FIELD: digest(token)}})
+    cp.kubectl(
+        "patch", "evalrun", name, "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", status,
+    )  # fmt: skip
     uid: str = cp.kubectl_json("get", "evalrun", name, "-n", namespace)["metadata"]["uid"]
     return names.run_id(namespace, name, uid)
 

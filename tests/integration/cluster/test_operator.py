@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,15 +32,38 @@ from tests.integration.cluster.operator_support import (
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["cluster-wide", "namespaced"])
 def operator(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    control_plane: ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Any]]:
-    """The operator (KopfRunner) with its store and HTTP servers on loopback."""
+    """The operator (KopfRunner) with its store and HTTP servers on loopback, as the chart's
+    ServiceAccount: every namespace (ClusterRoles), or ``watchNamespaces`` (Roles in three
+    namespaces made here, handed out to the tests by ``cluster_namespace``)."""
     install_crds(control_plane)
     store = tmp_path_factory.mktemp("operator") / "results.db"
-    with running_operator(control_plane, store, _free_port()) as url:
-        yield {"url": url, "store": str(store)}
+    watch: list[str] = []
+    if request.param == "namespaced":
+        watch = [f"evk-w{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+        for ns in watch:
+            control_plane.kubectl("create", "namespace", ns)
+    with running_operator(control_plane, store, _free_port(), watch=watch) as url:
+        yield {"url": url, "store": str(store), "free": list(watch), "watch": watch}
+    for ns in watch:
+        control_plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.fixture
+def cluster_namespace(control_plane: ControlPlane, operator: dict[str, Any]) -> Iterator[str]:
+    """A fresh namespace the operator watches."""
+    if operator["watch"]:
+        yield operator["free"].pop()
+        return
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def test_run_reaches_succeeded_with_exact_scores(
@@ -173,3 +197,35 @@ def test_wrong_token_is_rejected(operator: dict[str, Any], cluster_namespace: st
         headers={"Authorization": "Bearer forged"},
     )
     assert response.status_code == 404
+
+
+def test_namespaced_operator_leaves_other_namespaces_alone(
+    control_plane: ControlPlane, operator: dict[str, Any], cluster_namespace: str
+) -> None:
+    """watchNamespaces: kopf is scoped to the listed namespaces (and its RBAC stops there): a
+    run elsewhere gets no status, while one in a watched namespace is picked up."""
+    if not operator["watch"]:
+        pytest.skip("cluster-wide: every namespace is watched")
+    cp = control_plane
+    outside = f"evk-out-{uuid.uuid4().hex[:6]}"
+    cp.kubectl("create", "namespace", outside)
+    try:
+        for ns in (outside, cluster_namespace):
+            cp.apply(suite(ns))
+            cp.apply(run(ns))
+        cp.wait_for(
+            lambda: (cp.kubectl_json("get", "evalrun", "nightly", "-n", cluster_namespace)
+                     .get("status", {}).get("phase")),
+            timeout=30,
+            what="the watched namespace's run picked up",
+        )  # fmt: skip
+        watched_suite = cp.kubectl_json("get", "evalsuite", "qa", "-n", cluster_namespace)
+        assert watched_suite.get("status")
+        for kind in ("evalrun/nightly", "evalsuite/qa"):
+            assert not cp.kubectl_json("get", kind, "-n", outside).get("status")
+        assert not cp.kubectl_json("get", "jobs", "-n", outside)["items"]
+    finally:
+        # no run left behind for the next module's cluster-wide operator to trip over
+        for ns in (outside, cluster_namespace):
+            cp.kubectl("delete", "evalrun", "--all", "-n", ns, "--wait=true", check=False)
+        cp.kubectl("delete", "namespace", outside, "--wait=false", check=False)
