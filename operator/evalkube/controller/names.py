@@ -21,7 +21,8 @@ def _short(value: str, size: int = 8) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:size]
 
 
-def _fit(base: str, suffix: str, limit: int = 63) -> str:
+def fit(base: str, suffix: str, limit: int = 63) -> str:
+    """`base-suffix` within `limit` characters (a long base is cut and hashed)."""
     room = limit - len(suffix) - 1
     if len(base) > room:
         base = base[: room - 9].rstrip("-") + "-" + _short(base)
@@ -35,21 +36,21 @@ def run_id(namespace: str, name: str, uid: str) -> str:
 
 def job_name(run_name: str, unit_id: str) -> str:
     """The unit's Job (a DNS label: at most 63 characters)."""
-    return _fit(run_name, "u" + _short(unit_id, 10))
+    return fit(run_name, "u" + _short(unit_id, 10))
 
 
 def snapshot_name(run_name: str) -> str:
-    return _fit(run_name, "snapshot", 253)
+    return fit(run_name, "snapshot", 253)
 
 
 def token_secret_name(run_name: str) -> str:
-    return _fit(run_name, "ingest", 253)
+    return fit(run_name, "ingest", 253)
 
 
 def network_policy_name(run_name: str) -> str:
-    return _fit(run_name, "egress", 253)
+    return fit(run_name, "egress", 253)
 
 
 def egress_grant_secret_name(run_name: str) -> str:
     """The Secret holding the run's egress grant (mounted into proxy containers only)."""
-    return _fit(run_name, "egress-grant", 253)
+    return fit(run_name, "egress-grant", 253)
