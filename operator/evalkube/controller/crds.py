@@ -43,7 +43,7 @@ from evalkube.models import (
     EvalScheduleStatus,
     EvalSuiteSpec,
 )
-from evalkube.models.run import MODEL_ID
+from evalkube.models.run import MODEL_ID, QUEUE_NAME
 
 __all__ = [
     "CATEGORY",
@@ -124,6 +124,7 @@ CRD_LIMITS: Final[dict[str, dict[str, Schema]]] = {
         "spec.providers{}.credentialsSecretRef.name": {"maxLength": 253},
         "spec.providers{}.credentialsSecretRef.key": {"maxLength": 253},
         "spec.providers{}.apiKeyEnv": {"maxLength": 253},
+        "spec.queueName": {"pattern": QUEUE_NAME.pattern},
     },
 }
 #: An EvalSchedule's ``runTemplate.spec`` is an EvalRun spec: the same bounds, and the rules

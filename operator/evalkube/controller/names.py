@@ -14,6 +14,8 @@ LABEL_UNIT = f"{DOMAIN}/unit"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 ANNOTATION_UNIT_ID = f"{DOMAIN}/unit-id"
+#: Kueue's label naming the LocalQueue of a Job (``spec.queueName``).
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 MANAGED_BY = "evalkube"
 
 
