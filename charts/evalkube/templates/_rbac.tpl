@@ -9,13 +9,15 @@ resource in a line). docs/install.md#rbac says why each is needed. */}}
 
 {{/* What the operator does inside a watched namespace: in a Role there (watchNamespaces), or
 in a ClusterRole bound cluster-wide. No `update` (kopf and the operator only patch), no
-delete (ownerReferences to the EvalRun clean up), no list/watch except where it lists. */}}
+delete but of EvalRuns a schedule no longer keeps (ownerReferences clean up the rest), no list/watch except where it lists. */}}
 {{- define "evalkube.namespacedRules" -}}
 # its own kinds: read specs; kopf's annotations (patch) and status (patch)
-- {apiGroups: [evalkube.io], resources: [evalsuites, evalruns], verbs: [get, list, watch, patch]}
-- {apiGroups: [evalkube.io], resources: [evalsuites/status, evalruns/status], verbs: [get, patch]}
+- {apiGroups: [evalkube.io], resources: [evalsuites, evalruns, evalschedules], verbs: [get, list, watch, patch]}
+- {apiGroups: [evalkube.io], resources: [evalsuites/status, evalruns/status, evalschedules/status], verbs: [get, patch]}
+# EvalSchedules create their EvalRuns and delete those beyond the history limits
+- {apiGroups: [evalkube.io], resources: [evalruns], verbs: [create, delete]}
 # ownerReferences with blockOwnerDeletion on what it creates (OwnerReferencesPermissionEnforcement)
-- {apiGroups: [evalkube.io], resources: [evalruns/finalizers], verbs: [update]}
+- {apiGroups: [evalkube.io], resources: [evalruns/finalizers, evalschedules/finalizers], verbs: [update]}
 # one Job per work unit; the run's Jobs are listed by label
 - {apiGroups: [batch], resources: [jobs], verbs: [list, create]}
 # one NetworkPolicy per run

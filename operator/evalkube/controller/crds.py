@@ -1,4 +1,5 @@
-"""The EvalSuite and EvalRun CustomResourceDefinitions, generated from the pydantic models.
+"""The EvalSuite, EvalRun and EvalSchedule CustomResourceDefinitions, generated from the
+pydantic models.
 
 The models in :mod:`evalkube.models` are the single source of truth. This module turns their
 JSON schema (``model_json_schema(by_alias=True, mode="validation")``) into *structural*
@@ -34,8 +35,14 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel, TypeAdapter
 
-from evalkube.models import EvalRunSpec, EvalRunStatus, EvalSuiteSpec
-from evalkube.models.run import MODEL_ID
+from evalkube.models import (
+    EvalRunSpec,
+    EvalRunStatus,
+    EvalScheduleSpec,
+    EvalScheduleStatus,
+    EvalSuiteSpec,
+)
+from evalkube.models.run import MODEL_ID, QUEUE_NAME
 from evalkube.models.suite import EvalSuiteStatus
 
 __all__ = [
@@ -48,6 +55,7 @@ __all__ = [
     "check_crds",
     "crd_filename",
     "evalrun_crd",
+    "evalschedule_crd",
     "evalsuite_crd",
     "render_crd",
     "structural_schema",
@@ -116,7 +124,17 @@ CRD_LIMITS: Final[dict[str, dict[str, Schema]]] = {
         "spec.providers{}.credentialsSecretRef.name": {"maxLength": 253},
         "spec.providers{}.credentialsSecretRef.key": {"maxLength": 253},
         "spec.providers{}.apiKeyEnv": {"maxLength": 253},
+        "spec.queueName": {"pattern": QUEUE_NAME.pattern},
     },
+}
+#: An EvalSchedule's ``runTemplate.spec`` is an EvalRun spec: the same bounds, and the rules
+#: below, apply there.
+_TEMPLATE = "spec.runTemplate."
+CRD_LIMITS["EvalSchedule"] = {
+    "spec.timeZone": {"maxLength": 64},
+    "spec.runTemplate.metadata.labels": {"maxProperties": 64},
+    "spec.runTemplate.metadata.annotations": {"maxProperties": 64},
+    **{_TEMPLATE + path: dict(bound) for path, bound in CRD_LIMITS["EvalRun"].items()},
 }
 
 _TOP_LEVEL_DESCRIPTIONS: Final = {
@@ -291,6 +309,10 @@ CRD_RULES: Final[dict[str, dict[str, tuple[Rule, ...]]]] = {
     },
 }
 
+CRD_RULES["EvalSchedule"] = {
+    _TEMPLATE + path: rules for path, rules in CRD_RULES["EvalRun"].items()
+}
+
 # --------------------------------------------------------------------------------------------
 # JSON schema -> structural OpenAPI v3
 # --------------------------------------------------------------------------------------------
@@ -439,6 +461,8 @@ class _Kind:
     status: type[BaseModel]
     columns: list[Schema] = field(default_factory=list)
     required_spec: tuple[str, ...] = ()
+    required_at: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Fields required below ``spec``: (path from the root, field names)."""
 
 
 _AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
@@ -495,6 +519,41 @@ _KINDS: Final = {
             _AGE,
         ],
     ),
+    "EvalSchedule": _Kind(
+        kind="EvalSchedule",
+        plural="evalschedules",
+        short_name="evsc",
+        spec=EvalScheduleSpec,
+        status=EvalScheduleStatus,
+        required_at=(("spec.runTemplate.spec", ("suiteRef",)),),
+        columns=[
+            {
+                "name": "Schedule",
+                "type": "string",
+                "jsonPath": ".spec.schedule",
+                "description": "Cron expression (in the time zone).",
+            },
+            {
+                "name": "Timezone",
+                "type": "string",
+                "jsonPath": ".spec.timeZone",
+                "description": "IANA time zone of the schedule (default UTC).",
+            },
+            {
+                "name": "Suspend",
+                "type": "boolean",
+                "jsonPath": ".spec.suspend",
+                "description": "No runs are created while true.",
+            },
+            {
+                "name": "Last Schedule",
+                "type": "date",
+                "jsonPath": ".status.lastScheduleTime",
+                "description": "The latest scheduled time a run was created for.",
+            },
+            _AGE,
+        ],
+    ),
 }
 
 
@@ -518,6 +577,9 @@ def _openapi(kind: _Kind) -> Schema:
             "status": status,
         },
     }
+    for path, required in kind.required_at:
+        node = _walk(root, path)
+        node["required"] = sorted({*node.get("required", ()), *required})
     _apply_overlays(kind.kind, root)
     return root
 
@@ -530,6 +592,10 @@ _KINDS_DOC: Final = {
     "EvalRun": (
         "One evaluation of an EvalSuite with one or more models; the operator runs the "
         "graders in sandboxed Jobs and writes the aggregated scores into status."
+    ),
+    "EvalSchedule": (
+        "EvalRuns created from a template on a cron schedule (as a CronJob creates Jobs); "
+        "their scores feed the `lastSucceeded` baseline of later gates."
     ),
 }
 
@@ -577,9 +643,14 @@ def evalrun_crd() -> Schema:
     return _crd(_KINDS["EvalRun"])
 
 
+def evalschedule_crd() -> Schema:
+    """The ``evalschedules.evalkube.io`` CustomResourceDefinition."""
+    return _crd(_KINDS["EvalSchedule"])
+
+
 def all_crds() -> list[Schema]:
     """Every CRD evalkube installs, in a stable order."""
-    return [evalsuite_crd(), evalrun_crd()]
+    return [evalsuite_crd(), evalrun_crd(), evalschedule_crd()]
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from evalkube.controller.snapshot import check_suite
 from evalkube.controller.state import OperatorState, suite_status
 
 GROUP, VERSION = "evalkube.io", "v1alpha1"
-#: Read at import only for the timer's interval (kopf fixes it when the decorator runs);
+#: Read at import only for the timers' intervals (kopf fixes it when the decorator runs);
 #: every other setting is read again at startup, so an operator restarted in the same
 #: process (tests with ``KopfRunner``) picks up its current environment.
 _IMPORT_SETTINGS = OperatorSettings()
@@ -91,3 +91,10 @@ async def run_tick(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> N
 async def run_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     memo.state.registry.forget(namespace or "", name)
     memo.state.reconciler.forget(namespace or "", name)
+
+
+@kopf.timer(GROUP, VERSION, "evalschedules", interval=_IMPORT_SETTINGS.schedule_interval)
+async def schedule_tick(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    new = await memo.state.schedules.reconcile(body)
+    if new is not None:
+        patch.status.update(new)

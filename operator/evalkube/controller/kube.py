@@ -14,12 +14,15 @@ from lightkube.codecs import from_dict
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import ConfigMap, Secret, Service
-from lightkube.types import PatchType
+from lightkube.types import CascadeType, PatchType
 
 from evalkube.controller import names
 
 EvalSuiteResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalSuite", "evalsuites")
 EvalRunResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalRun", "evalruns")
+EvalScheduleResource = create_namespaced_resource(
+    "evalkube.io", "v1alpha1", "EvalSchedule", "evalschedules"
+)
 
 
 class Kube:
@@ -33,13 +36,18 @@ class Kube:
 
     async def create(self, manifest: Mapping[str, Any]) -> bool:
         """Create ``manifest``; ``False`` when it already existed."""
+        return await self.create_object(manifest) is not None
+
+    async def create_object(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create ``manifest``; the object as created (with its uid), ``None`` when it
+        already existed."""
         try:
-            await self.client.create(from_dict(dict(manifest)))
+            created: Any = await self.client.create(from_dict(dict(manifest)))
         except ApiError as exc:
             if exc.status.code == 409:
-                return False
+                return None
             raise
-        return True
+        return dict(created.to_dict())
 
     async def create_or_update_secret(self, manifest: Mapping[str, Any]) -> None:
         """Create the Secret ``manifest``, or merge its data into the existing one."""
@@ -101,6 +109,28 @@ class Kube:
     async def run(self, namespace: str, name: str) -> dict[str, Any] | None:
         found = await self._get(EvalRunResource, namespace, name)
         return None if found is None else dict(found.to_dict())
+
+    async def labelled_runs(
+        self, namespace: str, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """The EvalRuns of ``namespace`` carrying ``labels``."""
+        found: list[Any] = [
+            run
+            async for run in self.client.list(
+                EvalRunResource, namespace=namespace, labels=dict(labels)
+            )
+        ]
+        return [dict(run.to_dict()) for run in found]
+
+    async def delete_run(self, namespace: str, name: str) -> None:
+        """Delete an EvalRun and, in the background, what it owns; gone already is fine."""
+        try:
+            await self.client.delete(
+                EvalRunResource, name, namespace=namespace, cascade=CascadeType.BACKGROUND
+            )
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
 
     async def unit_jobs(self, namespace: str, run_name: str) -> dict[str, dict[str, Any]]:
         """The run's Jobs by unit id."""

@@ -252,6 +252,8 @@ def unit_job(
     meta["labels"][names.LABEL_UNIT] = names.job_name(run_name, unit.unit_id)[-11:]
     meta["annotations"] = {names.ANNOTATION_UNIT_ID: unit.unit_id}
     pod_labels = dict(meta["labels"])
+    if spec.queue_name:  # Kueue admits the Job by unsuspending it
+        meta["labels"][names.LABEL_KUEUE_QUEUE] = spec.queue_name
     provider_mounts, provider_volumes, provider_env = _provider_credentials(spec)
     volumes: list[dict[str, Any]] = [
         {"name": "snapshot", "configMap": {"name": names.snapshot_name(run_name)}},
@@ -424,6 +426,7 @@ def unit_job(
         "kind": "Job",
         "metadata": meta,
         "spec": {
+            **({"suspend": True} if spec.queue_name else {}),
             "backoffLimit": settings.job_backoff_limit,
             "ttlSecondsAfterFinished": settings.job_ttl_seconds,
             "activeDeadlineSeconds": active_deadline(

@@ -14,6 +14,8 @@ LABEL_UNIT = f"{DOMAIN}/unit"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 ANNOTATION_UNIT_ID = f"{DOMAIN}/unit-id"
+#: Kueue's label naming the LocalQueue of a Job (``spec.queueName``).
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 MANAGED_BY = "evalkube"
 
 
@@ -21,7 +23,8 @@ def _short(value: str, size: int = 8) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:size]
 
 
-def _fit(base: str, suffix: str, limit: int = 63) -> str:
+def fit(base: str, suffix: str, limit: int = 63) -> str:
+    """`base-suffix` within `limit` characters (a long base is cut and hashed)."""
     room = limit - len(suffix) - 1
     if len(base) > room:
         base = base[: room - 9].rstrip("-") + "-" + _short(base)
@@ -35,21 +38,21 @@ def run_id(namespace: str, name: str, uid: str) -> str:
 
 def job_name(run_name: str, unit_id: str) -> str:
     """The unit's Job (a DNS label: at most 63 characters)."""
-    return _fit(run_name, "u" + _short(unit_id, 10))
+    return fit(run_name, "u" + _short(unit_id, 10))
 
 
 def snapshot_name(run_name: str) -> str:
-    return _fit(run_name, "snapshot", 253)
+    return fit(run_name, "snapshot", 253)
 
 
 def token_secret_name(run_name: str) -> str:
-    return _fit(run_name, "ingest", 253)
+    return fit(run_name, "ingest", 253)
 
 
 def network_policy_name(run_name: str) -> str:
-    return _fit(run_name, "egress", 253)
+    return fit(run_name, "egress", 253)
 
 
 def egress_grant_secret_name(run_name: str) -> str:
     """The Secret holding the run's egress grant (mounted into proxy containers only)."""
-    return _fit(run_name, "egress-grant", 253)
+    return fit(run_name, "egress-grant", 253)

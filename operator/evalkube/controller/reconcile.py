@@ -20,7 +20,7 @@ from typing import Literal
 
 from evalkube.engine.plan import Unit
 
-JobPhase = Literal["active", "succeeded", "failed"]
+JobPhase = Literal["active", "queued", "succeeded", "failed"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class Decision:
     total: int = 0
     done: int = 0
     active: int = 0
+    """Units with an unfinished Job, ``queued`` ones included."""
+    queued: int = 0
+    """Units whose Job is suspended (waiting for Kueue to admit it)."""
     failed: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -53,6 +56,7 @@ class Decision:
             "running": self.active,
             "failed": len(self.failed),
             "pending": self.total - self.done - self.active - len(self.failed),
+            "queued": self.queued,
         }
 
 
@@ -82,6 +86,7 @@ def decide(
             failed_groups.add(group)
         elif job is not None:
             decision.active += 1
+            decision.queued += job.phase == "queued"
             if unit.kind == "shard":
                 pending_groups.add(group)
         else:
@@ -107,9 +112,12 @@ def decide(
 
 
 def job_state(job: Mapping[str, object]) -> JobState:
-    """Read a Job's state from its status conditions."""
+    """Read a Job's state from its status conditions; an unfinished Job that is suspended
+    (created so for Kueue, not admitted yet, or preempted) is ``queued``."""
     status = job.get("status") or {}
+    spec = job.get("spec") or {}
     assert isinstance(status, dict)
+    assert isinstance(spec, dict)
     for condition in status.get("conditions") or []:
         if condition.get("status") != "True":
             continue
@@ -119,7 +127,7 @@ def job_state(job: Mapping[str, object]) -> JobState:
             reason = condition.get("reason", "")
             message = condition.get("message", "")
             return JobState("failed", f"{reason}: {message}".strip(": "))
-    return JobState("active")
+    return JobState("queued" if spec.get("suspend") else "active")
 
 
 def summary_line(metrics: Mapping[str, Mapping[str, float]]) -> str:

@@ -418,6 +418,14 @@ class RunReconciler:
             "startedAt": status.get("startedAt") or _now(),
         }
         conditions = [condition("Ready", True, "Running", "work units are running", generation)]
+        if decision.queued:
+            queue = setup.spec.queue_name
+            message = f"{decision.queued} of {decision.total} work-unit Jobs are suspended, " + (
+                f"waiting for Kueue to admit them from LocalQueue {queue!r}"
+                if queue
+                else "not by evalkube; set their spec.suspend to false to go on"
+            )
+            conditions = [condition("Ready", False, "Queued", message, generation)]
         if decision.complete:
             suite_spec = setup.parsed.loaded.suite.spec
             criteria_of = suite_criteria(suite_spec)

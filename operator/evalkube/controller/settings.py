@@ -101,6 +101,12 @@ class OperatorSettings(BaseSettings):
     """Added to a unit's worst-case grading time for ``activeDeadlineSeconds``."""
     reconcile_interval: float = Field(default=2.0, gt=0)
     """Seconds between reconciles of a running EvalRun (its timer; read once per process)."""
+    schedule_interval: float = Field(default=10.0, gt=0)
+    """Seconds between passes over each EvalSchedule (its timer; read once per process), so a
+    run starts at most this late after its scheduled time."""
+    schedule_clock_offset_seconds: float = 0.0
+    """Added to the clock EvalSchedules are read against; tests move time forward with it
+    instead of waiting for the next minute. Leave 0."""
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     """Extra annotations on work-unit pods (JSON object in the environment variable)."""
     node_selector: dict[str, str] = Field(default_factory=dict)

@@ -15,13 +15,14 @@ from evalkube.controller.kube import Kube
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunRegistry
 from evalkube.controller.runs import EventSink, RunReconciler
+from evalkube.controller.schedules import ScheduleReconciler
 from evalkube.controller.settings import OperatorSettings
 from evalkube.store import ResultStore
 
 
 @dataclass
 class OperatorState:
-    """Store, registry, metrics, API server and reconciler of one operator process."""
+    """Store, registry, metrics, API server and reconcilers of one operator process."""
 
     settings: OperatorSettings
     store: ResultStore
@@ -30,6 +31,7 @@ class OperatorState:
     kube: Kube
     reconciler: RunReconciler
     runners: list[web.AppRunner]
+    schedules: ScheduleReconciler
 
     @classmethod
     async def start(
@@ -51,7 +53,8 @@ class OperatorState:
             await _serve(api.ingest_app, settings.listen),
             await _serve(api.api_app, settings.api_listen),
         ]
-        return cls(settings, store, registry, metrics, kube, reconciler, runners)
+        schedules = ScheduleReconciler(kube, settings, event)
+        return cls(settings, store, registry, metrics, kube, reconciler, runners, schedules)
 
     async def close(self) -> None:
         for runner in self.runners:

@@ -18,6 +18,13 @@ from evalkube.models.run import (
     SuiteRef,
     TaskModelResult,
 )
+from evalkube.models.schedule import (
+    EvalSchedule,
+    EvalScheduleSpec,
+    EvalScheduleStatus,
+    RunReference,
+    RunTemplate,
+)
 from evalkube.models.suite import (
     ConfigMapKeyRef,
     DatasetSpec,
@@ -40,6 +47,9 @@ __all__ = [
     "EvalRun",
     "EvalRunSpec",
     "EvalRunStatus",
+    "EvalSchedule",
+    "EvalScheduleSpec",
+    "EvalScheduleStatus",
     "EvalSuite",
     "EvalSuiteSpec",
     "ExtractionSpec",
@@ -53,6 +63,8 @@ __all__ = [
     "OutputsSpec",
     "PreprocessSpec",
     "ProviderSpec",
+    "RunReference",
+    "RunTemplate",
     "SampleCounts",
     "SecretKeyRef",
     "SpecError",

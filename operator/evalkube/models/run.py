@@ -13,6 +13,8 @@ from evalkube.models.gate import GateSpec, GateStatus
 from evalkube.models.meta import ObjectMeta
 
 MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9_-]*(:.+)?$")
+#: A Kueue LocalQueue name as a label value can hold it (a DNS subdomain within 63 characters).
+QUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 PRECOMPUTED = "precomputed"
 
 
@@ -96,6 +98,9 @@ class EvalRunSpec(SpecModel):
     """Rows per work unit."""
     gate: GateSpec | None = None
     """Thresholds, error rate and baseline the finished run must pass (the Passed condition)."""
+    queue_name: str | None = Field(default=None, max_length=63)
+    """Kueue LocalQueue of the run's work-unit Jobs: they get the label
+    ``kueue.x-k8s.io/queue-name`` and start suspended until Kueue admits them (cluster only)."""
 
     @field_validator("models")
     @classmethod
@@ -107,6 +112,16 @@ class EvalRunSpec(SpecModel):
                 )
         if len(set(value)) != len(value):
             raise ValueError("models must be unique")
+        return value
+
+    @field_validator("queue_name")
+    @classmethod
+    def _queue_name(cls, value: str | None) -> str | None:
+        if value is not None and not QUEUE_NAME.match(value):
+            raise ValueError(
+                f"{value!r} is not a Kueue LocalQueue name: use lowercase letters, digits, "
+                "'-' and '.', starting and ending with a letter or digit"
+            )
         return value
 
     @model_validator(mode="after")
@@ -201,6 +216,8 @@ class UnitCounts(SpecModel):
     """Units whose Job failed after its retries, or that never reported; see the conditions."""
     pending: int = 0
     """Units waiting for a Job (parallelism cap, or a grade_batch unit waiting for its shards)."""
+    queued: int = 0
+    """Running units whose Job is suspended, waiting for Kueue to admit it (``queueName``)."""
 
 
 class EvalRunStatus(SpecModel):

@@ -90,7 +90,11 @@ def _crds() -> list[dict[str, Any]]:
 
     return [
         yaml.safe_load((ROOT / "crds" / f).read_text())
-        for f in ("evalsuites.evalkube.io.yaml", "evalruns.evalkube.io.yaml")
+        for f in (
+            "evalsuites.evalkube.io.yaml",
+            "evalruns.evalkube.io.yaml",
+            "evalschedules.evalkube.io.yaml",
+        )
     ]
 
 
@@ -187,6 +191,7 @@ def install_crds(cp: ControlPlane) -> None:
         "--for=condition=Established",
         "crd/evalruns.evalkube.io",
         "crd/evalsuites.evalkube.io",
+        "crd/evalschedules.evalkube.io",
     )
 
 
@@ -352,3 +357,29 @@ def annotate_pods(cp: ControlPlane, namespace: str, job: str, value: str) -> Non
             f"evalkube.io/kwok-complete={value}",
             "--overwrite",
         )
+
+
+def play_jobs(
+    cp: ControlPlane, ns: str, name: str, url: OperatorUrl, tmp: Path, played: set[str]
+) -> None:
+    """Play the unit Jobs of run ``name`` not in ``played`` (Job names, added). Selected by
+    the run's label: runs of one suite have the same unit ids."""
+    jobs = cp.kubectl_json("get", "jobs", "-n", ns, "-l", f"evalkube.io/run={name}")["items"]
+    for job in jobs:
+        if job["metadata"]["name"] not in played:
+            played.add(job["metadata"]["name"])
+            _play_unit(cp, ns, job, url, tmp)
+
+
+def play_to_the_end(
+    cp: ControlPlane, ns: str, name: str, url: OperatorUrl, tmp: Path
+) -> dict[str, Any]:
+    """Play every unit Job of run ``name`` as it appears; the finished status."""
+    played: set[str] = set()
+
+    def step() -> dict[str, Any] | None:
+        play_jobs(cp, ns, name, url, tmp, played)
+        return finished(cp, ns, name)
+
+    status: dict[str, Any] = cp.wait_for(step, timeout=180, what=f"{name} finished")
+    return status

@@ -75,7 +75,12 @@ def by_kind(
 @pytest.fixture(scope="module")
 def chart_crds(control_plane: ControlPlane) -> ControlPlane:
     control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    for name in ("evalsuites.evalkube.io", "evalruns.evalkube.io", "clusterkopfpeerings.kopf.dev"):
+    for name in (
+        "evalsuites.evalkube.io",
+        "evalruns.evalkube.io",
+        "evalschedules.evalkube.io",
+        "clusterkopfpeerings.kopf.dev",
+    ):
         control_plane.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
     return control_plane
 
@@ -439,7 +444,12 @@ def test_install_and_rbac_with_can_i(chart_crds: ControlPlane, namespace: str) -
         assert not can("delete", "pods")
         assert not can("create", "pods")
         assert not can("create", "deployments.apps")
-        assert not can("delete", "evalruns.evalkube.io")
+        # an EvalSchedule's runs: created per scheduled time, deleted beyond the history limits
+        assert can("create", "evalruns.evalkube.io")
+        assert can("delete", "evalruns.evalkube.io")
+        assert can("patch", "evalschedules.evalkube.io/status")
+        assert not can("delete", "evalsuites.evalkube.io")
+        assert not can("delete", "evalschedules.evalkube.io")
         assert not can("create", "rolebindings.rbac.authorization.k8s.io")
         # the ClusterIPs of its own Service and the gateway's, and of no other Service
         assert can("get", f"services/{release}-evalkube-egress", namespace)

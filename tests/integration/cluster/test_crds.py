@@ -27,7 +27,7 @@ API_VERSION = "evalkube.io/v1alpha1"
 def install_crds(cp: ControlPlane) -> None:
     """Apply the generated CRDs (idempotent) and wait until both are Established."""
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
-    for name in ("evalsuites.evalkube.io", "evalruns.evalkube.io"):
+    for name in ("evalsuites.evalkube.io", "evalruns.evalkube.io", "evalschedules.evalkube.io"):
         cp.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
 
 

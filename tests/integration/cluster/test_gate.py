@@ -21,10 +21,8 @@ from tests.integration.cluster.operator_support import (
     READ_TOKEN,
     OperatorUrl,
     _free_port,
-    _jobs,
-    _play_unit,
-    finished,
     install_crds,
+    play_to_the_end,
     run,
     running_operator,
     suite,
@@ -44,24 +42,6 @@ def operator(
     store = tmp_path_factory.mktemp("operator") / "results.db"
     with running_operator(control_plane, store, _free_port()) as url:
         yield url
-
-
-def play_to_the_end(
-    cp: ControlPlane, ns: str, name: str, url: OperatorUrl, tmp: Path
-) -> dict[str, Any]:
-    """Play every unit Job of run ``name`` as it appears; the finished status."""
-    played: set[str] = set()
-
-    def step() -> dict[str, Any] | None:
-        for unit_id, job in _jobs(cp, ns).items():
-            owner = job["metadata"]["ownerReferences"][0]["name"]
-            if owner == name and unit_id not in played:
-                played.add(unit_id)
-                _play_unit(cp, ns, job, url, tmp)
-        return finished(cp, ns, name)
-
-    status: dict[str, Any] = cp.wait_for(step, timeout=180, what=f"{name} finished")
-    return status
 
 
 def gated(ns: str, name: str, gate: dict[str, Any]) -> dict[str, Any]:

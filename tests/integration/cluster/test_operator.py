@@ -129,7 +129,14 @@ def test_run_reaches_succeeded_with_exact_scores(
     assert results["sentiment"]["metrics"]["macro_f1"] == pytest.approx(0.655556, abs=1e-6)
     assert results["sentiment"]["metrics"]["correct"] == pytest.approx(4 / 6)
     assert "debug_label_count" not in results["sentiment"]["metrics"]
-    assert status["units"] == {"total": 5, "succeeded": 5, "running": 0, "failed": 0, "pending": 0}
+    assert status["units"] == {
+        "total": 5,
+        "succeeded": 5,
+        "running": 0,
+        "failed": 0,
+        "pending": 0,
+        "queued": 0,
+    }
     ready = {c["type"]: c for c in status["conditions"]}
     assert ready["Succeeded"]["status"] == "True"
     assert ready["Succeeded"]["observedGeneration"] == 1

@@ -77,7 +77,14 @@ def test_failed_and_silent_units_fail_the_run_as_documented(
     # the aggregate unit of sentiment never got a Job
     assert "sentiment.precomputed.batch" not in _jobs(cp, ns)
 
-    assert status["units"] == {"total": 5, "succeeded": 2, "running": 0, "failed": 3, "pending": 0}
+    assert status["units"] == {
+        "total": 5,
+        "succeeded": 2,
+        "running": 0,
+        "failed": 3,
+        "pending": 0,
+        "queued": 0,
+    }
     conditions = {c["type"]: c for c in status["conditions"]}
     for kind in ("Succeeded", "Ready"):
         assert conditions[kind]["status"] == "False"

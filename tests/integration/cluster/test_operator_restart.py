@@ -149,7 +149,14 @@ def test_operator_restart_mid_run_loses_and_duplicates_nothing(
     assert results["qa"]["counts"] == {"samples": 25, "valid": 25, "invalid": 0, "errored": 0}
     assert results["sentiment"]["metrics"]["macro_f1"] == pytest.approx(0.655556, abs=1e-6)
     assert results["sentiment"]["counts"]["samples"] == 6
-    assert status["units"] == {"total": 8, "succeeded": 8, "running": 0, "failed": 0, "pending": 0}
+    assert status["units"] == {
+        "total": 8,
+        "succeeded": 8,
+        "running": 0,
+        "failed": 0,
+        "pending": 0,
+        "queued": 0,
+    }
     # -- a third operator still serves the finished run's samples, and takes no more ingest ----
     with running_operator(cp, store_file, port) as url:
         base = f"{url}/api/v1/namespaces/{ns}/evalruns/nightly"

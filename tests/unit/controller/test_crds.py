@@ -76,9 +76,18 @@ def run() -> Schema:
     return root_schema(crds.evalrun_crd())
 
 
-@pytest.fixture(scope="module", params=["EvalSuite", "EvalRun"])
+@pytest.fixture(scope="module")
+def schedule() -> Schema:
+    return root_schema(crds.evalschedule_crd())
+
+
+@pytest.fixture(scope="module", params=["EvalSuite", "EvalRun", "EvalSchedule"])
 def crd(request: pytest.FixtureRequest) -> Schema:
-    return crds.evalsuite_crd() if request.param == "EvalSuite" else crds.evalrun_crd()
+    return {
+        "EvalSuite": crds.evalsuite_crd,
+        "EvalRun": crds.evalrun_crd,
+        "EvalSchedule": crds.evalschedule_crd,
+    }[request.param]()
 
 
 # -- names, scope, columns ------------------------------------------------------------------
@@ -91,7 +100,8 @@ def test_names_scope_and_versions(crd: Schema) -> None:
     assert spec["group"] == "evalkube.io"
     assert spec["scope"] == "Namespaced"
     assert spec["names"]["categories"] == ["evalkube"]
-    assert spec["names"]["shortNames"] == [{"EvalSuite": "evs", "EvalRun": "evr"}[kind]]
+    short = {"EvalSuite": "evs", "EvalRun": "evr", "EvalSchedule": "evsc"}[kind]
+    assert spec["names"]["shortNames"] == [short]
     [version] = spec["versions"]
     assert version["name"] == "v1alpha1"
     assert version["served"]
@@ -390,7 +400,11 @@ def test_committed_files_parse_as_the_generated_objects() -> None:
 
 def test_write_then_check(tmp_path: Path) -> None:
     written = crds.write_crds(tmp_path / "out")
-    assert [p.name for p in written] == ["evalsuites.evalkube.io.yaml", "evalruns.evalkube.io.yaml"]
+    assert [p.name for p in written] == [
+        "evalsuites.evalkube.io.yaml",
+        "evalruns.evalkube.io.yaml",
+        "evalschedules.evalkube.io.yaml",
+    ]
     assert crds.check_crds(tmp_path / "out") == []
 
 
@@ -424,8 +438,36 @@ def test_cli_command_writes_and_checks(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == [
         "evalruns.evalkube.io.yaml",
+        "evalschedules.evalkube.io.yaml",
         "evalsuites.evalkube.io.yaml",
     ]
     result = runner.invoke(app, ["crds", "--check", "--output-dir", str(out)])
     assert result.exit_code == 0, result.output
     assert "up to date" in result.output
+
+
+def test_schedule_template_is_an_evalrun_spec_with_its_bounds_and_rules(
+    schedule: Schema, run: Schema
+) -> None:
+    spec = at(schedule, "spec")
+    assert sorted(spec["required"]) == ["runTemplate", "schedule"]
+    assert at(spec, "concurrencyPolicy")["enum"] == ["Allow", "Forbid", "Replace"]
+    assert at(spec, "concurrencyPolicy")["default"] == "Forbid"
+    assert at(spec, "startingDeadlineSeconds")["minimum"] == 0
+    template = at(spec, "runTemplate.spec")
+    assert template["required"] == ["models", "suiteRef"]
+    assert at(template, "models")["maxItems"] == 50
+    assert rules(template) == rules(at(run, "spec"))
+    assert rules(at(template, "models")) == rules(at(run, "spec.models"))
+
+
+def test_schedule_status_schema(schedule: Schema) -> None:
+    status = at(schedule, "status")
+    assert set(status["properties"]) >= {
+        "lastScheduleTime",
+        "lastSuccessfulTime",
+        "nextScheduleTime",
+        "active",
+        "conditions",
+    }
+    assert set(at(status, "active.[]")["properties"]) == {"name", "uid"}

@@ -560,3 +560,25 @@ def test_default_keeps_the_sandbox_image_with_its_environment_and_stdlib_leaves_
     stdlib = container(job(grader_environment="stdlib"), "grader")
     assert stdlib["image"] == OperatorSettings().sandbox_image
     assert "/opt/evalkube-env" not in stdlib["command"][4]
+
+
+def test_a_queue_name_labels_the_job_for_kueue_and_creates_it_suspended() -> None:
+    queued = job(spec=run_spec(queueName="team-a"))
+    assert queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert queued["spec"]["suspend"] is True
+    # the Pods are not Kueue's business: the label is on the Job only
+    assert "kueue.x-k8s.io/queue-name" not in queued["spec"]["template"]["metadata"]["labels"]
+    plain = job()
+    assert "suspend" not in plain["spec"]
+    assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("queue", ["Team_A", "-a", "a.", ""])
+def test_a_bad_queue_name_names_the_field_and_the_rule(queue: str) -> None:
+    from evalkube.models import SpecError
+
+    with pytest.raises(SpecError) as info:
+        run_spec(queueName=queue)
+    [problem] = info.value.problems
+    assert problem.startswith("spec.queueName: ")
+    assert "is not a Kueue LocalQueue name: use lowercase letters" in problem

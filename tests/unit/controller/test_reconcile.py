@@ -40,6 +40,7 @@ def test_first_pass_creates_up_to_the_parallelism_cap_in_plan_order() -> None:
         "running": 0,
         "failed": 0,
         "pending": 5,
+        "queued": 0,
     }
 
 
@@ -199,6 +200,7 @@ def test_phase_succeeded_when_every_unit_is_done() -> None:
         "running": 0,
         "failed": 0,
         "pending": 0,
+        "queued": 0,
     }
 
 
@@ -212,7 +214,14 @@ def test_phase_failed_only_once_nothing_is_left_running() -> None:
     over = decide(units, jobs, {"qa.m.00001", "qa.m.00002"}, parallelism=10)
     assert over.phase == "Failed"
     assert over.complete
-    assert over.counts() == {"total": 3, "succeeded": 2, "running": 0, "failed": 1, "pending": 0}
+    assert over.counts() == {
+        "total": 3,
+        "succeeded": 2,
+        "running": 0,
+        "failed": 1,
+        "pending": 0,
+        "queued": 0,
+    }
 
 
 def test_phase_running_while_units_wait() -> None:
@@ -286,3 +295,50 @@ def test_budget_refusals_sum_what_the_units_reported() -> None:
         {"budgetRefused": {"execution": -5, "unit": True, "unknown_execution": 2}},
     ]
     assert budget_refusals(reports) == {"execution": 12, "unit": 1, "unknown_execution": 2}
+
+
+# -- Kueue: suspended Jobs ----------------------------------------------------------------------
+QUEUED = JobState("queued")
+
+
+@pytest.mark.parametrize(
+    ("job", "expected"),
+    [
+        ({"spec": {"suspend": True}}, QUEUED),
+        (
+            {
+                "spec": {"suspend": True},
+                "status": {"conditions": [{"type": "Suspended", "status": "True"}]},
+            },
+            QUEUED,
+        ),
+        ({"spec": {"suspend": False}, "status": {"active": 1}}, ACTIVE),
+        # finished Jobs are finished, suspended or not (Kueue may leave the flag)
+        ({"spec": {"suspend": True}, **_job({"type": "Complete", "status": "True"})}, SUCCEEDED),
+        (
+            {
+                "spec": {"suspend": True},
+                **_job({"type": "Failed", "status": "True", "reason": "X"}),
+            },
+            JobState("failed", "X"),
+        ),
+    ],
+)
+def test_a_suspended_unfinished_job_is_queued(job: dict[str, Any], expected: JobState) -> None:
+    assert job_state(job) == expected
+
+
+def test_queued_units_hold_their_slot_and_are_counted() -> None:
+    units = units_of(("qa", 30, False))
+    jobs = {"qa.m.00000": QUEUED, "qa.m.00001": ACTIVE}
+    decision = decide(units, jobs, set(), parallelism=2)
+    assert decision.create == []  # a queued Job is not re-created, and holds its slot
+    assert decision.phase == "Running"
+    assert decision.counts() == {
+        "total": 3,
+        "succeeded": 0,
+        "running": 2,
+        "failed": 0,
+        "pending": 1,
+        "queued": 1,
+    }

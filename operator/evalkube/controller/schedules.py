@@ -1,0 +1,218 @@
+"""Reconcile one EvalSchedule: list its runs, prune the history, create the due run, report.
+
+Called from the schedule timer in :mod:`evalkube.controller.handlers`; the decisions are the
+pure functions of :mod:`evalkube.controller.schedule`, this module does the I/O around them
+and returns the status to patch (``None`` when unchanged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+import kopf
+
+from evalkube.controller.kube import Kube
+from evalkube.controller.runs import FINAL_PHASES, EventSink, condition, merge_conditions
+from evalkube.controller.schedule import (
+    ANNOTATION_SCHEDULED_AT,
+    LABEL_SCHEDULE,
+    Due,
+    ScheduledRun,
+    decide,
+    format_time,
+    next_due,
+    parse_time,
+    run_manifest,
+    runs_to_prune,
+    schedule_label,
+)
+from evalkube.controller.settings import OperatorSettings
+from evalkube.models import EvalScheduleSpec, SpecError, validate_spec
+
+Clock = Callable[[], datetime]
+
+
+class ScheduleReconciler:
+    """Creates the EvalRuns of every EvalSchedule the operator watches."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        settings: OperatorSettings,
+        event: EventSink | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.kube = kube
+        self.event = event or (lambda body, kind, reason, message: None)
+        offset = timedelta(seconds=settings.schedule_clock_offset_seconds)
+        self.clock = clock or (lambda: datetime.now(UTC) + offset)
+
+    async def reconcile(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """One pass; the status to patch, or ``None`` when it is unchanged."""
+        meta = body["metadata"]
+        namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")
+        status = dict(body.get("status") or {})
+        try:
+            spec = validate_spec(EvalScheduleSpec, dict(body.get("spec") or {}), prefix="spec")
+        except SpecError as exc:
+            message = "; ".join(exc.problems)[:4000]
+            new = {
+                **status,
+                "observedGeneration": generation,
+                "conditions": merge_conditions(
+                    status.get("conditions") or [],
+                    [condition("Ready", False, "InvalidSpec", message, generation)],
+                ),
+            }
+            return new if new != status else None
+        runs = [
+            r
+            for r in await self.kube.labelled_runs(
+                namespace, {LABEL_SCHEDULE: schedule_label(name)}
+            )
+            if any(o.get("uid") == meta["uid"] for o in r["metadata"].get("ownerReferences") or [])
+        ]
+        active = [r for r in runs if (r.get("status") or {}).get("phase") not in FINAL_PHASES]
+        for gone in runs_to_prune(
+            [_scheduled(r) for r in runs],
+            spec.successful_runs_history_limit,
+            spec.failed_runs_history_limit,
+        ):
+            await self.kube.delete_run(namespace, gone)
+
+        last_scheduled = max(
+            filter(
+                None,
+                [
+                    parse_time(status.get("lastScheduleTime")),
+                    *(_scheduled(r).scheduled for r in runs),
+                ],
+            ),
+            default=None,
+        )
+        created = parse_time(meta.get("creationTimestamp")) or self.clock()
+        due = next_due(
+            spec.schedule,
+            spec.zone(),
+            last_scheduled or created,
+            self.clock(),
+            starting_deadline_seconds=spec.starting_deadline_seconds,
+        )
+        scheduled: list[dict[str, Any]] = []
+        if due.time is not None:
+            reason, active = await self._fire(body, spec, due, active)
+            scheduled = [_scheduled_condition(reason, due.time, generation)]
+            if reason == "RunCreated":
+                last_scheduled = due.time
+        succeeded = [
+            parse_time((r.get("status") or {}).get("completedAt"))
+            for r in runs
+            if (r.get("status") or {}).get("phase") == "Succeeded"
+        ]
+        last_success = max(
+            filter(None, [*succeeded, parse_time(status.get("lastSuccessfulTime"))]), default=None
+        )
+        new = {
+            **status,
+            "observedGeneration": generation,
+            "lastScheduleTime": format_time(last_scheduled) if last_scheduled else None,
+            "lastSuccessfulTime": format_time(last_success) if last_success else None,
+            "nextScheduleTime": format_time(due.next),
+            "active": [_reference(r) for r in active],
+            "conditions": _conditions(
+                status.get("conditions") or [],
+                [
+                    condition(
+                        "Ready",
+                        True,
+                        "Valid",
+                        f"schedule {spec.schedule!r} in {spec.zone().key}",
+                        generation,
+                    ),
+                    *scheduled,
+                ],
+            ),
+        }
+        return None if _same(new, status) else new
+
+    async def _fire(
+        self,
+        body: Mapping[str, Any],
+        spec: EvalScheduleSpec,
+        due: Due,
+        active: list[dict[str, Any]],
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """Act on a due time: the Scheduled condition's reason and the active runs after."""
+        assert due.time is not None
+        when = due.time
+        if spec.suspend:
+            return "Suspended", active
+        if due.too_late:
+            return "MissedStartingDeadline", active
+        action = decide(spec.concurrency_policy, len(active))
+        if action == "skip":
+            return "ConcurrencyForbidden", active
+        namespace = body["metadata"]["namespace"]
+        if action == "replace":
+            for old in active:
+                await self.kube.delete_run(namespace, old["metadata"]["name"])
+                self.event(body, "Normal", "RunReplaced", f"deleted {old['metadata']['name']}")
+            active = []
+        manifest = run_manifest(body, when)
+        # owned, but not kopf.adopt: that also copies the schedule's labels, and Argo CD's
+        # tracking label on a run would make Argo CD prune it as not in Git
+        kopf.append_owner_reference(manifest, owner=cast(kopf.Body, body))
+        name = manifest["metadata"]["name"]
+        created = await self.kube.create_object(manifest)
+        if created is not None:
+            self.event(body, "Normal", "RunCreated", f"created {name} for {format_time(when)}")
+            manifest = created
+        return "RunCreated", [*active, manifest]
+
+
+def _reference(run: Mapping[str, Any]) -> dict[str, str]:
+    meta = run["metadata"]
+    return {"name": meta["name"], **({"uid": meta["uid"]} if meta.get("uid") else {})}
+
+
+def _scheduled(run: Mapping[str, Any]) -> ScheduledRun:
+    meta = run["metadata"]
+    at = parse_time((meta.get("annotations") or {}).get(ANNOTATION_SCHEDULED_AT))
+    return ScheduledRun(
+        meta["name"],
+        (run.get("status") or {}).get("phase") or "Pending",
+        at or parse_time(meta.get("creationTimestamp")) or datetime.min.replace(tzinfo=UTC),
+    )
+
+
+_MESSAGES = {
+    "RunCreated": "created the run of {}",
+    "Suspended": "suspended: no run for {}",
+    "MissedStartingDeadline": "{} was missed by more than startingDeadlineSeconds; skipped",
+    "ConcurrencyForbidden": "a run is still active: {} waits (concurrencyPolicy Forbid)",
+}
+
+
+def _scheduled_condition(reason: str, when: datetime, generation: int | None) -> dict[str, Any]:
+    message = _MESSAGES[reason].format(format_time(when))
+    return condition("Scheduled", reason == "RunCreated", reason, message, generation)
+
+
+def _conditions(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``new`` merged into ``old``; an old condition of a type ``new`` lacks stays as it was
+    (the Scheduled condition tells what the latest scheduled time did until the next one)."""
+    kept = [c for c in old if c.get("type") not in {n["type"] for n in new}]
+    return merge_conditions(old, new) + kept
+
+
+def _same(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    def strip(status: Mapping[str, Any]) -> Any:
+        conditions = [
+            {k: v for k, v in c.items() if k != "lastTransitionTime"}
+            for c in status.get("conditions") or []
+        ]
+        return {**{k: v for k, v in status.items() if v is not None}, "conditions": conditions}
+
+    return bool(strip(new) == strip(old))
