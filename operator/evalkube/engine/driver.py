@@ -21,6 +21,7 @@ from evalkube.engine.runner import (
     BridgeControl,
     UnitContext,
     UnitReport,
+    grader_calls_models,
     run_aggregate,
     run_shard,
 )
@@ -48,12 +49,6 @@ def plan_run(suite: EvalSuiteSpec, row_counts: Mapping[str, int], spec: EvalRunS
 def has_model_access(task: TaskSpec) -> bool:
     """Whether ``task`` spends model calls while grading (``ctx`` or a model built-in)."""
     return any(g.resolved_model_access == "gateway" for g in task.criteria)
-
-
-def grader_calls_models(task: TaskSpec) -> bool:
-    """Whether a sandboxed (Python) grader of ``task`` may call models through ``ctx``: only
-    then does a pod's grader container mount the bridge's socket."""
-    return any(g.resolved_model_access == "gateway" for _, g in task.grader_programs())
 
 
 def judges_call_models(task: TaskSpec) -> bool:
