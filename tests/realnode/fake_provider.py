@@ -4,7 +4,9 @@ run as ``python fake_provider.py HOST PORT`` on a host outside the cluster.
 The only fake of the tier (paid APIs cannot be called here). ``POST /v1/responses`` answers in
 the Responses API shape: for the model ``cand`` (a model under test) the candidate is
 ``answer: <input>``, or ``WRONG`` when the input contains ``gamma``; for the model ``judge``
-the text is the JSON verdict ``correct`` unless the input contains ``WRONG``.
+the text is the JSON verdict ``correct`` unless the input contains ``WRONG``; a
+``score_model`` request (its ``text.format`` named so) gets ``{"steps", "result"}`` with
+result 2 when the input contains ``blue``, else 8.
 ``GET /_calls`` returns what it received: ``[{path, model, authorization}]``.
 """
 
@@ -57,7 +59,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             )
             number = len(CALLS)
         text = _text(body)
-        if model == "judge":
+        schema = (body.get("text") or {}).get("format") or {}
+        if schema.get("name") == "score_model":  # a score_model built-in's strict JSON
+            answer = json.dumps({"steps": ["fake score"], "result": 2 if "blue" in text else 8})
+        elif model == "judge":
             verdict = "incorrect" if "WRONG" in text else "correct"
             answer = json.dumps({"verdict": verdict, "rationale": "fake judge"})
         else:

@@ -237,13 +237,16 @@ def unit_job(
     timeout_seconds: int,
     preprocess_timeout: int = 0,
     model_access: bool = True,
+    runner_model_access: bool = False,
     grader_environment: str | None = None,
 ) -> dict[str, Any]:
     """The Job of one work unit (see the module docstring for the Pod's trust layout).
 
     The proxy starts with a zero budget for the unit: nothing a grader sends is served until
     the runner configures the unit's budget and opens execution tokens. Without
-    ``model_access`` the grader container does not even mount the bridge's socket. The task's
+    ``model_access`` the grader container does not even mount the bridge's socket; with
+    ``runner_model_access`` (built-in model graders) the trusted runner mounts it to make their
+    calls, charged like ``ctx``'s to execution tokens it opens. The task's
     ``grader.environment`` picks the grader container's image (an image reference) or keeps
     the sandbox image (``default``; ``stdlib`` leaves its environment off ``sys.path``).
     """
@@ -270,6 +273,8 @@ def unit_job(
         {"name": "worker", "mountPath": WORKER_DIR},
         {"name": "runner-tmp", "mountPath": "/tmp"},
     ]
+    if runner_model_access:
+        runner_mounts.append({"name": "bridge", "mountPath": BRIDGE_DIR, "readOnly": True})
     for index, (cm_name, _key) in enumerate(dataset_config_maps):
         volume = f"dataset-{index}"
         volumes.append({"name": volume, "configMap": {"name": cm_name}})

@@ -25,7 +25,7 @@ from evalkube.controller.reconcile import Decision, decide, job_state, summary_l
 from evalkube.controller.registry import RunEntry, RunRegistry, digest, new_token
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import build_snapshot, check_suite
-from evalkube.engine.driver import has_model_access
+from evalkube.engine.driver import grader_calls_models, judges_call_models
 from evalkube.engine.plan import Unit
 from evalkube.engine.pod import Snapshot, parse_snapshot
 from evalkube.engine.runtime import suite_criteria
@@ -393,7 +393,8 @@ class RunReconciler:
                 dataset_config_maps=[(dataset_ref.name, dataset_ref.key)] if dataset_ref else [],
                 timeout_seconds=sum(g.timeout_seconds for g in task.criteria),
                 preprocess_timeout=task.preprocess.timeout_seconds if task.preprocess else 0,
-                model_access=has_model_access(task),
+                model_access=grader_calls_models(task),
+                runner_model_access=judges_call_models(task),
                 grader_environment=next((g.environment for _, g in task.grader_programs()), None),
             )
             if await self.kube.create(job):

@@ -21,12 +21,20 @@ from evalkube.engine.runner import (
     BridgeControl,
     UnitContext,
     UnitReport,
+    grader_calls_models,
     run_aggregate,
     run_shard,
 )
 from evalkube.models import EvalRunSpec, EvalSuiteSpec, TaskSpec
 
-__all__ = ["BridgeControl", "drive_unit", "has_model_access", "plan_run"]
+__all__ = [
+    "BridgeControl",
+    "drive_unit",
+    "grader_calls_models",
+    "has_model_access",
+    "judges_call_models",
+    "plan_run",
+]
 
 
 def plan_run(suite: EvalSuiteSpec, row_counts: Mapping[str, int], spec: EvalRunSpec) -> list[Unit]:
@@ -39,8 +47,14 @@ def plan_run(suite: EvalSuiteSpec, row_counts: Mapping[str, int], spec: EvalRunS
 
 
 def has_model_access(task: TaskSpec) -> bool:
-    """Whether ``task``'s grader may call models through ``ctx``."""
+    """Whether ``task`` spends model calls while grading (``ctx`` or a model built-in)."""
     return any(g.resolved_model_access == "gateway" for g in task.criteria)
+
+
+def judges_call_models(task: TaskSpec) -> bool:
+    """Whether a built-in of ``task`` (score_model, label_model, cosine) calls models: the
+    trusted runner makes those calls, so only then does a pod's runner mount the socket."""
+    return any(g.calls_models for g in task.criteria)
 
 
 def drive_unit(

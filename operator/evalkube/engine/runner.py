@@ -38,7 +38,7 @@ from evalkube.grading import (
     validate_batch_return,
     validate_return,
 )
-from evalkube.models import GraderSpec
+from evalkube.models import GraderSpec, TaskSpec
 from evalkube.sandbox import Execution, GraderSandbox, ProgramLoadError, SandboxBackend
 from evalkube.sandbox.environment import EnvironmentProblem, LocalEnvironment, resolve_local
 from evalkube.store import SampleRecord, SampleWriter, TaskResultRecord
@@ -315,9 +315,18 @@ def sandbox_environment(backend: SandboxBackend, runtime: TaskRuntime) -> LocalE
         raise UnitFailed(str(exc)) from None
 
 
+def grader_calls_models(task: TaskSpec) -> bool:
+    """Whether a sandboxed (Python) grader of ``task`` may call models through ``ctx``. Only
+    then does its sandbox get the bridge's endpoint (a pod's grader container, the socket):
+    a Python grader beside a ``score_model`` criterion does not share the runner's access."""
+    return any(g.resolved_model_access == "gateway" for _, g in task.grader_programs())
+
+
 def _start_sandbox(
     backend: SandboxBackend, runtime: TaskRuntime, model_endpoint: str | None
 ) -> GraderSandbox:
+    if not grader_calls_models(runtime.task):
+        model_endpoint = None
     sandbox = GraderSandbox(
         backend,
         runtime.programs,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
@@ -135,6 +135,12 @@ class SubGraderSpec(SpecModel):
         return self
 
 
+def _no_crd_default(schema: dict[str, Any]) -> None:
+    """Leave ``metricId``'s default out of the CRD: the API server would write ``score`` into
+    every criterion of a ``graders`` list, where the default is the criterion's name."""
+    schema.pop("default", None)
+
+
 class GraderSpec(_CodeRef):
     """A grader (DESIGN.md §1): Python code, or one of OpenAI's built-in types."""
 
@@ -187,8 +193,9 @@ class GraderSpec(_CodeRef):
     model_access: ModelAccess | None = None
     """``gateway`` enables ``ctx.responses_create``/``ctx.embeddings_create``
     (``mka1`` is a synonym). Default ``gateway`` for ``model_backed``, otherwise ``none``."""
-    metric_id: str = Field(default="score", min_length=1)
-    """Score key used when the grader returns one number."""
+    metric_id: str = Field(default="score", min_length=1, json_schema_extra=_no_crd_default)
+    """Score key used when the grader returns one number (default ``score``; in a ``graders``
+    list, the criterion's ``name``)."""
     timeout_seconds: TimeoutSeconds = limits.TIMEOUT_SECONDS_DEFAULT
     """Wall-clock limit of one grader execution, 1..600 seconds."""
     max_model_calls: MaxModelCalls = limits.MAX_MODEL_CALLS_DEFAULT

@@ -8,9 +8,11 @@ for, from what the rendered messages say). Calls go engine -> in-process model b
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -227,3 +229,55 @@ def test_cosine_uses_the_runs_embedding_model_through_the_bridge(
     (result,) = [r for r in summary.results if r.task == "similar"]
     passed = sum(1 for r in similar if r.scores["score"] >= 0.999)
     assert result.criteria["score"].model_dump() == {"passed": passed, "failed": 3 - passed}
+
+
+SNEAKY = """
+def grade(sample, item, ctx):
+    ctx.responses_create(model="auto", input=[{"role": "user", "content": "free call"}])
+    return 1.0
+"""
+
+
+def test_a_python_grader_beside_a_model_grader_gets_no_model_access(tmp_path: Path) -> None:
+    """The runner makes score_model's calls; a Python grader of the same task that did not ask
+    for model access must not share them (its ctx is disabled, the provider sees nothing)."""
+    suite = copy.deepcopy(SUITE)
+    (task, _) = suite["spec"]["tasks"]
+    task["graders"] = [
+        task["graders"][0],
+        {"type": "python", "name": "sneaky", "source": SNEAKY, "passThreshold": 1},
+    ]
+    suite["spec"]["tasks"] = [task]
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("JUDGE_KEY", KEY)
+    try:
+        with FakeJudge() as judge:
+            run = {
+                "kind": "EvalRun",
+                "metadata": {"name": "r"},
+                "spec": {
+                    "models": ["precomputed"],
+                    "judgeModel": "openai:judge-1",
+                    "providers": {"openai": {"baseURL": judge.base_url, "apiKeyEnv": "JUDGE_KEY"}},
+                },
+            }
+            (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
+            loaded, spec = load_files(tmp_path / "suite.yaml", tmp_path / "run.yaml")
+            store = ResultStore.open(f"sqlite:///{tmp_path / 'results.db'}")
+            try:
+                engine = LocalEngine(store, ProcessBackend(), bridge_factory=local_model_access)
+                engine.start(loaded, resolve_run_spec(loaded, spec, None), run_id="s")
+                records = sorted(store.iter_samples("s"), key=lambda r: r.seq)
+            finally:
+                store.close()
+            received = list(judge.received)
+    finally:
+        mp.undo()
+    assert len(received) == len(ROWS)  # score_model's calls only
+    assert {c.body["text"]["format"]["name"] for c in received} == {"score_model"}
+    for record in records[:2]:  # Paris, Rome (the third is out of score_model's range too)
+        assert record.status == "invalid"
+        assert record.error is not None
+        assert record.error["criterion"] == "sneaky"
+        assert "model access is disabled" in record.error["message"]

@@ -225,6 +225,24 @@ def test_string_or_list_fields_keep_their_value(suite: Schema, field: str) -> No
     assert "x-kubernetes-validations" not in node
 
 
+def test_metric_id_has_no_schema_default(suite: Schema) -> None:
+    """The API server writes schema defaults into stored objects: a ``metricId: score`` default
+    gave every criterion of a ``graders`` list the same metric (refused as a duplicate) where
+    the model's default is the criterion's name."""
+    from evalkube.models import TaskSpec, validate_spec
+
+    for path in ("spec.tasks.[].grader.metricId", "spec.tasks.[].graders.[].metricId"):
+        assert "default" not in at(suite, path), path
+    graders = [
+        {"type": "string_check", "name": n, "input": "x", "reference": "x", "operation": "eq"}
+        for n in ("a", "b")
+    ]
+    task = validate_spec(
+        TaskSpec, {"id": "t", "dataset": {"rows": [{}]}, "graders": graders}, prefix="task"
+    )
+    assert [g.metric_id for g in task.criteria] == ["a", "b"]
+
+
 def test_ranges_and_defaults(suite: Schema, run: Schema) -> None:
     grader = at(suite, "spec.tasks.[].grader")["properties"]
     assert grader["timeoutSeconds"] | {} == {

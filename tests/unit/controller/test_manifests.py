@@ -171,6 +171,42 @@ def test_a_grader_without_model_access_does_not_mount_the_bridge() -> None:
     assert bridge["readOnly"] is True
 
 
+def test_only_a_task_with_model_built_ins_gives_the_runner_the_bridge() -> None:
+    """score_model/label_model/cosine calls are the trusted runner's: it mounts the socket
+    (read-only) for them, while the sandboxed grader mounts it only for a Python grader with
+    model access, so a hostile grader beside a score_model criterion still cannot reach it."""
+    from evalkube.engine.driver import grader_calls_models, judges_call_models
+    from evalkube.models import TaskSpec
+
+    judge = {"type": "score_model", "name": "q", "input": [{"role": "user", "content": "x"}]}
+    python = {"type": "python", "name": "p", "source": "def grade(sample, item): return 1"}
+    gated = {**python, "name": "g", "modelAccess": "gateway"}
+
+    def task(*graders: dict[str, Any]) -> TaskSpec:
+        wire = {"id": "t", "dataset": {"rows": [{"a": 1}]}, "graders": list(graders)}
+        return validate_spec(TaskSpec, wire, prefix="task")
+
+    def mounts(t: TaskSpec) -> dict[str, set[str]]:
+        j = job(model_access=grader_calls_models(t), runner_model_access=judges_call_models(t))
+        return {
+            c: {m["name"] for m in container(j, c)["volumeMounts"]} for c in ("runner", "grader")
+        }
+
+    with_judge = mounts(task(judge, python))
+    assert "bridge" in with_judge["runner"]
+    assert "bridge" not in with_judge["grader"]
+    assert "bridge" not in mounts(task(python))["runner"]
+    both = mounts(task(judge, gated))
+    assert "bridge" in both["runner"]
+    assert "bridge" in both["grader"]
+    only_ctx = mounts(task(gated))
+    assert "bridge" not in only_ctx["runner"]
+    assert "bridge" in only_ctx["grader"]
+    runner = container(job(runner_model_access=True), "runner")
+    bridge = next(m for m in runner["volumeMounts"] if m["name"] == "bridge")
+    assert bridge == {"name": "bridge", "mountPath": manifests.BRIDGE_DIR, "readOnly": True}
+
+
 def test_the_runner_holds_the_ingest_token_and_no_provider_secret() -> None:
     runner = container(job(), "runner")
     env = {e["name"]: e for e in runner["env"]}

@@ -1,11 +1,12 @@
-"""The operator's suite check refuses what a cluster cannot run yet, naming the field."""
+"""The operator's suite check accepts the built-in graders that call models: a pod's runner
+makes their calls through the bridge sidecar (``engine/judging.py``)."""
 
 from __future__ import annotations
 
 from evalkube.controller.snapshot import check_suite
 
 
-def test_model_graders_are_refused_in_a_cluster_with_what_to_use() -> None:
+def test_model_graders_pass_the_cluster_suite_check() -> None:
     messages = [{"role": "user", "content": "{{ sample.output_text }}"}]
     task = {
         "id": "t",
@@ -15,11 +16,12 @@ def test_model_graders_are_refused_in_a_cluster_with_what_to_use() -> None:
             {"type": "string_check", "name": "s", "input": "x", "reference": "x",
              "operation": "eq"},
             {"type": "score_model", "name": "q", "input": messages},
+            {"type": "label_model", "name": "l", "input": messages, "labels": ["a", "b"],
+             "passingLabels": ["a"]},
+            {"type": "text_similarity", "name": "c", "input": "{{ sample.output_text }}",
+             "reference": "x", "evaluationMetric": "cosine", "passThreshold": 0.8},
         ],
     }  # fmt: skip
     check = check_suite("ns", {"tasks": [task]}, lambda ns, cm, key: None)
-    assert check.problems == [
-        "spec.tasks[0].graders[1]: score_model graders run only in `evalkube run` for now "
-        "(the work-unit runner cannot reach the model bridge yet); use a model_backed python "
-        "grader with ctx.responses_create in a cluster"
-    ]
+    assert check.problems == []
+    assert check.datasets == {"t": {"rows": 1}}
