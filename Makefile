@@ -8,6 +8,7 @@ VENV := .venv/bin
 setup:
 	bash .ci/python.sh
 	bash .ci/grader-env.sh >/dev/null
+	bash .ci/wordnet.sh
 
 # The grader environment (packages graders may import: sandbox_image/evalkube_sandbox/
 # grader-env.lock.txt) in a cache outside the work tree; prints its folder. Cached by the lock.

@@ -15,8 +15,10 @@ Scores (OpenAI's semantics, with the libraries its docs name):
   ``fuzzy_match`` ``rapidfuzz.fuzz.WRatio(input, reference) / 100``;
   ``bleu`` ``nltk`` ``sentence_bleu([reference tokens], input tokens)``;
   ``gleu`` ``nltk`` ``sentence_gleu([reference tokens], input tokens)`` (tokens: split on
-  whitespace); ``rouge_N``/``rouge_l`` the F-measure of ``rouge_score``'s ``rougeN``/``rougeL``
-  scorer, ``score(reference, input)``.
+  whitespace); ``meteor`` ``nltk`` ``meteor_score([reference tokens], input tokens)``
+  with WordNet 3.0 from the system (:mod:`evalkube.grading.wordnet`); ``rouge_N``/
+  ``rouge_l`` the F-measure of ``rouge_score``'s ``rougeN``/``rougeL`` scorer,
+  ``score(reference, input)``.
 - ``multi``: each (built-in) grader's score under its name, combined by ``calculate_output``
   (:mod:`evalkube.grading.formula`, never run as code).
 """
@@ -38,6 +40,7 @@ _LIBRARIES = {
     "fuzzy_match": "rapidfuzz",
     "bleu": "nltk",
     "gleu": "nltk",
+    "meteor": "nltk",
     **{f"rouge_{n}": "rouge_score" for n in ("1", "2", "3", "4", "5", "l")},
 }
 
@@ -86,6 +89,8 @@ def _similarity(metric: str) -> Callable[[str, str], float]:
                 return float(score([reference.split()], text.split()))
 
         return ngram
+    if metric == "meteor":
+        return _meteor()
     from rouge_score import rouge_scorer
 
     kind = "rougeL" if metric == "rouge_l" else f"rouge{metric[-1]}"
@@ -102,6 +107,29 @@ def _similarity(metric: str) -> Callable[[str, str], float]:
         return float(scorer.score(reference, text)[kind].fmeasure)
 
     return rouge
+
+
+def _meteor() -> Callable[[str, str], float]:
+    from nltk.translate.meteor_score import meteor_score
+
+    from evalkube.grading.wordnet import WordNetMissing, wordnet_reader
+
+    try:
+        wordnet = wordnet_reader()
+    except WordNetMissing as exc:
+        raise MissingLibrary(f"text_similarity `meteor`: {exc}") from None
+
+    def meteor(text: str, reference: str) -> float:
+        hypothesis, expected = text.split(), reference.split()
+        cells = len(hypothesis) * len(expected)
+        if cells > limits.BUILTIN_LCS_CELLS:  # it aligns every word with every word
+            raise InputTooLarge(
+                f"meteor aligns every word with every word: {cells} pairs is more than "
+                f"{limits.BUILTIN_LCS_CELLS}; shorten the texts or use rouge_1..rouge_5"
+            )
+        return float(meteor_score([expected], hypothesis, wordnet=wordnet))
+
+    return meteor
 
 
 class BuiltinGrader:

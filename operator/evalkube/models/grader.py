@@ -54,12 +54,22 @@ GraderType = Literal[
 ]
 StringOperation = Literal["eq", "ne", "like", "ilike"]
 LocalMetric = Literal[
-    "fuzzy_match", "bleu", "gleu", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"
+    "fuzzy_match",
+    "bleu",
+    "gleu",
+    "meteor",
+    "rouge_1",
+    "rouge_2",
+    "rouge_3",
+    "rouge_4",
+    "rouge_5",
+    "rouge_l",
 ]
 SimilarityMetric = Literal[
     "fuzzy_match",
     "bleu",
     "gleu",
+    "meteor",
     "rouge_1",
     "rouge_2",
     "rouge_3",
@@ -167,8 +177,9 @@ class GraderSpec(_CodeRef):
     operation: StringOperation | None = None
     """``string_check``: ``eq``, ``ne``, ``like`` (contains) or ``ilike`` (contains, any case)."""
     evaluation_metric: SimilarityMetric | None = None
-    """``text_similarity``: ``fuzzy_match``, ``bleu``, ``gleu``, ``rouge_1``..``rouge_5``,
-    ``rouge_l`` or ``cosine`` (of the run's ``embeddingModel`` embeddings, via the bridge)."""
+    """``text_similarity``: ``fuzzy_match``, ``bleu``, ``gleu``, ``meteor``,
+    ``rouge_1``..``rouge_5``, ``rouge_l`` or ``cosine`` (of the run's ``embeddingModel``
+    embeddings, via the bridge)."""
     graders: dict[str, SubGraderSpec] | None = Field(default=None, min_length=1, max_length=20)
     """``multi``: the graders whose scores ``calculateOutput`` combines, by name."""
     calculate_output: str | None = Field(default=None, min_length=1, max_length=1_000)

@@ -158,3 +158,51 @@ def test_rouge_l_refuses_texts_whose_lcs_would_stall_the_engine() -> None:
     assert outcome.error is not None
     assert outcome.error["type"] == "InputTooLarge"
     assert "rouge_1..rouge_5" in outcome.error["message"]
+
+
+# -- meteor: nltk's meteor_score over WordNet 3.0 from Debian's packages ---------------------
+#: nltk's own doctest (nltk/translate/meteor_score.py), computed with nltk's downloaded WordNet:
+#: the same value from the system's WordNet shows the two databases agree where it matters.
+NLTK_HYPOTHESIS = (
+    "It is a guide to action which ensures that the military always obeys the commands of the party"
+)
+NLTK_REFERENCE = (
+    "It is a guide to action that ensures that the military will forever heed Party commands"
+)
+
+
+def meteor(text: str, reference: str) -> float:
+    scorer = grader(
+        "text_similarity",
+        evaluation_metric="meteor",
+        input="{{ item.text }}",
+        reference="{{ item.answer }}",
+    )
+    outcome = scorer.grade({}, {"text": text, "answer": reference})
+    assert outcome.status == "valid", outcome.error
+    return outcome.scores["m"]
+
+
+def test_meteor_gives_nltks_documented_scores() -> None:
+    assert round(meteor(NLTK_HYPOTHESIS, NLTK_REFERENCE), 4) == 0.6944
+    assert meteor("non matching hypothesis", "this is a cat") == 0.0
+
+
+def test_meteor_matches_synonyms_through_wordnet() -> None:
+    """``sofa``/``couch`` share a WordNet synset: with the synonym stage the score rises
+    above what exact and stem matches alone give (``divan`` is no synonym of ``sofa``)."""
+    synonym = meteor("the cat sat on the couch", "the cat sat on the sofa")
+    unrelated = meteor("the cat sat on the divan", "the cat sat on the sofa")
+    assert synonym > unrelated
+    assert synonym == pytest.approx(
+        meteor("the cat sat on the sofa", "the cat sat on the sofa"), abs=0.05
+    )
+
+
+def test_meteor_refuses_texts_whose_alignment_would_stall_the_engine() -> None:
+    words = " ".join(["w"] * 2_001)
+    outcome = grader("text_similarity", evaluation_metric="meteor", input="{{ item.answer }}",
+                     reference="{{ item.answer }}").grade({}, {"answer": words})  # fmt: skip
+    assert outcome.status == "invalid"
+    assert outcome.error is not None
+    assert outcome.error["type"] == "InputTooLarge"
