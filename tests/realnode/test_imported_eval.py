@@ -1,7 +1,8 @@
 """An imported OpenAI eval end to end on the real node, scored as `evalkube run` scores it.
 
 The importer tests' export (tests/fixtures/openai_eval_export.json: string_check, python and
-fuzzy_match criteria), plus a ``score_model`` criterion, goes through ``evalkube import
+fuzzy_match criteria), plus ``score_model`` and ``meteor`` criteria (the latter reads WordNet
+from the evalkube image), goes through ``evalkube import
 openai``; the EvalSuite and EvalRun it writes run on the real node (gVisor pods, the proxy
 sidecar) and, unchanged but for the provider's address and key, in ``evalkube run``, both
 against tests/realnode/fake_provider.py (a real HTTP server: outside the cluster for the pods,
@@ -54,11 +55,20 @@ SCORED = {
     "range": [0, 10],
     "pass_threshold": 5,
 }
+#: meteor needs WordNet on the grading machine: the evalkube image's, and the host's locally.
+METEOR = {
+    "type": "text_similarity",
+    "name": "meteor",
+    "input": "{{ sample.output_text }}",
+    "reference": "with one {{ item.question }}",  # words of the prompt the fake repeats
+    "evaluation_metric": "meteor",
+    "pass_threshold": 0.1,
+}
 
 
 def _imported(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     export = json.loads(EXPORT.read_text())
-    export["eval"]["testing_criteria"].append(SCORED)
+    export["eval"]["testing_criteria"].extend([SCORED, METEOR])
     source = tmp / "export.json"
     source.write_text(json.dumps(export))
     done = subprocess.run(
@@ -109,7 +119,10 @@ def test_an_imported_eval_scores_the_same_on_the_node_and_its_gate_is_written(
     suite, run = _imported(tmp_path)
     local = _local_scores(tmp_path, suite, run)
     (task,) = suite["spec"]["tasks"]
-    assert set(local["metrics"]) >= {"Contains_the_answer", "Short_enough", "fuzzy", "judged"}
+    assert set(local["metrics"]) >= {
+        "Contains_the_answer", "Short_enough", "fuzzy", "judged", "meteor",
+    }  # fmt: skip
+    assert 0 < local["metrics"]["meteor"] < 1
     # the fake judge gives 8 unless the item is "Say blue" (2): 2 of 3 pass
     assert local["metrics"]["judged"] == pytest.approx(6.0)
     assert local["criteria"]["judged"] == {"passed": 2, "failed": 1}
@@ -142,7 +155,7 @@ def test_an_imported_eval_scores_the_same_on_the_node_and_its_gate_is_written(
     for metric, value in local["metrics"].items():
         assert result["metrics"][metric] == pytest.approx(value, abs=1e-6), metric
     assert result["criteria"] == local["criteria"]
-    # one candidate per item shared by the four criteria, one judge call per item
+    # one candidate per item shared by the five criteria, one judge call per item
     assert result["modelCalls"] == local["model_calls"] == {"candidate": 3, "judge": 3}, result
     assert len(calls) == 6
     assert {c["authorization"] for c in calls} == {f"Bearer {KEY}"}
