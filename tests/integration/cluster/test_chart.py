@@ -307,7 +307,12 @@ def test_rbac_is_least_privilege(control_plane: ControlPlane) -> None:
     assert verbs["events"] == {"create"}
     assert verbs["evalruns/status"] == {"get", "patch"}
     # kopf and the operator patch: `update` only where an admission plugin asks for it
-    assert {r for r, vs in verbs.items() if "update" in vs} == {"evalruns/finalizers"}
+    assert {r for r, vs in verbs.items() if "update" in vs} == {
+        "evalruns/finalizers",
+        "evalschedules/finalizers",
+    }
+    # delete only EvalRuns, those a schedule's history limits drop
+    assert {r for r, vs in verbs.items() if "delete" in vs} == {"evalruns"}
     assert "namespaces" not in verbs
     # peering only with several replicas
     assert "clusterkopfpeerings" not in verbs

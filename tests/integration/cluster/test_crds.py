@@ -116,7 +116,9 @@ def test_valid_suite_and_run_are_accepted_with_defaults(
     # defaults from the models, applied by the API server
     assert task["grader"]["timeoutSeconds"] == 120
     assert task["grader"]["maxModelCalls"] == 64
-    assert task["grader"]["metricId"] == "score"
+    # no schema default: a `graders:` list without metricIds must not get "score" twice (the
+    # model names each criterion's metric; tests/unit/controller/test_crds.py)
+    assert "metricId" not in task["grader"]
     assert task["extraction"]["ignoreCase"] is False
     # free-form rows survive untouched
     assert task["dataset"]["rows"][0]["meta"] == {"any": ["thing"]}
