@@ -9,6 +9,7 @@ structure can change underneath them.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from pathlib import Path
 from typing import Any
 
@@ -306,3 +307,124 @@ def test_a_missing_suite_keeps_the_run_pending_until_it_appears(tmp_path: Path) 
     harness.step()
     assert harness.status["phase"] == "Running"
     assert sorted(harness.jobs()) == UNITS[:2]
+
+
+# -- event-driven passes: advance, job_changed, unit_done ----------------------------------------
+async def _settle(until: Any) -> None:
+    """Let the reconciler's own tasks run until ``until()`` holds (awaited, with a bound)."""
+    for _ in range(3000):
+        if until():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the reconciler's background pass never happened")
+
+
+def test_advance_reads_the_run_afresh_and_patches_its_status(harness: Harness) -> None:
+    harness.apply(run())
+    asyncio.run(harness.reconciler.advance(NS, "nightly"))
+    assert harness.status["phase"] == "Running"
+    assert sorted(harness.jobs()) == UNITS[:2]
+    patched = [p for p in harness.kube.status_patches if "phase" in p[2]]
+    assert len(patched) == 1
+    # a deleted run: nothing to do, nothing written
+    asyncio.run(harness.reconciler.advance(NS, "gone"))
+    assert all(p[1] != "gone" for p in harness.kube.status_patches)
+
+
+def test_a_unit_report_creates_the_next_job_without_waiting_for_a_timer(
+    harness: Harness,
+) -> None:
+    harness.apply(run())
+
+    async def scenario() -> None:
+        await harness.reconciler.advance(NS, "nightly")
+        harness.store.mark_unit_done(harness.run_id(), UNITS[0], {})
+        entry = harness.reconciler.registry.get(NS, "nightly")
+        assert entry is not None
+        harness.reconciler.unit_done(entry, UNITS[0])  # what the ingest server calls
+        await _settle(lambda: len(harness.kube.of_kind("Job")) == 3)
+
+    asyncio.run(scenario())
+    assert sorted(harness.jobs()) == UNITS
+    assert harness.status["units"]["succeeded"] == 1
+
+
+def test_passes_of_one_run_are_serialized_and_coalesced(harness: Harness) -> None:
+    harness.apply(run())
+    reads = 0
+    original = harness.kube.run
+
+    async def counting_run(namespace: str, name: str) -> dict[str, Any] | None:
+        nonlocal reads
+        reads += 1
+        return await original(namespace, name)
+
+    harness.kube.run = counting_run  # type: ignore[method-assign]
+
+    async def burst() -> None:
+        await asyncio.gather(*(harness.reconciler.advance(NS, "nightly") for _ in range(5)))
+
+    asyncio.run(burst())
+    # one pass running, one waiting: the other three triggers see what the waiting one reads
+    assert reads == 2
+    assert harness.gauge("evalkube_jobs_created_total") == 2
+
+
+def test_job_events_of_a_finished_run_cost_nothing(harness: Harness) -> None:
+    harness.apply(run())
+    harness.step()
+    for unit in UNITS[:2]:
+        harness.finish_unit(unit)
+    harness.step()
+    harness.finish_unit(UNITS[2])
+    harness.step()
+    assert harness.status["phase"] == "Succeeded"
+    harness.kube.run = None  # type: ignore[assignment,method-assign]  # any read would fail
+    asyncio.run(harness.reconciler.job_changed(NS, "nightly"))
+
+
+def test_a_run_blocked_pending_is_looked_at_again_until_its_suite_appears(
+    tmp_path: Path,
+) -> None:
+    harness = Harness(tmp_path)
+    harness.reconciler.settings = harness.reconciler.settings.model_copy(
+        update={"retry_interval": 0.001}
+    )
+    harness.apply(run())
+
+    async def scenario() -> None:
+        await harness.reconciler.advance(NS, "nightly")
+        assert harness.status["phase"] == "Pending"
+        harness.apply(suite())  # no event of the run's own follows
+        await _settle(lambda: harness.kube.of_kind("Job"))
+        await harness.reconciler.close()
+
+    asyncio.run(scenario())
+    assert harness.status["phase"] == "Running"
+    assert sorted(harness.jobs()) == UNITS[:2]
+
+
+KOPF_CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("kopf_context")
+
+
+def test_a_pass_a_unit_report_starts_posts_events_in_kopfs_context(harness: Harness) -> None:
+    """kopf posts events through context variables its handlers run with; the ingest server's
+    requests do not have them, so the pass they start runs in the last handler's context."""
+    seen: list[str] = []
+    harness.reconciler.event = lambda body, kind, reason, message: seen.append(
+        KOPF_CONTEXT.get("none")
+    )
+    harness.apply(run())
+
+    async def scenario() -> None:
+        KOPF_CONTEXT.set("kopf")
+        await harness.reconciler.advance(NS, "nightly")  # what a kopf handler does
+        harness.store.mark_unit_done(harness.run_id(), UNITS[0], {})
+        entry = harness.reconciler.registry.get(NS, "nightly")
+        assert entry is not None
+        contextvars.Context().run(harness.reconciler.unit_done, entry, UNITS[0])  # aiohttp's
+        await _settle(lambda: len(harness.kube.of_kind("Job")) == 3)
+
+    asyncio.run(scenario())
+    assert seen
+    assert set(seen) == {"kopf"}
