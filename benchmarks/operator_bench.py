@@ -15,6 +15,14 @@ annotation on work-unit pods), then measures:
    (MODIFIED events: status patches plus kopf's own annotation patches), for 10 units x 10
    rows, 10 units x 100 rows (10x the samples) and 20 units x 10 rows (2x the units).
    Target: writes grow with units, not with samples.
+4. **done -> status**: a 3-unit EvalRun, each unit played in turn (run it with
+   ``--operator-env EVALKUBE_PARALLELISM=1``): seconds from the runner command's exit (about
+   0.6 s after its done report) to the next Job existing, and from the last exit to the
+   EvalRun's ``Succeeded`` status on a watch; also from the last Job's ``Complete`` condition
+   to that status (negative when the status came first: the report, not the Job, finishes a
+   unit). Median over the repeats.
+
+``--only latency,done`` runs just those parts (``latency``, ``play``, ``burst``, ``done``).
 
 Binaries come from ``$EVALKUBE_CTRLPLANE_BIN`` or tests/cluster/build-tools.sh's cache::
 
@@ -116,6 +124,8 @@ class Watcher:
         self.job_run: dict[tuple[str, str], str] = {}  # (ns, job) -> run name
         self.run_writes: dict[tuple[str, str], int] = defaultdict(int)
         self.run_added: dict[tuple[str, str], float] = {}
+        self.job_complete: dict[tuple[str, str], float] = {}  # (ns, job) -> Complete seen
+        self.run_phase: dict[tuple[str, str, str], float] = {}  # (ns, run, phase) -> first seen
         for target in (self._watch_jobs, self._watch_runs):
             threading.Thread(target=target, daemon=True).start()
 
@@ -133,10 +143,16 @@ class Watcher:
 
     def _jobs_loop(self) -> None:
         for kind, job in self.client.watch(Job, namespace="*"):
-            if kind != "ADDED" or job.metadata is None:
+            if job.metadata is None:
                 continue
             now = time.monotonic()
             ns, name = job.metadata.namespace or "", job.metadata.name or ""
+            conditions = (job.status.conditions if job.status else None) or []
+            if any(c.type == "Complete" and c.status == "True" for c in conditions):
+                with self.lock:
+                    self.job_complete.setdefault((ns, name), now)
+            if kind != "ADDED":
+                continue
             with self.lock:
                 self.jobs[ns].setdefault(name, now)
                 self.job_run[(ns, name)] = (job.metadata.labels or {}).get("evalkube.io/run", "")
@@ -146,7 +162,9 @@ class Watcher:
             if obj.metadata is None:
                 continue
             key = (obj.metadata.namespace or "", obj.metadata.name or "")
+            phase = str((getattr(obj, "status", None) or {}).get("phase") or "")
             with self.lock:
+                self.run_phase.setdefault((*key, phase), time.monotonic())
                 if kind == "MODIFIED":
                     self.run_writes[key] += 1
                 elif kind == "ADDED":
@@ -168,6 +186,14 @@ class Watcher:
         """When each EvalRun of ``namespace`` appeared on the watch."""
         with self.lock:
             return {n: t for (ns, n), t in self.run_added.items() if ns == namespace}
+
+    def phase_time(self, namespace: str, name: str, phase: str) -> float | None:
+        with self.lock:
+            return self.run_phase.get((namespace, name, phase))
+
+    def complete_time(self, namespace: str, job: str) -> float | None:
+        with self.lock:
+            return self.job_complete.get((namespace, job))
 
     def writes(self, namespace: str, name: str) -> int:
         with self.lock:
@@ -192,11 +218,13 @@ class Operator:
     def __init__(self, cp: ControlPlane, workdir: Path, extra_env: dict[str, str]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.api = f"http://127.0.0.1:{free_port()}"  # /healthz and /metrics
         self.log = workdir / "operator.log"
         env = {
             **cp.env,
             "EVALKUBE_STORE_URL": f"sqlite:///{workdir / 'results.db'}",
             "EVALKUBE_LISTEN": f"127.0.0.1:{self.port}",
+            "EVALKUBE_API_LISTEN": self.api.removeprefix("http://"),
             "EVALKUBE_INGEST_URL": self.url,
             "EVALKUBE_POD_ANNOTATIONS": json.dumps({HOLD_ANNOTATION: "true"}),
             **extra_env,
@@ -211,13 +239,13 @@ class Operator:
         if self.proc.poll() is not None:
             raise RuntimeError(f"the operator exited; see {self.log}")
         try:
-            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
+            with urllib.request.urlopen(f"{self.api}/healthz", timeout=1) as response:
                 return bool(response.status == 200)
         except OSError:
             return False
 
     def metric(self, name: str) -> float:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
+        with urllib.request.urlopen(f"{self.api}/metrics", timeout=10) as response:
             text = response.read().decode()
         found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
         return float(found.group(1)) if found else 0.0
@@ -372,6 +400,59 @@ def play(
     }
 
 
+def complete_pods(cp: ControlPlane, ns: str, job: str) -> None:
+    for pod in cp.kubectl_json("get", "pods", "-n", ns, "-l", f"job-name={job}")["items"]:
+        cp.kubectl(
+            "annotate",
+            "pod",
+            pod["metadata"]["name"],
+            "-n",
+            ns,
+            f"{COMPLETE_ANNOTATION}=true",
+            "--overwrite",
+        )
+
+
+def done_latency(
+    cp: ControlPlane, client: Client, watcher: Watcher, operator: Operator, index: int
+) -> dict[str, float]:
+    """One 3-unit run, parallelism 1 (``EVALKUBE_PARALLELISM=1``), its units played in turn."""
+    ns = new_namespace(cp, f"done-{index}")
+    name = "three"
+    cp.apply(suite(ns, rows=6))
+    time.sleep(0.5)
+    client.create(from_dict(run(ns, name, shard_size=2)))
+    secret = wait(
+        lambda: get_json(cp, "get", "secret", f"{name}-ingest", "-n", ns), 30, "the token", 0.1
+    )
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    snapshot = Path(tempfile.mkdtemp(prefix="evalkube-bench-done-")) / "snapshot.json"
+    snapshot.write_text(
+        cp.kubectl_json("get", "configmap", f"{name}-snapshot", "-n", ns)["data"]["snapshot.json"]
+    )
+    next_job: list[float] = []
+    for step in range(3):
+        jobs = wait(lambda n=step: len(j := watcher.job_times(ns)) > n and j, 60, f"Job {step + 1}")
+        job = max(jobs, key=jobs.__getitem__)
+        unit = client.get(Job, job, namespace=ns).metadata.annotations["evalkube.io/unit-id"]  # type: ignore[union-attr,index]
+        done = run_unit_command(snapshot, unit, operator.url, token, "auto", timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"unit {unit} failed: {done.stderr[-2000:]}")
+        reported = time.monotonic()
+        complete_pods(cp, ns, job)
+        if step < 2:
+            more = wait(lambda n=step + 2: len(j := watcher.job_times(ns)) >= n and j, 60, "Job")
+            next_job.append(max(more.values()) - reported)
+    succeeded = wait(lambda: watcher.phase_time(ns, name, "Succeeded"), 60, "Succeeded")
+    completed = wait(lambda: watcher.complete_time(ns, job), 60, "the last Job Complete")
+    drop_namespace(cp, ns)
+    return {
+        "exit_to_next_job": statistics.median(next_job),
+        "exit_to_status": succeeded - reported,
+        "job_complete_to_status": succeeded - completed,
+    }
+
+
 # -- main -------------------------------------------------------------------------------------
 def main() -> int:
     parser = argparse.ArgumentParser(
@@ -384,6 +465,12 @@ def main() -> int:
     parser.add_argument("--sandbox", default="auto", help="sandbox of the played runners")
     parser.add_argument("--skip-play", action="store_true", help="skip the status-writes part")
     parser.add_argument(
+        "--only",
+        default="latency,play,burst,done",
+        help="comma-separated parts to run: latency, play, burst, done",
+    )
+    parser.add_argument("--done-repeats", type=int, default=5, help="3-unit runs for part 4")
+    parser.add_argument(
         "--operator-env",
         action="append",
         default=[],
@@ -391,7 +478,13 @@ def main() -> int:
         help="extra environment of the operator (EVALKUBE_* settings)",
     )
     options = parser.parse_args()
+    parts = set(options.only.split(","))
+    if options.skip_play:
+        parts.discard("play")
     extra_env = dict(item.split("=", 1) for item in options.operator_env)
+    dones: list[dict[str, float]] = []
+    seconds: list[float] = []
+    many: dict[str, float] = {}
 
     cp = ControlPlane(find_bin_dir())
     cp.start()
@@ -418,12 +511,12 @@ def main() -> int:
         watcher = Watcher(client)
         time.sleep(1.0)
 
-        print("1. latency: 10-unit EvalRun -> 10 Jobs", flush=True)
-        seconds = latency(cp, client, watcher, options.repeats)
-        median = statistics.median(seconds)
+        if "latency" in parts:
+            print("1. latency: 10-unit EvalRun -> 10 Jobs", flush=True)
+            seconds = latency(cp, client, watcher, options.repeats)
 
         plays: list[dict[str, float]] = []
-        if not options.skip_play:
+        if "play" in parts:
             print("2. status writes per run (units played to the end)", flush=True)
             for name, units, rows in (("u10r10", 10, 10), ("u10r100", 10, 100), ("u20r10", 20, 10)):
                 result = play(cp, client, watcher, operator, name, units, rows, options.sandbox)
@@ -434,8 +527,16 @@ def main() -> int:
                     flush=True,
                 )
 
-        print(f"3. burst: {options.runs} EvalRuns x {options.burst_units} units", flush=True)
-        many = burst(cp, client, watcher, options.runs, options.burst_units, options.burst_timeout)
+        if "burst" in parts:
+            print(f"3. burst: {options.runs} EvalRuns x {options.burst_units} units", flush=True)
+            many = burst(
+                cp, client, watcher, options.runs, options.burst_units, options.burst_timeout
+            )
+        if "done" in parts:
+            print("4. done -> status: 3-unit runs, parallelism 1", flush=True)
+            for i in range(options.done_repeats):
+                dones.append(done_latency(cp, client, watcher, operator, i))
+                print("  " + ", ".join(f"{k} {v:.3f} s" for k, v in dones[-1].items()), flush=True)
         created = operator.metric("evalkube_jobs_created_total")
     finally:
         if operator is not None:
@@ -445,22 +546,35 @@ def main() -> int:
     print()
     print(f"{'measure':<52} {'value':>12} {'target':>10}  met")
     print("-" * 84)
-    lat_ok = median <= LATENCY_TARGET
-    print(
-        f"{'10-unit run: apply -> all Jobs, median of ' + str(len(seconds)):<52} "
-        f"{median:>10.3f} s {LATENCY_TARGET:>8.1f} s  {'yes' if lat_ok else 'NO'}"
-    )
-    print(f"{'  min / max':<52} {min(seconds):>5.3f}/{max(seconds):.3f}")
-    burst_ok = many["all"] <= BURST_TARGET
-    label = f"{options.runs} runs at once: apply -> every run's Jobs"
-    print(
-        f"{label:<52} {many['all']:>10.2f} s {BURST_TARGET:>8.1f} s  {'yes' if burst_ok else 'NO'}"
-    )
-    print(f"{'  creating the EvalRuns (16 concurrent creates)':<52} {many['applied']:>10.2f} s")
-    print(
-        f"{'  per run, its ADDED event -> its Jobs p50/p90/max':<52} "
-        f"{many['p50']:>5.2f}/{many['p90']:.2f}/{many['max']:.2f} s"
-    )
+    lat_ok = burst_ok = True
+    if seconds:
+        median = statistics.median(seconds)
+        lat_ok = median <= LATENCY_TARGET
+        print(
+            f"{'10-unit run: apply -> all Jobs, median of ' + str(len(seconds)):<52} "
+            f"{median:>10.3f} s {LATENCY_TARGET:>8.1f} s  {'yes' if lat_ok else 'NO'}"
+        )
+        print(f"{'  min / max':<52} {min(seconds):>5.3f}/{max(seconds):.3f}")
+    if many:
+        burst_ok = many["all"] <= BURST_TARGET
+        label = f"{options.runs} runs at once: apply -> every run's Jobs"
+        print(
+            f"{label:<52} {many['all']:>10.2f} s {BURST_TARGET:>8.1f} s  "
+            f"{'yes' if burst_ok else 'NO'}"
+        )
+        print(f"{'  creating the EvalRuns (16 concurrent creates)':<52} {many['applied']:>10.2f} s")
+        print(
+            f"{'  per run, its ADDED event -> its Jobs p50/p90/max':<52} "
+            f"{many['p50']:>5.2f}/{many['p90']:.2f}/{many['max']:.2f} s"
+        )
+    for key in ("exit_to_next_job", "exit_to_status", "job_complete_to_status"):
+        if dones:
+            values = [d[key] for d in dones]
+            label = f"done: {key.replace('_', ' ')}, median of {len(values)}"
+            print(
+                f"{label:<52} {statistics.median(values):>10.3f} s   "
+                f"(min {min(values):.3f}, max {max(values):.3f})"
+            )
     print(f"{'  Jobs created by the operator (all scenarios)':<52} {created:>12.0f}")
     growth_ok = True
     if plays:

@@ -18,15 +18,17 @@ delete but of EvalRuns a schedule no longer keeps (ownerReferences clean up the 
 - {apiGroups: [evalkube.io], resources: [evalruns], verbs: [create, delete]}
 # ownerReferences with blockOwnerDeletion on what it creates (OwnerReferencesPermissionEnforcement)
 - {apiGroups: [evalkube.io], resources: [evalruns/finalizers, evalschedules/finalizers], verbs: [update]}
-# one Job per work unit; the run's Jobs are listed by label
-- {apiGroups: [batch], resources: [jobs], verbs: [list, create]}
+# one Job per work unit; the run's Jobs are listed by label, and watched: their changes
+# advance the run
+- {apiGroups: [batch], resources: [jobs], verbs: [list, watch, create]}
 # one NetworkPolicy per run
 - {apiGroups: [networking.k8s.io], resources: [networkpolicies], verbs: [create]}
 # the run's ingest-token and egress-grant Secrets: created, the grant renewed in place; never
 # read (no get/list/watch), and patch is confined to those Secrets (secret-policy.yaml)
 - {apiGroups: [""], resources: [secrets], verbs: [create, patch]}
-# grader files and datasets read by name; the run's suite snapshot created
-- {apiGroups: [""], resources: [configmaps], verbs: [get, create]}
+# grader files and datasets read by name, and watched so an edit re-checks the suites that
+# read them; the run's suite snapshot created
+- {apiGroups: [""], resources: [configmaps], verbs: [get, list, watch, create]}
 # Kubernetes Events explaining each step
 - {apiGroups: [""], resources: [events], verbs: [create]}
 {{- if eq (include "evalkube.peering" .) "true" }}

@@ -6,15 +6,14 @@ the handlers with kopf.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import kopf
 
+from evalkube.controller import names
 from evalkube.controller.runs import FINAL_PHASES, config_map_refs
 from evalkube.controller.settings import OperatorSettings
-from evalkube.controller.snapshot import check_suite
-from evalkube.controller.state import OperatorState, suite_status
+from evalkube.controller.state import OperatorState
 
 GROUP, VERSION = "evalkube.io", "v1alpha1"
 #: Read at import only for the timers' intervals (kopf fixes it when the decorator runs);
@@ -54,23 +53,34 @@ async def suite_changed(
     spec: Any, namespace: str | None, meta: Any, status: Any, patch: kopf.Patch, memo: Any, **_: Any
 ) -> None:
     state: OperatorState = memo.state
-    assert namespace is not None
-    values = {}
-    for task in spec.get("tasks", []):
-        for ref in config_map_refs(namespace, task):
-            values[ref] = await state.kube.config_map_value(*ref)
-    check = await asyncio.to_thread(
-        check_suite, namespace, dict(spec), lambda ns, cm, key: values.get((ns, cm, key))
-    )
-    patch.status.update(suite_status(check, meta.get("generation"), status))
+    patch.status.update(await state.suite_status(namespace or "", spec, meta, status))
+
+
+@kopf.index(GROUP, VERSION, "evalsuites")
+def suite_config_maps(namespace: str | None, name: str, spec: Any, **_: Any) -> dict[Any, str]:
+    """``(namespace, ConfigMap) -> suite``: the grader files and datasets each suite reads."""
+    refs = [
+        ref for task in spec.get("tasks") or [] for ref in config_map_refs(namespace or "", task)
+    ]
+    return {(ns, config_map): name for ns, config_map, _ in refs}
+
+
+def _read_by_a_suite(**kwargs: Any) -> bool:
+    return (kwargs["namespace"], kwargs["name"]) in kwargs["suite_config_maps"]
+
+
+@kopf.on.event("", "v1", "configmaps", when=_read_by_a_suite)
+async def suite_file_changed(namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
+    """A grader file or dataset a suite reads was edited: its version and Ready condition."""
+    state: OperatorState = memo.state
+    for suite in set(kwargs["suite_config_maps"].get((namespace, name), [])):
+        await state.recheck_suite(namespace or "", suite)
 
 
 @kopf.on.create(GROUP, VERSION, "evalruns")
 @kopf.on.resume(GROUP, VERSION, "evalruns")
-async def run_started(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    new = await memo.state.reconciler.reconcile(body)
-    if new is not None:
-        patch.status.update(new)
+async def run_started(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    await memo.state.reconciler.advance(namespace or "", name)
 
 
 @kopf.timer(
@@ -81,10 +91,20 @@ async def run_started(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -
     initial_delay=_IMPORT_SETTINGS.reconcile_interval,
     when=lambda status, **_: (status or {}).get("phase") not in FINAL_PHASES,
 )
-async def run_tick(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    new = await memo.state.reconciler.reconcile(body)
-    if new is not None:
-        patch.status.update(new)
+async def run_tick(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """The safety pass, for a Job event or a unit report the operator missed."""
+    await memo.state.reconciler.advance(namespace or "", name)
+
+
+@kopf.on.event(
+    "batch",
+    "v1",
+    "jobs",
+    labels={names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_RUN: kopf.PRESENT},
+)
+async def unit_job_changed(namespace: str | None, labels: Any, memo: kopf.Memo, **_: Any) -> None:
+    """A work-unit Job was created, admitted, suspended, finished or deleted."""
+    await memo.state.reconciler.job_changed(namespace or "", labels[names.LABEL_RUN])
 
 
 @kopf.on.delete(GROUP, VERSION, "evalruns", optional=True)

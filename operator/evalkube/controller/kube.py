@@ -67,14 +67,16 @@ class Kube:
         )
 
     async def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge ``status`` into the EvalRun's status subresource now (not at the handler's
-        end), so a restart finds it even if this pass stops early."""
+        """Merge ``status`` into the EvalRun's status subresource now (not at a handler's end),
+        so a restart finds it even if this pass stops early."""
+        await self.patch_status(EvalRunResource, namespace, name, status)
+
+    async def patch_status(
+        self, kind: Any, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        """Merge ``status`` into the status subresource of an evalkube object."""
         await self.client.patch(
-            EvalRunResource.Status,
-            name,
-            {"status": status},
-            namespace=namespace,
-            patch_type=PatchType.MERGE,
+            kind.Status, name, {"status": status}, namespace=namespace, patch_type=PatchType.MERGE
         )
 
     async def service_cluster_ip(self, namespace: str, name: str) -> str | None:

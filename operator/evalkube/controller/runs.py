@@ -1,16 +1,22 @@
 """Reconcile one EvalRun: observe the cluster and the store, decide, act, report status.
 
-Called from the kopf handlers on create/resume and on a timer until the run finishes. The
+:meth:`RunReconciler.advance` is the entry point: the kopf handlers call it when the run is
+created or resumed, when one of its Jobs changes, on a slow safety timer, and the ingest
+server when a unit reports done. Passes of one run are serialized and coalesced, and each
+reads the run afresh, so a pass never acts on a status an earlier pass already replaced. The
 decisions are :func:`evalkube.controller.reconcile.decide`; this module does the I/O around
-it and returns the status patch (``None`` when nothing changed, so status patches grow with
-unit transitions, never with samples).
+them and patches the status only when it changed (status patches grow with unit transitions,
+never with samples).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -40,6 +46,7 @@ TOKEN_DIGEST_FIELD = "ingestTokenSha256"
 #: Seconds a resolved ClusterIP of the ingest or gateway Service is reused.
 SERVICE_IP_CACHE_SECONDS = 300.0
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+_log = logging.getLogger(__name__)
 
 
 def _now() -> str:
@@ -121,10 +128,72 @@ class RunReconciler:
         #: Settings of work-unit Jobs: the ingest and gateway URLs with ClusterIPs (the pods
         #: have no DNS), and when they were resolved.
         self._unit_settings_cache: tuple[float, OperatorSettings] | None = None
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._waiting: set[tuple[str, str]] = set()
+        """Runs with a pass waiting for the lock: a newer trigger needs no pass of its own."""
+        self._retrying: set[tuple[str, str]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: The context of the latest pass, a kopf handler's or a copy of one: passes started
+        #: outside kopf (the ingest server's) run in it, as kopf's event posting needs its
+        #: context variables.
+        self._context: contextvars.Context | None = None
+
+    async def advance(self, namespace: str, name: str) -> None:
+        """One pass over the run as the API server holds it now; the status patched if it
+        changed. A run left blocked ``Pending`` (no suite yet, ...) is looked at again soon."""
+        key = (namespace, name)
+        self._context = contextvars.copy_context()
+        if key in self._waiting:
+            return
+        self._waiting.add(key)
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            self._waiting.discard(key)
+            body = await self.kube.run(namespace, name)
+            if body is None:
+                return
+            new = await self.reconcile(body)
+            if new is not None:
+                await self.kube.patch_run_status(namespace, name, new)
+        if self._phases.get(key) == "Pending" and key not in self._retrying:
+            self._retrying.add(key)
+            self.later(self.settings.retry_interval, namespace, name)
+
+    async def job_changed(self, namespace: str, run: str) -> None:
+        """A Job of ``run`` changed: advance it, unless it is known to be finished."""
+        if self._phases.get((namespace, run)) not in FINAL_PHASES:
+            await self.advance(namespace, run)
+
+    def unit_done(self, entry: RunEntry, unit: str) -> None:
+        """A unit reported done (``ApiServer.on_unit_done``): its slot is free now."""
+        self.later(0, entry.namespace, entry.name)
+
+    def later(self, delay: float, namespace: str, name: str) -> None:
+        """Advance the run in ``delay`` seconds, outside the caller (a kopf handler or the
+        ingest server, which must not wait for a pass)."""
+
+        async def wait_and_advance() -> None:
+            await asyncio.sleep(delay)
+            self._retrying.discard((namespace, name))
+            try:
+                await self.advance(namespace, name)
+            except Exception:  # no handler to retry it: the safety timer will
+                _log.exception("a pass over EvalRun %s/%s failed", namespace, name)
+
+        context = self._context.copy() if self._context is not None else None
+        task = asyncio.get_running_loop().create_task(wait_and_advance(), context=context)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted run from the ``evalkube_runs`` gauge and the setup cache."""
         self._phases.pop((namespace, name), None)
+        self._locks.pop((namespace, name), None)
         self._export_phases()
         for uid, setup in list(self._setups.items()):
             if (setup.entry.namespace, setup.entry.name) == (namespace, name):

@@ -99,8 +99,13 @@ class OperatorSettings(BaseSettings):
     runs the compiled ``evalkube-proxy`` of the image unless the run uses a ``local:`` model."""
     active_deadline_slack_seconds: int = 300
     """Added to a unit's worst-case grading time for ``activeDeadlineSeconds``."""
-    reconcile_interval: float = Field(default=2.0, gt=0)
-    """Seconds between reconciles of a running EvalRun (its timer; read once per process)."""
+    reconcile_interval: float = Field(default=60.0, gt=0)
+    """Seconds between safety passes over a running EvalRun (read once per process). Runs
+    advance on their Jobs' events and their units' reports; this timer only covers a missed
+    event."""
+    retry_interval: float = Field(default=2.0, gt=0)
+    """Seconds before a run blocked ``Pending`` (its suite or a Service missing) is looked at
+    again."""
     schedule_interval: float = Field(default=10.0, gt=0)
     """Seconds between passes over each EvalSchedule (its timer; read once per process), so a
     run starts at most this late after its scheduled time."""

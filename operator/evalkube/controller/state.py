@@ -11,12 +11,13 @@ from aiohttp import web
 
 from evalkube._net import parse_listen
 from evalkube.controller.api import ApiServer
-from evalkube.controller.kube import Kube
+from evalkube.controller.kube import EvalSuiteResource, Kube
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunRegistry
-from evalkube.controller.runs import EventSink, RunReconciler
+from evalkube.controller.runs import EventSink, RunReconciler, config_map_refs
 from evalkube.controller.schedules import ScheduleReconciler
 from evalkube.controller.settings import OperatorSettings
+from evalkube.controller.snapshot import check_suite
 from evalkube.store import ResultStore
 
 
@@ -48,6 +49,7 @@ class OperatorState:
             metrics,
             read_token=settings.api_token,
             resolve=reconciler.resolve_run,
+            on_unit_done=reconciler.unit_done,
         )
         runners = [
             await _serve(api.ingest_app, settings.listen),
@@ -56,7 +58,30 @@ class OperatorState:
         schedules = ScheduleReconciler(kube, settings, event)
         return cls(settings, store, registry, metrics, kube, reconciler, runners, schedules)
 
+    async def suite_status(
+        self, namespace: str, spec: Mapping[str, Any], meta: Mapping[str, Any], old: Any
+    ) -> dict[str, Any]:
+        """The EvalSuite's status after checking its spec and the ConfigMaps it reads."""
+        values = {}
+        for task in spec.get("tasks", []):
+            for ref in config_map_refs(namespace, task):
+                values[ref] = await self.kube.config_map_value(*ref)
+        check = await asyncio.to_thread(
+            check_suite, namespace, dict(spec), lambda ns, cm, key: values.get((ns, cm, key))
+        )
+        return suite_status(check, meta.get("generation"), old or {})
+
+    async def recheck_suite(self, namespace: str, name: str) -> None:
+        """Check the suite again (a ConfigMap it reads changed) and patch its status."""
+        suite = await self.kube.suite(namespace, name)
+        if suite is not None:
+            new = await self.suite_status(
+                namespace, suite.get("spec") or {}, suite["metadata"], suite.get("status")
+            )
+            await self.kube.patch_status(EvalSuiteResource, namespace, name, new)
+
     async def close(self) -> None:
+        await self.reconciler.close()
         for runner in self.runners:
             await runner.cleanup()
         await self.kube.close()

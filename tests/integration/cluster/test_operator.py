@@ -19,6 +19,7 @@ import pytest
 from tests.cluster.plugin import ControlPlane
 from tests.integration.cluster.operator_support import (
     EVALKUBE,
+    EXACT,
     READ,
     _free_port,
     _jobs,
@@ -39,13 +40,13 @@ def operator(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Any]]:
     """The operator (KopfRunner) with its store and HTTP servers on loopback, as the chart's
-    ServiceAccount: every namespace (ClusterRoles), or ``watchNamespaces`` (Roles in three
+    ServiceAccount: every namespace (ClusterRoles), or ``watchNamespaces`` (Roles in four
     namespaces made here, handed out to the tests by ``cluster_namespace``)."""
     install_crds(control_plane)
     store = tmp_path_factory.mktemp("operator") / "results.db"
     watch: list[str] = []
     if request.param == "namespaced":
-        watch = [f"evk-w{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+        watch = [f"evk-w{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
         for ns in watch:
             control_plane.kubectl("create", "namespace", ns)
     with running_operator(control_plane, store, _free_port(), watch=watch) as url:
@@ -193,6 +194,49 @@ def test_run_reaches_succeeded_with_exact_scores(
         timeout=60,
         what="owned objects garbage-collected",
     )
+
+
+def test_editing_a_grader_file_updates_the_suite_version_and_ready(
+    control_plane: ControlPlane, cluster_namespace: str, operator: dict[str, Any]
+) -> None:
+    """The suite reads its grader from a ConfigMap; editing that ConfigMap (not the suite)
+    re-checks the suite: a new version, then Ready False naming the file when it breaks."""
+    cp, ns = control_plane, cluster_namespace
+
+    def graders(source: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "graders", "namespace": ns},
+            "data": {"exact.py": source},
+        }
+
+    def ready() -> tuple[str, str, str | None]:
+        status = cp.kubectl_json("get", "evalsuite", "qa", "-n", ns).get("status") or {}
+        cond = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+        return cond.get("status", ""), cond.get("message", ""), status.get("suiteVersion")
+
+    cp.apply(graders(EXACT))
+    manifest = suite(ns)
+    manifest["spec"]["tasks"][0]["grader"] = {
+        "type": "python",
+        "file": "graders/exact.py",
+        "metricId": "exact_match",
+    }
+    cp.apply(manifest)
+    first = cp.wait_for(lambda: (r := ready())[0] == "True" and r, timeout=30, what="Ready")
+    cp.apply(graders(EXACT + "\n# stricter, one day\n"))
+    second = cp.wait_for(
+        lambda: (r := ready())[0] == "True" and r[2] != first[2] and r,
+        timeout=30,
+        what="a new suite version",
+    )
+    assert str(second[2]).startswith("sha256:")
+    cp.apply(graders("def not_grade(sample, item):\n    return 1.0\n"))
+    broken = cp.wait_for(lambda: (r := ready())[0] == "False" and r, timeout=30, what="Invalid")
+    assert "spec.tasks[0].grader" in broken[1], broken
+    assert "does not define `grade(...)`" in broken[1], broken
+    assert broken[2] is None  # an invalid suite has no version
 
 
 def test_wrong_token_is_rejected(operator: dict[str, Any], cluster_namespace: str) -> None:

@@ -1,0 +1,430 @@
+"""``RunReconciler`` without a cluster: a fake kube client (:mod:`.fake_kube`), a real SQLite
+store and a fresh metrics registry. Each test drives passes as kopf would (the returned status
+merged into the EvalRun) and plays the cluster by editing the fake's Jobs.
+
+These pin the reconciler's observable behaviour (Jobs, status, events, metrics) so its
+structure can change underneath them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from evalkube.controller import names
+from evalkube.controller.metrics import OperatorMetrics
+from evalkube.controller.registry import RunRegistry
+from evalkube.controller.runs import RunReconciler
+from evalkube.controller.settings import OperatorSettings
+from evalkube.models import EvalRunStatus
+from evalkube.store import ResultStore, SampleRecord
+
+from .fake_kube import FakeKube
+
+NS = "team"
+EXACT = (
+    "def grade(sample, item):\n"
+    "    return float(sample['output_text'].strip() == item['target'].strip())\n"
+)
+ROWS = [{"q": f"{i}?", "a": str(i), "out": str(i) if i % 5 else "wrong"} for i in range(25)]
+
+
+def suite(grader: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "evalkube.io/v1alpha1",
+        "kind": "EvalSuite",
+        "metadata": {"name": "qa", "namespace": NS},
+        "spec": {
+            "tasks": [
+                {
+                    "id": "qa",
+                    "dataset": {"rows": ROWS},
+                    "prompt": "{{ item.q }}",
+                    "target": "{{ item.a }}",
+                    "outputs": {"column": "out"},
+                    "grader": grader
+                    or {"type": "python", "source": EXACT, "metricId": "exact_match"},
+                }
+            ]
+        },
+    }
+
+
+def run(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "evalkube.io/v1alpha1",
+        "kind": "EvalRun",
+        "metadata": {"name": "nightly", "namespace": NS, "uid": "uid-1", "generation": 1},
+        "spec": {"suiteRef": {"name": "qa"}, "models": ["precomputed"], "shardSize": 10, **spec},
+    }
+
+
+class Harness:
+    """A reconciler over a fake cluster; :meth:`step` is one kopf pass."""
+
+    def __init__(self, tmp: Path, parallelism: int = 2) -> None:
+        self.kube = FakeKube()
+        self.store = ResultStore.open(f"sqlite:///{tmp / 'results.db'}")
+        self.metrics = OperatorMetrics(CollectorRegistry())
+        self.events: list[tuple[str, str, str]] = []
+        self.reconciler = RunReconciler(
+            self.kube,  # type: ignore[arg-type]
+            self.store,
+            RunRegistry(),
+            self.metrics,
+            OperatorSettings(parallelism=parallelism, runtime_class=None),
+            lambda body, kind, reason, message: self.events.append((kind, reason, message)),
+        )
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.kube.put(manifest)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        found = self.kube.objects[("EvalRun", NS, "nightly")]
+        return found
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.body.get("status") or {})
+
+    def step(self) -> dict[str, Any] | None:
+        """One pass; the status it returned is merged into the EvalRun (as kopf patches it)."""
+        new = asyncio.run(self.reconciler.reconcile(self.body))
+        if new is not None:
+            self.body.setdefault("status", {}).update(new)
+        return new
+
+    def jobs(self) -> dict[str, dict[str, Any]]:
+        return asyncio.run(self.kube.unit_jobs(NS, "nightly"))
+
+    def run_id(self) -> str:
+        return names.run_id(NS, "nightly", "uid-1")
+
+    def finish_unit(self, unit: str, score: float = 1.0) -> None:
+        """What a unit's pod does: record its samples, report it done; its Job completes."""
+        task, model, shard = unit.split(".")
+        start = int(shard) * 10
+        self.store.record_samples(
+            [
+                SampleRecord(
+                    self.run_id(),
+                    f"{unit}.{i}",
+                    task,
+                    model,
+                    i,
+                    "valid",
+                    scores={"exact_match": score},
+                )
+                for i in range(start, min(start + 10, len(ROWS)))
+            ]
+        )
+        self.store.mark_unit_done(self.run_id(), unit, {"kind": "shard", "seconds": 1})
+        self.set_job_condition(unit, "Complete")
+
+    def set_job_condition(self, unit: str, kind: str, reason: str = "", message: str = "") -> None:
+        job = self._job(unit)
+        job["status"] = {
+            "conditions": [{"type": kind, "status": "True", "reason": reason, "message": message}]
+        }
+
+    def _job(self, unit: str) -> dict[str, Any]:
+        name = self.jobs()[unit]["metadata"]["name"]
+        return self.kube.objects[("Job", NS, name)]
+
+    def condition(self, kind: str) -> dict[str, Any]:
+        return next(c for c in self.status["conditions"] if c["type"] == kind)
+
+    def gauge(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Harness:
+    h = Harness(tmp_path)
+    h.apply(suite())
+    return h
+
+
+UNITS = ["qa.precomputed.00000", "qa.precomputed.00001", "qa.precomputed.00002"]
+
+
+def test_first_pass_snapshots_the_suite_and_creates_jobs_up_to_parallelism(
+    harness: Harness,
+) -> None:
+    harness.apply(run())
+    harness.step()
+    assert sorted(harness.jobs()) == UNITS[:2]
+    snapshot = harness.kube.objects[("ConfigMap", NS, names.snapshot_name("nightly"))]
+    assert "snapshot.json" in snapshot["data"]
+    assert harness.kube.of_kind("NetworkPolicy"), "the run's NetworkPolicy is created"
+    assert harness.kube.of_kind("Secret"), "the run's token Secret is created"
+    # the token's digest is written at once (before any Job can use the token), never the token
+    assert harness.kube.status_patches[0][2].keys() == {"ingestTokenSha256"}
+    status = harness.status
+    EvalRunStatus.model_validate({k: v for k, v in status.items() if k != "kopf"})
+    assert status["phase"] == "Running"
+    assert status["units"] == {
+        "total": 3,
+        "succeeded": 0,
+        "running": 0,
+        "failed": 0,
+        "pending": 3,
+        "queued": 0,
+    }
+    assert status["suiteVersion"].startswith("sha256:")
+    assert (harness.condition("Ready")["status"], harness.condition("Ready")["reason"]) == (
+        "True",
+        "Running",
+    )
+    assert harness.gauge("evalkube_jobs_created_total") == 2
+    assert [e[1] for e in harness.events].count("UnitStarted") == 2
+    # a second pass with nothing changed creates nothing and patches nothing new of substance
+    patches = harness.gauge("evalkube_status_patches_total")
+    harness.step()
+    assert sorted(harness.jobs()) == UNITS[:2]
+    assert harness.status["units"]["running"] == 2
+    harness.step()
+    assert harness.step() is None
+    assert harness.gauge("evalkube_status_patches_total") == (patches or 0) + 1
+
+
+def test_a_done_unit_frees_its_slot_for_the_next_job(harness: Harness) -> None:
+    harness.apply(run())
+    harness.step()
+    harness.finish_unit(UNITS[0])
+    harness.step()
+    assert sorted(harness.jobs()) == UNITS
+    assert harness.status["units"]["succeeded"] == 1
+    assert harness.status["phase"] == "Running"
+
+
+def test_a_failed_job_fails_its_unit_and_the_run_with_the_reason(harness: Harness) -> None:
+    harness.apply(run())
+    harness.step()
+    harness.set_job_condition(
+        UNITS[0], "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+    )
+    harness.finish_unit(UNITS[1])
+    harness.step()
+    harness.finish_unit(UNITS[2])
+    harness.step()
+    status = harness.status
+    assert status["phase"] == "Failed"
+    assert status["units"]["failed"] == 1
+    ready, succeeded = harness.condition("Ready"), harness.condition("Succeeded")
+    assert (ready["status"], ready["reason"]) == ("False", "UnitsFailed")
+    assert (succeeded["status"], succeeded["reason"]) == ("False", "UnitsFailed")
+    assert f"unit {UNITS[0]}: BackoffLimitExceeded" in succeeded["message"]
+    assert ("Warning", "RunFailed") in [e[:2] for e in harness.events]
+    # the units that did complete still have their results
+    assert [r["task"] for r in status["results"]] == ["qa"]
+
+
+def test_suspended_jobs_count_as_queued_with_the_kueue_queue_named(harness: Harness) -> None:
+    harness.apply(run(queueName="evals"))
+    harness.step()
+    for unit in UNITS[:2]:
+        harness._job(unit)["spec"]["suspend"] = True
+    harness.step()
+    assert harness.status["units"]["queued"] == 2
+    assert harness.status["units"]["running"] == 2
+    ready = harness.condition("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "Queued")
+    assert "2 of 3 work-unit Jobs are suspended" in ready["message"]
+    assert "LocalQueue 'evals'" in ready["message"]
+
+
+def test_finishing_writes_results_summary_conditions_gate_and_metrics(harness: Harness) -> None:
+    harness.apply(run(gate={"thresholds": [{"task": "qa", "metric": "exact_match", "min": 0.75}]}))
+    harness.step()
+    harness.finish_unit(UNITS[0], 1.0)
+    harness.finish_unit(UNITS[1], 0.5)
+    harness.step()
+    harness.finish_unit(UNITS[2], 1.0)
+    assert harness.step() is not None
+    status = harness.status
+    EvalRunStatus.model_validate({k: v for k, v in status.items() if k != "kopf"})
+    assert status["phase"] == "Succeeded"
+    assert status["completedAt"]
+    [result] = status["results"]
+    assert (result["task"], result["model"]) == ("qa", "precomputed")
+    assert result["metrics"]["exact_match"] == pytest.approx(20 / 25)
+    assert status["summary"] == "0.800 mean of 1"
+    assert (harness.condition("Succeeded")["status"], harness.condition("Ready")["reason"]) == (
+        "True",
+        "Completed",
+    )
+    assert status["gate"]["passed"] is True
+    passed = harness.condition("Passed")
+    assert (passed["status"], passed["reason"]) == ("True", "GatePassed")
+    assert harness.gauge(
+        "evalkube_score",
+        namespace=NS,
+        suite="qa",
+        task="qa",
+        model="precomputed",
+        metric="exact_match",
+    ) == pytest.approx(0.8)
+    assert harness.gauge("evalkube_gate_passed", namespace=NS, suite="qa", run="nightly") == 1
+    assert harness.gauge("evalkube_samples_total", namespace=NS, suite="qa", status="valid") == 25
+    assert harness.gauge("evalkube_runs", phase="Succeeded") == 1
+    assert harness.store.get_run(harness.run_id()).phase == "Succeeded"  # type: ignore[union-attr]
+    assert ("Normal", "RunSucceeded") in [e[:2] for e in harness.events]
+    # a finished run is left alone
+    assert harness.step() is None
+
+
+def test_an_invalid_suite_fails_the_run_with_the_reason_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    harness = Harness(tmp_path)
+    harness.apply(suite({"type": "python", "source": "def not_grade(sample, item):\n    pass\n"}))
+    harness.apply(run())
+    harness.step()
+    status = harness.status
+    assert status["phase"] == "Failed"
+    ready = harness.condition("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSuite")
+    assert "grade" in ready["message"]
+    assert harness.condition("Succeeded")["reason"] == "InvalidSuite"
+    assert harness.jobs() == {}
+    assert ("Warning", "InvalidSuite") in [e[:2] for e in harness.events]
+
+
+def test_a_missing_suite_keeps_the_run_pending_until_it_appears(tmp_path: Path) -> None:
+    harness = Harness(tmp_path)
+    harness.apply(run())
+    harness.step()
+    assert harness.status["phase"] == "Pending"
+    assert harness.condition("Ready")["reason"] == "SuiteNotFound"
+    harness.apply(suite())
+    harness.step()
+    assert harness.status["phase"] == "Running"
+    assert sorted(harness.jobs()) == UNITS[:2]
+
+
+# -- event-driven passes: advance, job_changed, unit_done ----------------------------------------
+async def _settle(until: Any) -> None:
+    """Let the reconciler's own tasks run until ``until()`` holds (awaited, with a bound)."""
+    for _ in range(3000):
+        if until():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the reconciler's background pass never happened")
+
+
+def test_advance_reads_the_run_afresh_and_patches_its_status(harness: Harness) -> None:
+    harness.apply(run())
+    asyncio.run(harness.reconciler.advance(NS, "nightly"))
+    assert harness.status["phase"] == "Running"
+    assert sorted(harness.jobs()) == UNITS[:2]
+    patched = [p for p in harness.kube.status_patches if "phase" in p[2]]
+    assert len(patched) == 1
+    # a deleted run: nothing to do, nothing written
+    asyncio.run(harness.reconciler.advance(NS, "gone"))
+    assert all(p[1] != "gone" for p in harness.kube.status_patches)
+
+
+def test_a_unit_report_creates_the_next_job_without_waiting_for_a_timer(
+    harness: Harness,
+) -> None:
+    harness.apply(run())
+
+    async def scenario() -> None:
+        await harness.reconciler.advance(NS, "nightly")
+        harness.store.mark_unit_done(harness.run_id(), UNITS[0], {})
+        entry = harness.reconciler.registry.get(NS, "nightly")
+        assert entry is not None
+        harness.reconciler.unit_done(entry, UNITS[0])  # what the ingest server calls
+        await _settle(lambda: len(harness.kube.of_kind("Job")) == 3)
+
+    asyncio.run(scenario())
+    assert sorted(harness.jobs()) == UNITS
+    assert harness.status["units"]["succeeded"] == 1
+
+
+def test_passes_of_one_run_are_serialized_and_coalesced(harness: Harness) -> None:
+    harness.apply(run())
+    reads = 0
+    original = harness.kube.run
+
+    async def counting_run(namespace: str, name: str) -> dict[str, Any] | None:
+        nonlocal reads
+        reads += 1
+        return await original(namespace, name)
+
+    harness.kube.run = counting_run  # type: ignore[method-assign]
+
+    async def burst() -> None:
+        await asyncio.gather(*(harness.reconciler.advance(NS, "nightly") for _ in range(5)))
+
+    asyncio.run(burst())
+    # one pass running, one waiting: the other three triggers see what the waiting one reads
+    assert reads == 2
+    assert harness.gauge("evalkube_jobs_created_total") == 2
+
+
+def test_job_events_of_a_finished_run_cost_nothing(harness: Harness) -> None:
+    harness.apply(run())
+    harness.step()
+    for unit in UNITS[:2]:
+        harness.finish_unit(unit)
+    harness.step()
+    harness.finish_unit(UNITS[2])
+    harness.step()
+    assert harness.status["phase"] == "Succeeded"
+    harness.kube.run = None  # type: ignore[assignment,method-assign]  # any read would fail
+    asyncio.run(harness.reconciler.job_changed(NS, "nightly"))
+
+
+def test_a_run_blocked_pending_is_looked_at_again_until_its_suite_appears(
+    tmp_path: Path,
+) -> None:
+    harness = Harness(tmp_path)
+    harness.reconciler.settings = harness.reconciler.settings.model_copy(
+        update={"retry_interval": 0.001}
+    )
+    harness.apply(run())
+
+    async def scenario() -> None:
+        await harness.reconciler.advance(NS, "nightly")
+        assert harness.status["phase"] == "Pending"
+        harness.apply(suite())  # no event of the run's own follows
+        await _settle(lambda: harness.kube.of_kind("Job"))
+        await harness.reconciler.close()
+
+    asyncio.run(scenario())
+    assert harness.status["phase"] == "Running"
+    assert sorted(harness.jobs()) == UNITS[:2]
+
+
+KOPF_CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("kopf_context")
+
+
+def test_a_pass_a_unit_report_starts_posts_events_in_kopfs_context(harness: Harness) -> None:
+    """kopf posts events through context variables its handlers run with; the ingest server's
+    requests do not have them, so the pass they start runs in the last handler's context."""
+    seen: list[str] = []
+    harness.reconciler.event = lambda body, kind, reason, message: seen.append(
+        KOPF_CONTEXT.get("none")
+    )
+    harness.apply(run())
+
+    async def scenario() -> None:
+        KOPF_CONTEXT.set("kopf")
+        await harness.reconciler.advance(NS, "nightly")  # what a kopf handler does
+        harness.store.mark_unit_done(harness.run_id(), UNITS[0], {})
+        entry = harness.reconciler.registry.get(NS, "nightly")
+        assert entry is not None
+        contextvars.Context().run(harness.reconciler.unit_done, entry, UNITS[0])  # aiohttp's
+        await _settle(lambda: len(harness.kube.of_kind("Job")) == 3)
+
+    asyncio.run(scenario())
+    assert seen
+    assert set(seen) == {"kopf"}
