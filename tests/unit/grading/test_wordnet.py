@@ -59,3 +59,21 @@ def test_without_wordnet_meteor_is_refused_saying_how_to_install_it(
             )
     finally:
         wordnet.wordnet_reader.cache_clear()
+
+
+def test_an_image_prepared_at_build_time_is_read_without_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work-unit containers have a read-only filesystem and no home: the image's build step
+    (``python -m evalkube.grading.wordnet``) prepares the data, and the runner only reads it
+    (on the real node: tests/realnode/test_imported_eval.py, its meteor criterion)."""
+    prepared = wordnet.prepare(wordnet.wordnet_dir(), tmp_path / "nltk_data")
+    monkeypatch.setattr(wordnet, "PREPARED", prepared)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent/cache")  # any write would fail
+    wordnet.wordnet_reader.cache_clear()
+    try:
+        reader = wordnet.wordnet_reader()
+        assert reader.synsets("sofa")
+        assert wordnet.data_root(wordnet.wordnet_dir()) == prepared
+    finally:
+        wordnet.wordnet_reader.cache_clear()
