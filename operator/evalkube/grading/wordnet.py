@@ -149,7 +149,9 @@ def _write_atomically(target: Path, data: bytes) -> None:
     last: its presence means the copy is complete)."""
     with tempfile.NamedTemporaryFile("wb", dir=target.parent, delete=False) as handle:
         handle.write(data)
-    Path(handle.name).replace(target)
+    temporary = Path(handle.name)
+    temporary.chmod(0o644)  # readable by every user (an image's runner is not its builder)
+    temporary.replace(target)
 
 
 @cache

@@ -68,6 +68,9 @@ def test_an_image_prepared_at_build_time_is_read_without_writing(
     (``python -m evalkube.grading.wordnet``) prepares the data, and the runner only reads it
     (on the real node: tests/realnode/test_imported_eval.py, its meteor criterion)."""
     prepared = wordnet.prepare(wordnet.wordnet_dir(), tmp_path / "nltk_data")
+    # built by one user, read by another: every file readable by all
+    corpus = prepared / "corpora" / "wordnet"
+    assert {oct(f.stat().st_mode & 0o444) for f in corpus.iterdir()} == {oct(0o444)}
     monkeypatch.setattr(wordnet, "PREPARED", prepared)
     monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent/cache")  # any write would fail
     wordnet.wordnet_reader.cache_clear()
