@@ -11,7 +11,6 @@ container, so the Pod completes when it exits.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +19,7 @@ from evalkube.controller import names
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import Unit
 from evalkube.models import EvalRunSpec
+from evalkube.models.snapshot import RunSnapshot
 from evalkube.sandbox.environment import INSIDE_ENVIRONMENT, STDLIB, cluster_image
 
 SNAPSHOT_DIR = "/etc/evalkube/snapshot"
@@ -96,14 +96,14 @@ def _restricted(read_only_root: bool = True) -> dict[str, Any]:
     }
 
 
-def snapshot_config_map(owner: Mapping[str, Any], snapshot: Mapping[str, Any]) -> dict[str, Any]:
+def snapshot_config_map(owner: Mapping[str, Any], snapshot: RunSnapshot) -> dict[str, Any]:
     """The immutable snapshot a run executes: suite spec, sources, datasets, run spec."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(owner, names.snapshot_name(owner["metadata"]["name"]), "snapshot"),
         "immutable": True,
-        "data": {"snapshot.json": json.dumps(snapshot, sort_keys=True, separators=(",", ":"))},
+        "data": {"snapshot.json": snapshot.to_json()},
     }
 
 
