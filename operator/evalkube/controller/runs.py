@@ -142,6 +142,7 @@ class RunReconciler:
             new = await self.reconcile(body)
             if new is not None:
                 await self.kube.patch_run_status(namespace, name, new.to_wire())
+            self.metrics.passes.inc()
         if self._phases.get(key) == "Pending" and key not in self._retrying:
             self._retrying.add(key)
             self.later(self.settings.retry_interval, namespace, name)
