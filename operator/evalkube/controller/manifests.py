@@ -12,7 +12,9 @@ container, so the Pod completes when it exits.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from evalkube._net import url_port
 from evalkube.controller import names
@@ -58,18 +60,6 @@ NOBODY = 65534
 GVISOR_MOUNT_ANNOTATION = "dev.gvisor.spec.mount"
 
 
-def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
-    """An ownerReference to the EvalRun, so deleting it deletes what it owns."""
-    return {
-        "apiVersion": "evalkube.io/v1alpha1",
-        "kind": "EvalRun",
-        "name": owner["metadata"]["name"],
-        "uid": owner["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def _meta(owner: Mapping[str, Any], name: str, component: str) -> dict[str, Any]:
     run_name = owner["metadata"]["name"]
     return {
@@ -80,7 +70,8 @@ def _meta(owner: Mapping[str, Any], name: str, component: str) -> dict[str, Any]
             names.LABEL_COMPONENT: component,
             names.LABEL_MANAGED_BY: names.MANAGED_BY,
         },
-        "ownerReferences": [owner_reference(owner)],
+        # deleting the EvalRun deletes what it owns
+        "ownerReferences": [kopf.build_owner_reference(cast(kopf.Body, owner))],
     }
 
 
