@@ -528,7 +528,7 @@ def _mount_subcommands() -> None:
 
     app.command("crds")(crds)
     reporting.register(app)
-    app.add_typer(proxy_cli.app, name="proxy")
+    proxy_cli.register(app)
 
 
 _mount_subcommands()

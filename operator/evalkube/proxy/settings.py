@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -15,7 +16,19 @@ from evalkube.proxy.egress import EgressGateway, check_gateway_url
 class ProxySettings(BaseSettings):
     """Every setting of the model bridge proxy; each can come from ``EVALKUBE_PROXY_<FIELD>``."""
 
-    model_config = SettingsConfigDict(env_prefix="EVALKUBE_PROXY_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="EVALKUBE_PROXY_",
+        extra="ignore",
+        use_attribute_docstrings=True,
+        cli_prog_name="evalkube proxy",
+        cli_kebab_case=True,
+        cli_implicit_flags=False,
+    )
+
+    @classmethod
+    def from_cli(cls, args: Sequence[str]) -> ProxySettings:
+        """The settings from command-line flags (``--run-spec PATH``), then the environment."""
+        return cls(_cli_parse_args=list(args))
 
     listen: str = "unix:/var/run/evalkube/bridge/model.sock"
     """Grader listener: ``unix:/path`` or ``host:port`` (loopback only in practice). The

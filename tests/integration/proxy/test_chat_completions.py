@@ -342,7 +342,7 @@ def test_the_sidecar_reads_the_api_from_the_run_spec(
     }
     process = subprocess.Popen(
         [
-            sys.executable, "-c", "from evalkube.proxy.cli import app; app()",
+            sys.executable, "-c", "from evalkube.proxy.cli import main; main()",
             "--listen", f"unix:{grader_sock}", "--control-listen", f"unix:{control_sock}",
             "--run-spec", str(run), "--max-calls", "1", "--planned-executions", "1",
             "--engine", engine,

@@ -144,7 +144,7 @@ def test_sidecar_process_and_control_api(
         [
             sys.executable,
             "-c",
-            "from evalkube.proxy.cli import app; app()",
+            "from evalkube.proxy.cli import main; main()",
             "--listen",
             f"unix:{grader_sock}",
             "--control-listen",
