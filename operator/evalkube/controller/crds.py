@@ -300,7 +300,9 @@ def _openapi(kind: _Kind) -> Schema:
     }
 
 
-def _crd(kind: _Kind) -> Schema:
+def crd(name: str) -> Schema:
+    """The CustomResourceDefinition of the kind ``name`` (``EvalSuite``, ``EvalRun``, ...)."""
+    kind = _KINDS[name]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -333,14 +335,9 @@ def _crd(kind: _Kind) -> Schema:
     }
 
 
-def crd(kind: str) -> Schema:
-    """The CustomResourceDefinition of ``kind`` (``EvalSuite``, ``EvalRun``, ``EvalSchedule``)."""
-    return _crd(_KINDS[kind])
-
-
 def all_crds() -> list[Schema]:
     """Every CRD evalkube installs, in a stable order."""
-    return [_crd(kind) for kind in _KINDS.values()]
+    return [crd(name) for name in _KINDS]
 
 
 # --------------------------------------------------------------------------------------------
