@@ -21,19 +21,19 @@ Store calls run in threads so the event loop (shared with kopf) never blocks.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evalkube import jsonfast, limits
 from evalkube._net import bearer_token
-from evalkube._wire import BodyError
+from evalkube._wire import BodyError, Shape
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunEntry, RunRegistry
 from evalkube.store import ResultStore, TaskResultRecord
@@ -41,7 +41,7 @@ from evalkube.store.filters import SampleFilter
 from evalkube.store.remote import sample_from_wire
 from evalkube.store.store import decode_cursor
 from evalkube.store.views import sample_view
-from evalkube.store.wire import SAMPLE_UPDATES, SETTLE, TASK_RESULT
+from evalkube.store.wire import ANSWER_LOOKUP, KEPT_ANSWERS, SAMPLE_UPDATES, SETTLE, TASK_RESULT
 
 PREFIX = "/api/v1/namespaces/{namespace}/evalruns/{name}"
 #: Looks a run up from durable state: ``(namespace, name) -> entry`` or ``None`` (no such run).
@@ -50,27 +50,7 @@ Row = TypeVar("Row")
 #: Rows a streamed answer reads from the store per step (bounds the handler's memory).
 STREAM_BATCH = 2_000
 
-#: What a kept answer is for: a candidate, or the list of a sample's grader ``ctx`` calls.
-AnswerPurpose = Literal["candidate", "ctx"]
-
-
-class _KeptAnswers(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    purpose: AnswerPurpose
-    answers: list[tuple[str, Any]]
-
-
-class _AnswerLookup(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    purpose: AnswerPurpose
-    sample_ids: list[str] = Field(max_length=10_000)
-
-
-def _first_problem(exc: ValidationError, expected: str) -> str:
-    """A request body's first problem, naming its field, and what the body should be."""
-    problem = exc.errors()[0]
-    where = ".".join(str(part) for part in problem["loc"]) or "body"
-    return f"{where}: {problem['msg']} (expected {expected})"
+_T = TypeVar("_T")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -79,6 +59,56 @@ def _error(status: int, message: str) -> web.Response:
 
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=jsonfast.dumps(data), status=status, content_type="application/json")
+
+
+async def _parse(request: web.Request, shape: Shape[_T]) -> _T:
+    """The request's body as ``shape``, or a 400 naming the wrong fields and the shape."""
+    try:
+        return shape.parse(await request.read())
+    except BodyError as exc:
+        raise web.HTTPBadRequest(
+            text=jsonfast.dumps({"error": {"message": str(exc)}}).decode(),
+            content_type="application/json",
+        ) from None
+
+
+RunRoute = Callable[["ApiServer", web.Request, RunEntry], Awaitable[web.StreamResponse]]
+
+
+def _ingest(route: RunRoute) -> Callable[[ApiServer, web.Request], Awaitable[web.StreamResponse]]:
+    """A route of a run's pods: it needs the run's token, and acts on that run only."""
+
+    @functools.wraps(route)
+    async def authorized(self: ApiServer, request: web.Request) -> web.StreamResponse:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        if await self._entry(namespace, name) is None:
+            return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
+        entry = self.registry.authorize(namespace, name, bearer_token(request.headers))
+        if entry is None:
+            return _error(401, "missing or wrong ingest token for this EvalRun")
+        return await route(self, request, entry)
+
+    return authorized
+
+
+def _reading(route: RunRoute) -> Callable[[ApiServer, web.Request], Awaitable[web.StreamResponse]]:
+    """A route people and tools read a run through: the operator's read token or the run's."""
+
+    @functools.wraps(route)
+    async def authorized(self: ApiServer, request: web.Request) -> web.StreamResponse:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        entry = await self._entry(namespace, name)
+        if not self._may_read(request):
+            return _error(
+                401,
+                "reading a run needs a token: the operator's read token (the chart's "
+                "api-token Secret, EVALKUBE_API_TOKEN) as 'Authorization: Bearer <token>'",
+            )
+        if entry is None:
+            return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
+        return await route(self, request, entry)
+
+    return authorized
 
 
 class ApiServer:
@@ -141,15 +171,6 @@ class ApiServer:
                 entry = resolved
         return entry
 
-    async def _authorized(self, request: web.Request) -> RunEntry | web.Response:
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
-        if await self._entry(namespace, name) is None:
-            return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
-        entry = self.registry.authorize(namespace, name, bearer_token(request.headers))
-        if entry is None:
-            return _error(401, "missing or wrong ingest token for this EvalRun")
-        return entry
-
     @staticmethod
     async def _body(request: web.Request) -> Any:
         try:
@@ -161,10 +182,8 @@ class ApiServer:
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
-    async def ingest(self, request: web.Request) -> web.Response:
-        entry = await self._authorized(request)
-        if isinstance(entry, web.Response):
-            return entry
+    @_ingest
+    async def ingest(self, request: web.Request, entry: RunEntry) -> web.Response:
         body = await self._body(request)
         raw = body.get("samples") if isinstance(body, dict) else None
         if not isinstance(raw, list):
@@ -186,17 +205,8 @@ class ApiServer:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         return self.registry.authorize(namespace, name, token) is not None
 
-    async def list_samples(self, request: web.Request) -> web.Response:
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
-        entry = await self._entry(namespace, name)
-        if not self._may_read(request):
-            return _error(
-                401,
-                "the samples API needs a token: the operator's read token (the chart's "
-                "api-token Secret, EVALKUBE_API_TOKEN) as 'Authorization: Bearer <token>'",
-            )
-        if entry is None:
-            return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
+    @_reading
+    async def list_samples(self, request: web.Request, entry: RunEntry) -> web.Response:
         query = request.query
         try:
             where = SampleFilter.parse(
@@ -236,37 +246,24 @@ class ApiServer:
             answer["metrics"] = await asyncio.to_thread(self.store.score_names, entry.run_id)
         return _json(answer)
 
-    async def keyed_scores(self, request: web.Request) -> web.StreamResponse:
+    @_reading
+    async def keyed_scores(self, request: web.Request, entry: RunEntry) -> web.StreamResponse:
         """Every sample's ``{task, model, key, status, scores}``, one JSON object per line,
         ordered by task, model: the paired comparison's input."""
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
-        entry = await self._entry(namespace, name)
-        if not self._may_read(request):
-            return _error(
-                401,
-                "the scores API needs a token: the operator's read token (the chart's "
-                "api-token Secret, EVALKUBE_API_TOKEN) as 'Authorization: Bearer <token>'",
-            )
-        if entry is None:
-            return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
         return await _stream_ndjson(
             request,
             lambda: self.store.iter_keyed_scores(entry.run_id),
             lambda row: dict(zip(("task", "model", "key", "status", "scores"), row, strict=True)),
         )
 
-    async def sample_ids(self, request: web.Request) -> web.Response:
-        entry = await self._authorized(request)
-        if isinstance(entry, web.Response):
-            return entry
+    @_ingest
+    async def sample_ids(self, request: web.Request, entry: RunEntry) -> web.Response:
         task, model = request.query.get("task", ""), request.query.get("model", "")
         ids = await asyncio.to_thread(self.store.recorded_sample_ids, entry.run_id, task, model)
         return _json({"sample_ids": sorted(ids)})
 
-    async def export(self, request: web.Request) -> web.StreamResponse:
-        entry = await self._authorized(request)
-        if isinstance(entry, web.Response):
-            return entry
+    @_ingest
+    async def export(self, request: web.Request, entry: RunEntry) -> web.StreamResponse:
         return await _stream_ndjson(
             request,
             lambda: self.store.iter_samples(
@@ -275,26 +272,16 @@ class ApiServer:
             lambda record: {name: getattr(record, name) for name in record.__slots__},
         )
 
-    async def update(self, request: web.Request) -> web.Response:
-        entry = await self._authorized(request)
-        if isinstance(entry, web.Response):
-            return entry
-        try:
-            body = SAMPLE_UPDATES.parse(await request.read())
-        except BodyError as exc:
-            return _error(400, str(exc))
+    @_ingest
+    async def update(self, request: web.Request, entry: RunEntry) -> web.Response:
+        body = await _parse(request, SAMPLE_UPDATES)
         updates = [u.model_dump(exclude_unset=True) for u in body.updates]
         await asyncio.to_thread(self.store.apply_sample_updates, entry.run_id, updates)
         return _json({"updated": len(updates)})
 
-    async def settle(self, request: web.Request) -> web.Response:
-        entry = await self._authorized(request)
-        if isinstance(entry, web.Response):
-            return entry
-        try:
-            body = SETTLE.parse(await request.read())
-        except BodyError as exc:
-            return _error(400, str(exc))
+    @_ingest
+    async def settle(self, request: web.Request, entry: RunEntry) -> web.Response:
+        body = await _parse(request, SETTLE)
         settled = await asyncio.to_thread(
             self.store.settle_pending,
             entry.run_id,
@@ -305,48 +292,31 @@ class ApiServer:
         )
         return _json({"settled": settled})
 
-    async def record_answers(self, request: web.Request) -> web.Response:
+    @_ingest
+    async def record_answers(self, request: web.Request, entry: RunEntry) -> web.Response:
         """Model answers a pod keeps as they arrive: a retried Job takes them back."""
-        entry = await self._authorized(request)
-        if isinstance(entry, web.Response):
-            return entry
-        try:
-            body = _KeptAnswers.model_validate_json(await request.read())
-        except ValidationError as exc:
-            return _error(400, _first_problem(exc, "purpose and answers: [[sample_id, answer]]"))
+        body = await _parse(request, KEPT_ANSWERS)
         answers = [(sample_id, answer) for sample_id, answer in body.answers]
         await asyncio.to_thread(self.store.record_answers, entry.run_id, body.purpose, answers)
         return _json({"recorded": len(answers)})
 
-    async def recorded_answers(self, request: web.Request) -> web.Response:
-        entry = await self._authorized(request)
-        if isinstance(entry, web.Response):
-            return entry
-        try:
-            body = _AnswerLookup.model_validate_json(await request.read())
-        except ValidationError as exc:
-            return _error(400, _first_problem(exc, "purpose and sample_ids"))
+    @_ingest
+    async def recorded_answers(self, request: web.Request, entry: RunEntry) -> web.Response:
+        body = await _parse(request, ANSWER_LOOKUP)
         found = await asyncio.to_thread(
             self.store.recorded_answers, entry.run_id, body.purpose, body.sample_ids
         )
         return _json({"answers": found})
 
-    async def generation_errored_ids(self, request: web.Request) -> web.Response:
-        entry = await self._authorized(request)
-        if isinstance(entry, web.Response):
-            return entry
+    @_ingest
+    async def generation_errored_ids(self, request: web.Request, entry: RunEntry) -> web.Response:
         task, model = request.query.get("task", ""), request.query.get("model", "")
         ids = await asyncio.to_thread(self.store.generation_errored_ids, entry.run_id, task, model)
         return _json({"sample_ids": sorted(ids)})
 
-    async def task_result(self, request: web.Request) -> web.Response:
-        entry = await self._authorized(request)
-        if isinstance(entry, web.Response):
-            return entry
-        try:
-            body = TASK_RESULT.parse(await request.read())
-        except BodyError as exc:
-            return _error(400, str(exc))
+    @_ingest
+    async def task_result(self, request: web.Request, entry: RunEntry) -> web.Response:
+        body = await _parse(request, TASK_RESULT)
         record = TaskResultRecord(
             entry.run_id,
             body.task,
@@ -359,10 +329,8 @@ class ApiServer:
         await asyncio.to_thread(self.store.save_task_result, record)
         return _json({"saved": True})
 
-    async def unit_done(self, request: web.Request) -> web.Response:
-        entry = await self._authorized(request)
-        if isinstance(entry, web.Response):
-            return entry
+    @_ingest
+    async def unit_done(self, request: web.Request, entry: RunEntry) -> web.Response:
         unit = request.match_info["unit"]
         body = await self._body(request)
         info = body if isinstance(body, dict) else {}

@@ -11,11 +11,17 @@ from typing import Any
 import kopf
 
 from evalkube.controller import names
-from evalkube.controller.runs import FINAL_PHASES, config_map_refs
+from evalkube.controller.reconcile import JobIndex, job_index_entry
+from evalkube.controller.runs import FINAL_PHASES, RunReconciler
 from evalkube.controller.settings import OperatorSettings
+from evalkube.controller.snapshot import config_map_refs
 from evalkube.controller.state import OperatorState
 
 GROUP, VERSION = "evalkube.io", "v1alpha1"
+UNIT_JOBS: dict[str, Any] = {
+    names.LABEL_MANAGED_BY: names.MANAGED_BY,
+    names.LABEL_RUN: kopf.PRESENT,
+}
 #: Read at import only for the timers' intervals (kopf fixes it when the decorator runs);
 #: every other setting is read again at startup, so an operator restarted in the same
 #: process (tests with ``KopfRunner``) picks up its current environment.
@@ -77,10 +83,26 @@ async def suite_file_changed(namespace: str | None, name: str, memo: Any, **kwar
         await state.recheck_suite(namespace or "", suite)
 
 
+@kopf.index("batch", "v1", "jobs", labels=UNIT_JOBS)
+def unit_jobs(
+    namespace: str | None, labels: Any, annotations: Any, body: Any, **_: Any
+) -> dict[Any, Any]:
+    """``(namespace, run) -> (unit id, state)`` of every work-unit Job: runs read their Jobs
+    here instead of listing them on each pass."""
+    return job_index_entry(namespace or "", labels, annotations, body)
+
+
+def _runs(memo: Any, kwargs: dict[str, Any]) -> RunReconciler:
+    reconciler: RunReconciler = memo.state.reconciler
+    index: JobIndex = kwargs["unit_jobs"]
+    reconciler.jobs = index  # the same live index every time; kopf keeps it current
+    return reconciler
+
+
 @kopf.on.create(GROUP, VERSION, "evalruns")
 @kopf.on.resume(GROUP, VERSION, "evalruns")
-async def run_started(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    await memo.state.reconciler.advance(namespace or "", name)
+async def run_started(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _runs(memo, kwargs).advance(namespace or "", name)
 
 
 @kopf.timer(
@@ -91,20 +113,17 @@ async def run_started(namespace: str | None, name: str, memo: kopf.Memo, **_: An
     initial_delay=_IMPORT_SETTINGS.reconcile_interval,
     when=lambda status, **_: (status or {}).get("phase") not in FINAL_PHASES,
 )
-async def run_tick(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def run_tick(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
     """The safety pass, for a Job event or a unit report the operator missed."""
-    await memo.state.reconciler.advance(namespace or "", name)
+    await _runs(memo, kwargs).advance(namespace or "", name)
 
 
-@kopf.on.event(
-    "batch",
-    "v1",
-    "jobs",
-    labels={names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_RUN: kopf.PRESENT},
-)
-async def unit_job_changed(namespace: str | None, labels: Any, memo: kopf.Memo, **_: Any) -> None:
+@kopf.on.event("batch", "v1", "jobs", labels=UNIT_JOBS)
+async def unit_job_changed(
+    namespace: str | None, labels: Any, memo: kopf.Memo, **kwargs: Any
+) -> None:
     """A work-unit Job was created, admitted, suspended, finished or deleted."""
-    await memo.state.reconciler.job_changed(namespace or "", labels[names.LABEL_RUN])
+    await _runs(memo, kwargs).job_changed(namespace or "", labels[names.LABEL_RUN])
 
 
 @kopf.on.delete(GROUP, VERSION, "evalruns", optional=True)
@@ -117,4 +136,4 @@ async def run_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> 
 async def schedule_tick(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     new = await memo.state.schedules.reconcile(body)
     if new is not None:
-        patch.status.update(new)
+        patch.status.update(new.to_wire())

@@ -11,15 +11,17 @@ container, so the Pod completes when it exits.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from evalkube._net import url_port
 from evalkube.controller import names
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import Unit
 from evalkube.models import EvalRunSpec
+from evalkube.models.snapshot import RunSnapshot
 from evalkube.sandbox.environment import INSIDE_ENVIRONMENT, STDLIB, cluster_image
 
 SNAPSHOT_DIR = "/etc/evalkube/snapshot"
@@ -58,18 +60,6 @@ NOBODY = 65534
 GVISOR_MOUNT_ANNOTATION = "dev.gvisor.spec.mount"
 
 
-def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
-    """An ownerReference to the EvalRun, so deleting it deletes what it owns."""
-    return {
-        "apiVersion": "evalkube.io/v1alpha1",
-        "kind": "EvalRun",
-        "name": owner["metadata"]["name"],
-        "uid": owner["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def _meta(owner: Mapping[str, Any], name: str, component: str) -> dict[str, Any]:
     run_name = owner["metadata"]["name"]
     return {
@@ -80,7 +70,8 @@ def _meta(owner: Mapping[str, Any], name: str, component: str) -> dict[str, Any]
             names.LABEL_COMPONENT: component,
             names.LABEL_MANAGED_BY: names.MANAGED_BY,
         },
-        "ownerReferences": [owner_reference(owner)],
+        # deleting the EvalRun deletes what it owns
+        "ownerReferences": [kopf.build_owner_reference(cast(kopf.Body, owner))],
     }
 
 
@@ -96,14 +87,14 @@ def _restricted(read_only_root: bool = True) -> dict[str, Any]:
     }
 
 
-def snapshot_config_map(owner: Mapping[str, Any], snapshot: Mapping[str, Any]) -> dict[str, Any]:
+def snapshot_config_map(owner: Mapping[str, Any], snapshot: RunSnapshot) -> dict[str, Any]:
     """The immutable snapshot a run executes: suite spec, sources, datasets, run spec."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(owner, names.snapshot_name(owner["metadata"]["name"]), "snapshot"),
         "immutable": True,
-        "data": {"snapshot.json": json.dumps(snapshot, sort_keys=True, separators=(",", ":"))},
+        "data": {"snapshot.json": snapshot.to_json()},
     }
 
 

@@ -66,6 +66,11 @@ class OperatorMetrics:
             "EvalRun status patches written by the operator.",
             registry=r,
         )
+        self.passes = Counter(
+            "evalkube_reconcile_passes_total",
+            "Passes over EvalRuns the operator finished (Job events, unit reports, timer).",
+            registry=r,
+        )
         self.jobs_created = Counter(
             "evalkube_jobs_created_total", "Work-unit Jobs created.", registry=r
         )

@@ -14,11 +14,13 @@ of everything that did complete.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from evalkube.controller import names
 from evalkube.engine.plan import Unit
+from evalkube.models.run import UnitCounts
 
 JobPhase = Literal["active", "queued", "succeeded", "failed"]
 
@@ -29,6 +31,10 @@ class JobState:
 
     phase: JobPhase
     reason: str = ""
+
+
+JobIndex = Mapping[tuple[str, str], Iterable[tuple[str, JobState]]]
+"""``(namespace, run) -> (unit id, state)`` of each work-unit Job (kopf's Job index)."""
 
 
 @dataclass
@@ -49,15 +55,15 @@ class Decision:
     def complete(self) -> bool:
         return self.phase != "Running"
 
-    def counts(self) -> dict[str, int]:
-        return {
-            "total": self.total,
-            "succeeded": self.done,
-            "running": self.active,
-            "failed": len(self.failed),
-            "pending": self.total - self.done - self.active - len(self.failed),
-            "queued": self.queued,
-        }
+    def counts(self) -> UnitCounts:
+        return UnitCounts(
+            total=self.total,
+            succeeded=self.done,
+            running=self.active,
+            failed=len(self.failed),
+            pending=self.total - self.done - self.active - len(self.failed),
+            queued=self.queued,
+        )
 
 
 def decide(
@@ -128,6 +134,18 @@ def job_state(job: Mapping[str, object]) -> JobState:
             message = condition.get("message", "")
             return JobState("failed", f"{reason}: {message}".strip(": "))
     return JobState("queued" if spec.get("suspend") else "active")
+
+
+def job_index_entry(
+    namespace: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    job: Mapping[str, Any],
+) -> dict[tuple[str, str], tuple[str, JobState]]:
+    """A work-unit Job's entry in the Job index (none for a Job without its unit id)."""
+    unit = annotations.get(names.ANNOTATION_UNIT_ID)
+    run = labels.get(names.LABEL_RUN)
+    return {(namespace, run): (unit, job_state(job))} if unit and run else {}
 
 
 def summary_line(metrics: Mapping[str, Mapping[str, float]]) -> str:

@@ -15,29 +15,43 @@ import asyncio
 import contextlib
 import contextvars
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from evalkube.controller import egress, manifests, names
 from evalkube.controller.kube import Kube
 from evalkube.controller.metrics import OperatorMetrics
-from evalkube.controller.reconcile import Decision, decide, job_state, summary_line
+from evalkube.controller.reconcile import Decision, JobIndex, JobState, decide, summary_line
 from evalkube.controller.registry import RunEntry, RunRegistry, digest, new_token
 from evalkube.controller.settings import OperatorSettings
-from evalkube.controller.snapshot import build_snapshot, check_suite
+from evalkube.controller.snapshot import build_snapshot, check_cluster_suite
 from evalkube.engine.driver import grader_calls_models, judges_call_models
 from evalkube.engine.plan import Unit
 from evalkube.engine.pod import Snapshot, parse_snapshot
 from evalkube.engine.runtime import suite_criteria
 from evalkube.grading.gate import gate_message, gate_run
 from evalkube.grading.run_results import aggregate_results, expected_metrics
-from evalkube.models import EvalRunSpec, GateStatus, SpecError, TaskModelResult, validate_spec
+from evalkube.models import (
+    Condition,
+    EvalRunSpec,
+    EvalRunStatus,
+    GateStatus,
+    SpecError,
+    TaskModelResult,
+    validate_spec,
+)
+from evalkube.models.snapshot import RunSnapshot
+from evalkube.models.status import (
+    condition,
+    merge_conditions,
+    now_rfc3339,
+    read_status,
+    same_status,
+)
 from evalkube.store import ResultStore, RunRecord
 
 FINAL_PHASES = ("Succeeded", "Failed")
@@ -49,56 +63,27 @@ EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 _log = logging.getLogger(__name__)
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def condition(
-    kind: str, status: bool, reason: str, message: str, generation: int | None
-) -> dict[str, Any]:
-    return {
-        "type": kind,
-        "status": "True" if status else "False",
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-        "lastTransitionTime": _now(),
-    }
-
-
-def gate_condition(gate: GateStatus, generation: int | None) -> dict[str, Any]:
+def gate_condition(gate: GateStatus, generation: int | None) -> Condition:
     """The ``Passed`` condition of a gated run (Argo CD's health check reads it)."""
     reason = "GatePassed" if gate.passed else "GateFailed"
     return condition("Passed", gate.passed, reason, gate_message(gate), generation)
 
 
-def merge_conditions(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Replace conditions by type; keep ``lastTransitionTime`` when the status did not change."""
-    by_type = {c.get("type"): c for c in old}
-    out = []
-    for cond in new:
-        previous = by_type.get(cond["type"])
-        if previous and previous.get("status") == cond["status"]:
-            cond = {
-                **cond,
-                "lastTransitionTime": previous.get(
-                    "lastTransitionTime", cond["lastTransitionTime"]
-                ),
-            }
-        out.append(cond)
-    return out
-
-
 @dataclass
 class _Setup:
-    snapshot: dict[str, Any]
-    spec: EvalRunSpec
+    snapshot: RunSnapshot
     entry: RunEntry
     parsed: Snapshot
     units: list[Unit]
     """The run's plan: the very list the pod's runner plans from the same snapshot."""
     grant_expires: int = 0
     """When the run's egress grant expires (unix seconds; 0 without the egress gateway)."""
+    unseen: set[str] = field(default_factory=set)
+    """Units whose Job this operator created and the Job index has not shown yet."""
+
+    @property
+    def spec(self) -> EvalRunSpec:
+        return self.snapshot.run_spec
 
 
 class RunReconciler:
@@ -137,6 +122,9 @@ class RunReconciler:
         #: outside kopf (the ingest server's) run in it, as kopf's event posting needs its
         #: context variables.
         self._context: contextvars.Context | None = None
+        self.jobs: JobIndex = {}
+        """``(namespace, run) -> (unit id, JobState)`` of every work-unit Job: kopf's index
+        (``handlers.unit_jobs``), kept current by the Job watch, so a pass lists no Jobs."""
 
     async def advance(self, namespace: str, name: str) -> None:
         """One pass over the run as the API server holds it now; the status patched if it
@@ -153,7 +141,8 @@ class RunReconciler:
                 return
             new = await self.reconcile(body)
             if new is not None:
-                await self.kube.patch_run_status(namespace, name, new)
+                await self.kube.patch_run_status(namespace, name, new.to_wire())
+            self.metrics.passes.inc()
         if self._phases.get(key) == "Pending" and key not in self._retrying:
             self._retrying.add(key)
             self.later(self.settings.retry_interval, namespace, name)
@@ -211,15 +200,15 @@ class RunReconciler:
         for phase, count in counts.items():
             self.metrics.runs.labels(phase).set(count)
 
-    async def reconcile(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    async def reconcile(self, body: Mapping[str, Any]) -> EvalRunStatus | None:
         """One pass; returns the status to patch, or ``None`` when it is unchanged."""
-        new = await self._reconcile(body)
-        self._track_phase(body, (new or body.get("status") or {}).get("phase"))
+        old = read_status(EvalRunStatus, body.get("status"))
+        new = await self._reconcile(body, old)
+        self._track_phase(body, (new or old).phase)
         return new
 
-    async def _reconcile(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        status = dict(body.get("status") or {})
-        if status.get("phase") in FINAL_PHASES:
+    async def _reconcile(self, body: Mapping[str, Any], old: EvalRunStatus) -> EvalRunStatus | None:
+        if old.phase in FINAL_PHASES:
             self._register_finished(body)
             return None
         meta = body["metadata"]
@@ -229,31 +218,34 @@ class RunReconciler:
             await self._refresh_grant(body, setup)
             unit_settings = await self._unit_settings()
         except _Blocked as blocked:
-            new = {
-                **status,
-                "phase": blocked.phase,
-                "observedGeneration": generation,
-                "conditions": merge_conditions(
-                    status.get("conditions") or [],
-                    [condition("Ready", False, blocked.reason, blocked.message, generation)]
-                    + (
-                        [condition("Succeeded", False, blocked.reason, blocked.message, generation)]
-                        if blocked.phase == "Failed"
-                        else []
-                    ),
-                ),
-            }
-            if blocked.phase == "Failed":
-                new["completedAt"] = _now()
-            return self._changed(body, status, new, blocked)
-        units = setup.units
-        jobs = await self.kube.unit_jobs(meta["namespace"], meta["name"])
+            failed = blocked.phase == "Failed"
+            conditions = [condition("Ready", False, blocked.reason, blocked.message, generation)]
+            if failed:
+                conditions.append(
+                    condition("Succeeded", False, blocked.reason, blocked.message, generation)
+                )
+            new = old.model_copy(
+                update={
+                    "phase": blocked.phase,
+                    "observed_generation": generation,
+                    "conditions": merge_conditions(old.conditions, conditions),
+                    "completed_at": now_rfc3339() if failed else old.completed_at,
+                }
+            )
+            return self._changed(body, old, new, blocked)
         done = await asyncio.to_thread(self.store.done_units, setup.entry.run_id)
         decision = decide(
-            units, {u: job_state(j) for u, j in jobs.items()}, done, self.settings.parallelism
+            setup.units, self._observed_jobs(meta, setup), done, self.settings.parallelism
         )
         await self._create_jobs(body, setup, decision, unit_settings)
-        return await self._status(body, status, setup, decision)
+        return await self._status(body, old, setup, decision)
+
+    def _observed_jobs(self, meta: Mapping[str, Any], setup: _Setup) -> dict[str, JobState]:
+        """The run's Jobs as the Job index shows them, plus those created here that it has not
+        shown yet (a pass right after a create must not create them again)."""
+        jobs = dict(self.jobs.get((meta["namespace"], meta["name"]), ()))
+        setup.unseen -= jobs.keys()
+        return {**dict.fromkeys(setup.unseen, JobState("active")), **jobs}
 
     async def resolve_run(self, namespace: str, name: str) -> RunEntry | None:
         """A run from durable state (the EvalRun and its token Secret), for an API request
@@ -265,12 +257,12 @@ class RunReconciler:
         meta = body["metadata"]
         run_id = names.run_id(namespace, name, meta["uid"])
         suite = ((body.get("spec") or {}).get("suiteRef") or {}).get("name", "")
-        if (body.get("status") or {}).get("phase") in FINAL_PHASES:
+        status = read_status(EvalRunStatus, body.get("status"))
+        if status.phase in FINAL_PHASES:
             return RunEntry(namespace, name, run_id, suite, token_digest="")
-        token_digest = (body.get("status") or {}).get(TOKEN_DIGEST_FIELD)
-        if not token_digest:
+        if not status.ingest_token_sha256:
             return None
-        return RunEntry(namespace, name, run_id, suite, str(token_digest))
+        return RunEntry(namespace, name, run_id, suite, status.ingest_token_sha256)
 
     # -- setup: suite snapshot, token, network policy, store record ----------------------------
     def _register_finished(self, body: Mapping[str, Any]) -> None:
@@ -309,16 +301,10 @@ class RunReconciler:
                     "SuiteNotFound",
                     f"EvalSuite {spec.suite_ref.name!r} does not exist in {namespace}",
                 )
-            values: dict[tuple[str, str, str], str | None] = {}
-            for task in suite["spec"].get("tasks", []):
-                for ref in config_map_refs(namespace, task):
-                    values[ref] = await self.kube.config_map_value(*ref)
-            check = await asyncio.to_thread(
-                check_suite, namespace, suite["spec"], lambda ns, cm, key: values.get((ns, cm, key))
-            )
+            check = await check_cluster_suite(self.kube, namespace, suite["spec"])
             if not check.ok:
                 raise _Blocked("Failed", "InvalidSuite", "; ".join(check.problems))
-            snapshot = build_snapshot(body, run_id, spec.suite_ref.name, suite["spec"], check)
+            snapshot = build_snapshot(body, run_id, spec.suite_ref.name, check)
             await self.kube.create(manifests.snapshot_config_map(body, snapshot))
             self.event(
                 body,
@@ -327,14 +313,13 @@ class RunReconciler:
                 f"snapshot of suite {spec.suite_ref.name} at {check.version[:19]}",
             )
         else:
-            snapshot = json.loads(snapshot_data["snapshot.json"])
-        # the run is pinned to its snapshot: runners plan units from the snapshot's spec, so
-        # an edit of the EvalRun's spec mid-run must not change the operator's plan either
-        spec = validate_spec(EvalRunSpec, snapshot["run_spec"], prefix="spec")
-        suite_name = str(snapshot["suite"]["name"])
+            # the run is pinned to its snapshot: runners plan units from the snapshot's spec,
+            # so an edit of the EvalRun's spec mid-run must not change the operator's plan
+            snapshot = RunSnapshot.model_validate_json(snapshot_data["snapshot.json"])
         token_digest = await self._ingest_token_digest(body)
-        entry = RunEntry(namespace, name, run_id, suite_name, token_digest)
+        entry = RunEntry(namespace, name, run_id, snapshot.suite.name, token_digest)
         self.registry.register(entry)
+        spec = snapshot.run_spec
         grant_expires = (
             await self._issue_grant(body, spec) if self.settings.egress_via_gateway else 0
         )
@@ -342,9 +327,13 @@ class RunReconciler:
         if await asyncio.to_thread(self.store.get_run, run_id) is None:
             record = RunRecord(
                 run_id,
-                suite_name,
-                snapshot["suite"]["version"],
-                {"namespace": namespace, "name": name, "snapshot": snapshot},
+                snapshot.suite.name,
+                snapshot.suite.version,
+                {
+                    "namespace": namespace,
+                    "name": name,
+                    "snapshot": snapshot.model_dump(mode="json", by_alias=True, exclude_none=True),
+                },
                 "pod (gVisor)" if self.settings.runtime_class else "pod",
             )
             try:
@@ -353,7 +342,7 @@ class RunReconciler:
                 if await asyncio.to_thread(self.store.get_run, run_id) is None:
                     raise
         parsed = parse_snapshot(snapshot)
-        return _Setup(snapshot, spec, entry, parsed, parsed.units(), grant_expires)
+        return _Setup(snapshot, entry, parsed, parsed.units(), grant_expires)
 
     async def _ingest_token_digest(self, body: Mapping[str, Any]) -> str:
         """The digest of the run's ingest token, recorded in its status.
@@ -364,9 +353,9 @@ class RunReconciler:
         makes a token and writes it into the Secret, created or overwritten: no Job exists yet.
         """
         meta = body["metadata"]
-        recorded = (body.get("status") or {}).get(TOKEN_DIGEST_FIELD)
+        recorded = read_status(EvalRunStatus, body.get("status")).ingest_token_sha256
         if recorded:
-            return str(recorded)
+            return recorded
         token = new_token()
         secret = manifests.token_secret(body, token)
         if not await self.kube.create(secret):
@@ -424,8 +413,8 @@ class RunReconciler:
         if cached is not None and time.monotonic() - cached[0] < SERVICE_IP_CACHE_SECONDS:
             return cached[1]
         update: dict[str, str] = {}
-        for field in ("ingest_url", "egress_gateway_url", "policy_canary_url"):
-            url = getattr(self.settings, field)
+        for setting in ("ingest_url", "egress_gateway_url", "policy_canary_url"):
+            url = getattr(self.settings, setting)
             if url is None:
                 continue
             service = egress.service_of(url)
@@ -436,10 +425,10 @@ class RunReconciler:
                 raise _Blocked(
                     "Pending",
                     "ServiceNotFound",
-                    f"Service {service[0]}/{service[1]} (EVALKUBE_{field.upper()}={url}) has "
+                    f"Service {service[0]}/{service[1]} (EVALKUBE_{setting.upper()}={url}) has "
                     "no ClusterIP; work-unit pods have no DNS, so it must exist first",
                 )
-            update[field] = egress.with_host(url, ip)
+            update[setting] = egress.with_host(url, ip)
         settings = self.settings.model_copy(update=update)
         self._unit_settings_cache = (time.monotonic(), settings)
         return settings
@@ -466,6 +455,7 @@ class RunReconciler:
                 runner_model_access=judges_call_models(task),
                 grader_environment=next((g.environment for _, g in task.grader_programs()), None),
             )
+            setup.unseen.add(unit.unit_id)
             if await self.kube.create(job):
                 self.metrics.jobs_created.inc()
                 self.event(
@@ -476,17 +466,18 @@ class RunReconciler:
                 )
 
     async def _status(
-        self, body: Mapping[str, Any], status: dict[str, Any], setup: _Setup, decision: Decision
-    ) -> dict[str, Any] | None:
+        self, body: Mapping[str, Any], old: EvalRunStatus, setup: _Setup, decision: Decision
+    ) -> EvalRunStatus | None:
         generation = body["metadata"].get("generation")
-        new: dict[str, Any] = {
-            **status,
-            "phase": decision.phase,
-            "observedGeneration": generation,
-            "suiteVersion": setup.snapshot["suite"]["version"],
-            "units": decision.counts(),
-            "startedAt": status.get("startedAt") or _now(),
-        }
+        new = old.model_copy(
+            update={
+                "phase": decision.phase,
+                "observed_generation": generation,
+                "suite_version": setup.snapshot.suite.version,
+                "units": decision.counts(),
+                "started_at": old.started_at or now_rfc3339(),
+            }
+        )
         conditions = [condition("Ready", True, "Running", "work units are running", generation)]
         if decision.queued:
             queue = setup.spec.queue_name
@@ -497,66 +488,58 @@ class RunReconciler:
             )
             conditions = [condition("Ready", False, "Queued", message, generation)]
         if decision.complete:
-            suite_spec = setup.parsed.loaded.suite.spec
-            criteria_of = suite_criteria(suite_spec)
-            results = await asyncio.to_thread(
-                functools.partial(
-                    aggregate_results,
-                    self.store,
-                    setup.entry.run_id,
-                    None,
-                    expected_metrics(suite_spec, criteria_of),
-                    criteria_of=criteria_of,
-                )
-            )
-            new["results"] = [r.to_wire() for r in results]
-            new["summary"] = summary_line({f"{r.task}/{r.model}": r.metrics for r in results})
-            new["completedAt"] = _now()
-            if decision.failed:
-                message = "; ".join(
-                    f"unit {u}: {why}" for u, why in sorted(decision.failed.items())
-                )
-                conditions = [
-                    condition("Ready", False, "UnitsFailed", message, generation),
-                    condition("Succeeded", False, "UnitsFailed", message, generation),
-                ]
-                self.event(body, "Warning", "RunFailed", message[:1000])
-            else:
-                conditions = [
-                    condition("Ready", True, "Completed", "all units completed", generation),
-                    condition(
-                        "Succeeded",
-                        True,
-                        "Completed",
-                        f"{decision.total} units completed",
-                        generation,
-                    ),
-                ]
-                self.event(
-                    body,
-                    "Normal",
-                    "RunSucceeded",
-                    f"{decision.total} units completed; {new['summary']}",
-                )
-                if setup.spec.gate is not None:
-                    gate = await self._gate(body, setup, results)
-                    new["gate"] = gate.to_wire()
-                    conditions.append(gate_condition(gate, generation))
-                    if not gate.passed:
-                        self.event(body, "Warning", "GateFailed", gate_message(gate)[:1000])
-            await asyncio.to_thread(
-                self.store.finish_run,
+            conditions = await self._finish(body, new, setup, decision)
+        new.conditions = merge_conditions(old.conditions, conditions)
+        return self._changed(body, old, new, None)
+
+    async def _finish(
+        self, body: Mapping[str, Any], new: EvalRunStatus, setup: _Setup, decision: Decision
+    ) -> list[Condition]:
+        """Every unit is over: aggregate, gate, record and export the run; its conditions."""
+        generation = body["metadata"].get("generation")
+        suite_spec = setup.snapshot.suite.spec
+        criteria_of = suite_criteria(suite_spec)
+        results = await asyncio.to_thread(
+            functools.partial(
+                aggregate_results,
+                self.store,
                 setup.entry.run_id,
-                decision.phase,
-                {"results": new["results"]},
+                None,
+                expected_metrics(suite_spec, criteria_of),
+                criteria_of=criteria_of,
             )
-            # every unit is over: its samples hold the answers pods kept for a retried Job
-            await asyncio.to_thread(self.store.forget_answers, setup.entry.run_id)
-            infos = await asyncio.to_thread(self.store.done_unit_infos, setup.entry.run_id)
-            self._export_metrics(body, setup, results, budget_refusals(infos.values()))
-            self._setups.pop(body["metadata"]["uid"], None)
-        new["conditions"] = merge_conditions(status.get("conditions") or [], conditions)
-        return self._changed(body, status, new, None)
+        )
+        new.results = results
+        new.summary = summary_line({f"{r.task}/{r.model}": r.metrics for r in results})
+        new.completed_at = now_rfc3339()
+        if decision.failed:
+            message = "; ".join(f"unit {u}: {why}" for u, why in sorted(decision.failed.items()))
+            conditions = [
+                condition("Ready", False, "UnitsFailed", message, generation),
+                condition("Succeeded", False, "UnitsFailed", message, generation),
+            ]
+            self.event(body, "Warning", "RunFailed", message[:1000])
+        else:
+            completed = f"{decision.total} units completed"
+            conditions = [
+                condition("Ready", True, "Completed", "all units completed", generation),
+                condition("Succeeded", True, "Completed", completed, generation),
+            ]
+            self.event(body, "Normal", "RunSucceeded", f"{completed}; {new.summary}")
+            if setup.spec.gate is not None:
+                new.gate = await self._gate(body, setup, results)
+                conditions.append(gate_condition(new.gate, generation))
+                if not new.gate.passed:
+                    self.event(body, "Warning", "GateFailed", gate_message(new.gate)[:1000])
+        wire = [r.to_wire() for r in results]
+        run_id = setup.entry.run_id
+        await asyncio.to_thread(self.store.finish_run, run_id, decision.phase, {"results": wire})
+        # every unit is over: its samples hold the answers pods kept for a retried Job
+        await asyncio.to_thread(self.store.forget_answers, run_id)
+        infos = await asyncio.to_thread(self.store.done_unit_infos, run_id)
+        self._export_metrics(body, setup, results, budget_refusals(infos.values()))
+        self._setups.pop(body["metadata"]["uid"], None)
+        return conditions
 
     async def _gate(
         self, body: Mapping[str, Any], setup: _Setup, results: list[TaskModelResult]
@@ -602,14 +585,14 @@ class RunReconciler:
     def _changed(
         self,
         body: Mapping[str, Any],
-        old: dict[str, Any],
-        new: dict[str, Any],
+        old: EvalRunStatus,
+        new: EvalRunStatus,
         blocked: _Blocked | None,
-    ) -> dict[str, Any] | None:
+    ) -> EvalRunStatus | None:
         """``new`` when it differs from ``old`` (ignoring condition timestamps), else None."""
-        if _comparable(new) == _comparable(old):
+        if same_status(new, old):
             return None
-        if blocked is not None and old.get("phase") != blocked.phase:
+        if blocked is not None and old.phase != blocked.phase:
             kind = "Warning" if blocked.phase == "Failed" else "Normal"
             self.event(body, kind, blocked.reason, blocked.message[:1000])
         self.metrics.status_patches.inc()
@@ -619,7 +602,7 @@ class RunReconciler:
         self,
         body: Mapping[str, Any],
         setup: _Setup,
-        results: list[Any],
+        results: list[TaskModelResult],
         refused: Mapping[str, int],
     ) -> None:
         namespace = body["metadata"]["namespace"]
@@ -647,30 +630,6 @@ class _Blocked(Exception):
     def __init__(self, phase: str, reason: str, message: str) -> None:
         super().__init__(message)
         self.phase, self.reason, self.message = phase, reason, message
-
-
-def _comparable(status: Mapping[str, Any]) -> str:
-    conditions = [
-        {k: v for k, v in c.items() if k != "lastTransitionTime"}
-        for c in status.get("conditions") or []
-    ]
-    rest = {k: v for k, v in status.items() if k != "conditions"}
-    return json.dumps([rest, conditions], sort_keys=True, default=str)
-
-
-def config_map_refs(namespace: str, task: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """``(namespace, configmap, key)`` of a task's grader/preprocessor files and dataset."""
-    refs = []
-    codes = [task.get("grader"), task.get("preprocess"), *(task.get("graders") or [])]
-    for code in codes:
-        ref = (code or {}).get("file") if isinstance(code, dict) else None
-        if isinstance(ref, str) and "/" in ref:
-            name, key = ref.split("/", 1)
-            refs.append((namespace, name, key))
-    dataset_ref = (task.get("dataset") or {}).get("configMapRef")
-    if isinstance(dataset_ref, dict) and dataset_ref.get("name") and dataset_ref.get("key"):
-        refs.append((namespace, dataset_ref["name"], dataset_ref["key"]))
-    return refs
 
 
 def budget_refusals(unit_infos: Iterable[Mapping[str, Any]]) -> dict[str, int]:

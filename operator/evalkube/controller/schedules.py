@@ -14,7 +14,7 @@ from typing import Any, cast
 import kopf
 
 from evalkube.controller.kube import Kube
-from evalkube.controller.runs import FINAL_PHASES, EventSink, condition, merge_conditions
+from evalkube.controller.runs import FINAL_PHASES, EventSink
 from evalkube.controller.schedule import (
     ANNOTATION_SCHEDULED_AT,
     LABEL_SCHEDULE,
@@ -29,7 +29,15 @@ from evalkube.controller.schedule import (
     schedule_label,
 )
 from evalkube.controller.settings import OperatorSettings
-from evalkube.models import EvalScheduleSpec, SpecError, validate_spec
+from evalkube.models import (
+    Condition,
+    EvalScheduleSpec,
+    EvalScheduleStatus,
+    RunReference,
+    SpecError,
+    validate_spec,
+)
+from evalkube.models.status import condition, merge_conditions, read_status, same_status
 
 Clock = Callable[[], datetime]
 
@@ -49,24 +57,19 @@ class ScheduleReconciler:
         offset = timedelta(seconds=settings.schedule_clock_offset_seconds)
         self.clock = clock or (lambda: datetime.now(UTC) + offset)
 
-    async def reconcile(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    async def reconcile(self, body: Mapping[str, Any]) -> EvalScheduleStatus | None:
         """One pass; the status to patch, or ``None`` when it is unchanged."""
         meta = body["metadata"]
         namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")
-        status = dict(body.get("status") or {})
+        old = read_status(EvalScheduleStatus, body.get("status"))
+        new = old.model_copy(update={"observed_generation": generation})
         try:
             spec = validate_spec(EvalScheduleSpec, dict(body.get("spec") or {}), prefix="spec")
         except SpecError as exc:
             message = "; ".join(exc.problems)[:4000]
-            new = {
-                **status,
-                "observedGeneration": generation,
-                "conditions": merge_conditions(
-                    status.get("conditions") or [],
-                    [condition("Ready", False, "InvalidSpec", message, generation)],
-                ),
-            }
-            return new if new != status else None
+            invalid = condition("Ready", False, "InvalidSpec", message, generation)
+            new.conditions = merge_conditions(old.conditions, [invalid])
+            return None if same_status(new, old) else new
         runs = [
             r
             for r in await self.kube.labelled_runs(
@@ -86,7 +89,7 @@ class ScheduleReconciler:
             filter(
                 None,
                 [
-                    parse_time(status.get("lastScheduleTime")),
+                    parse_time(old.last_schedule_time),
                     *(_scheduled(r).scheduled for r in runs),
                 ],
             ),
@@ -100,7 +103,7 @@ class ScheduleReconciler:
             self.clock(),
             starting_deadline_seconds=spec.starting_deadline_seconds,
         )
-        scheduled: list[dict[str, Any]] = []
+        scheduled: list[Condition] = []
         if due.time is not None:
             reason, active = await self._fire(body, spec, due, active)
             scheduled = [_scheduled_condition(reason, due.time, generation)]
@@ -112,30 +115,20 @@ class ScheduleReconciler:
             if (r.get("status") or {}).get("phase") == "Succeeded"
         ]
         last_success = max(
-            filter(None, [*succeeded, parse_time(status.get("lastSuccessfulTime"))]), default=None
+            filter(None, [*succeeded, parse_time(old.last_successful_time)]), default=None
         )
-        new = {
-            **status,
-            "observedGeneration": generation,
-            "lastScheduleTime": format_time(last_scheduled) if last_scheduled else None,
-            "lastSuccessfulTime": format_time(last_success) if last_success else None,
-            "nextScheduleTime": format_time(due.next),
-            "active": [_reference(r) for r in active],
-            "conditions": _conditions(
-                status.get("conditions") or [],
-                [
-                    condition(
-                        "Ready",
-                        True,
-                        "Valid",
-                        f"schedule {spec.schedule!r} in {spec.zone().key}",
-                        generation,
-                    ),
-                    *scheduled,
-                ],
-            ),
-        }
-        return None if _same(new, status) else new
+        new.last_schedule_time = format_time(last_scheduled) if last_scheduled else None
+        new.last_successful_time = format_time(last_success) if last_success else None
+        new.next_schedule_time = format_time(due.next)
+        new.active = [_reference(r) for r in active]
+        valid = f"schedule {spec.schedule!r} in {spec.zone().key}"
+        # an old Scheduled condition stays until the next scheduled time says what it did
+        new.conditions = merge_conditions(
+            old.conditions,
+            [condition("Ready", True, "Valid", valid, generation), *scheduled],
+            keep_others=True,
+        )
+        return None if same_status(new, old) else new
 
     async def _fire(
         self,
@@ -172,9 +165,8 @@ class ScheduleReconciler:
         return "RunCreated", [*active, manifest]
 
 
-def _reference(run: Mapping[str, Any]) -> dict[str, str]:
-    meta = run["metadata"]
-    return {"name": meta["name"], **({"uid": meta["uid"]} if meta.get("uid") else {})}
+def _reference(run: Mapping[str, Any]) -> RunReference:
+    return RunReference(name=run["metadata"]["name"], uid=run["metadata"].get("uid"))
 
 
 def _scheduled(run: Mapping[str, Any]) -> ScheduledRun:
@@ -195,24 +187,6 @@ _MESSAGES = {
 }
 
 
-def _scheduled_condition(reason: str, when: datetime, generation: int | None) -> dict[str, Any]:
+def _scheduled_condition(reason: str, when: datetime, generation: int | None) -> Condition:
     message = _MESSAGES[reason].format(format_time(when))
     return condition("Scheduled", reason == "RunCreated", reason, message, generation)
-
-
-def _conditions(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``new`` merged into ``old``; an old condition of a type ``new`` lacks stays as it was
-    (the Scheduled condition tells what the latest scheduled time did until the next one)."""
-    kept = [c for c in old if c.get("type") not in {n["type"] for n in new}]
-    return merge_conditions(old, new) + kept
-
-
-def _same(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
-    def strip(status: Mapping[str, Any]) -> Any:
-        conditions = [
-            {k: v for k, v in c.items() if k != "lastTransitionTime"}
-            for c in status.get("conditions") or []
-        ]
-        return {**{k: v for k, v in status.items() if v is not None}, "conditions": conditions}
-
-    return bool(strip(new) == strip(old))

@@ -1,20 +1,28 @@
-"""The immutable snapshot an EvalRun executes, and the suite checks behind EvalSuite status.
+"""The suite checks behind EvalSuite status, and the snapshot (:class:`RunSnapshot`) a run
+takes of a suite that checks out.
 
-A run copies its suite (spec, grader sources, dataset references and the suite version) into
-a ConfigMap when it starts, so editing the suite later never changes a running run. Grader
-``file`` references are ``configmap/key`` in a cluster; datasets are ConfigMap keys (JSONL).
+Grader ``file`` references are ``configmap/key`` in a cluster; datasets are ConfigMap keys
+(JSONL).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalkube.controller.kube import Kube
 from evalkube.engine.validate import check_source
 from evalkube.models import ConfigError, EvalRunSpec, EvalSuiteSpec, SpecError, validate_spec
+from evalkube.models.snapshot import (
+    RunSnapshot,
+    SnapshotDataset,
+    SnapshotRun,
+    SnapshotSuite,
+)
 from evalkube.sandbox.environment import is_path
 
 #: Reads ``(namespace, configmap, key)``; returns the value or ``None`` when absent.
@@ -26,13 +34,44 @@ class SuiteCheck:
     """Outcome of checking a suite: its version, sources, dataset sizes, or its problems."""
 
     version: str = ""
-    sources: dict[str, list[str]] = field(default_factory=dict)
-    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    spec: EvalSuiteSpec | None = None
+    sources: dict[str, tuple[str, str]] = field(default_factory=dict)
+    datasets: dict[str, SnapshotDataset] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+async def check_cluster_suite(
+    kube: Kube, namespace: str, spec_wire: Mapping[str, Any]
+) -> SuiteCheck:
+    """:func:`check_suite` over the ConfigMaps the suite names, read from the cluster."""
+    values = {
+        ref: await kube.config_map_value(*ref)
+        for task in spec_wire.get("tasks") or []
+        for ref in config_map_refs(namespace, task)
+    }
+    return await asyncio.to_thread(
+        check_suite, namespace, spec_wire, lambda ns, cm, key: values.get((ns, cm, key))
+    )
+
+
+def config_map_refs(namespace: str, task: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``(namespace, configmap, key)`` of a task's grader/preprocessor files and dataset (read
+    from the wire spec: a suite that does not validate still names what it reads)."""
+    refs = []
+    codes = [task.get("grader"), task.get("preprocess"), *(task.get("graders") or [])]
+    for code in codes:
+        file = code.get("file") if isinstance(code, dict) else None
+        ref = _split_ref(file) if isinstance(file, str) else None
+        if ref is not None:
+            refs.append((namespace, *ref))
+    dataset_ref = (task.get("dataset") or {}).get("configMapRef")
+    if isinstance(dataset_ref, dict) and dataset_ref.get("name") and dataset_ref.get("key"):
+        refs.append((namespace, dataset_ref["name"], dataset_ref["key"]))
+    return refs
 
 
 def _split_ref(ref: str) -> tuple[str, str] | None:
@@ -48,6 +87,7 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
     except SpecError as exc:
         check.problems.extend(exc.problems)
         return check
+    check.spec = spec
     digest = hashlib.sha256(json.dumps(spec.to_wire(), sort_keys=True).encode())
     for index, task in enumerate(spec.tasks):
         where = f"spec.tasks[{index}]"
@@ -78,12 +118,12 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
             except ConfigError as exc:
                 check.problems.append(str(exc))
                 continue
-            check.sources[f"{task.id}/{kind}"] = [source, filename]
+            check.sources[f"{task.id}/{kind}"] = (source, filename)
             digest.update(f"{task.id}/{kind}".encode())
             digest.update(source.encode())
         dataset = task.dataset
         if dataset.rows is not None:
-            check.datasets[task.id] = {"rows": len(dataset.rows)}
+            check.datasets[task.id] = SnapshotDataset(rows=len(dataset.rows))
         elif dataset.config_map_ref is not None:
             ref_name, ref_key = dataset.config_map_ref.name, dataset.config_map_ref.key
             text = read(namespace, ref_name, ref_key)
@@ -94,7 +134,7 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
                 )
                 continue
             rows = sum(1 for line in text.splitlines() if line.strip())
-            check.datasets[task.id] = {"configMap": ref_name, "key": ref_key, "rows": rows}
+            check.datasets[task.id] = SnapshotDataset(rows=rows, config_map=ref_name, key=ref_key)
             digest.update(text.encode())
         else:
             check.problems.append(
@@ -116,23 +156,18 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
 
 
 def build_snapshot(
-    run: Mapping[str, Any],
-    run_id: str,
-    suite_name: str,
-    suite_spec: Mapping[str, Any],
-    check: SuiteCheck,
-) -> dict[str, Any]:
-    """What the run's ConfigMap holds; the runner and the proxy read it in the pod."""
-    spec = validate_spec(EvalRunSpec, dict(run["spec"]), prefix="spec")
-    return {
-        "run": {
-            "namespace": run["metadata"]["namespace"],
-            "name": run["metadata"]["name"],
-            "uid": run["metadata"]["uid"],
-            "run_id": run_id,
-        },
-        "suite": {"name": suite_name, "spec": dict(suite_spec), "version": check.version},
-        "run_spec": spec.to_wire(),
-        "sources": check.sources,
-        "datasets": check.datasets,
-    }
+    run: Mapping[str, Any], run_id: str, suite_name: str, check: SuiteCheck
+) -> RunSnapshot:
+    """The snapshot of a suite that checked out, for ``run`` (the EvalRun object)."""
+    assert check.ok, "only a suite that checks out is snapshotted"
+    assert check.spec is not None
+    meta = run["metadata"]
+    return RunSnapshot(
+        run=SnapshotRun(
+            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], run_id=run_id
+        ),
+        suite=SnapshotSuite(name=suite_name, spec=check.spec, version=check.version),
+        run_spec=validate_spec(EvalRunSpec, dict(run["spec"]), prefix="spec"),
+        sources=check.sources,
+        datasets=check.datasets,
+    )

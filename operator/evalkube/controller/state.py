@@ -14,10 +14,12 @@ from evalkube.controller.api import ApiServer
 from evalkube.controller.kube import EvalSuiteResource, Kube
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunRegistry
-from evalkube.controller.runs import EventSink, RunReconciler, config_map_refs
+from evalkube.controller.runs import EventSink, RunReconciler
 from evalkube.controller.schedules import ScheduleReconciler
 from evalkube.controller.settings import OperatorSettings
-from evalkube.controller.snapshot import check_suite
+from evalkube.controller.snapshot import SuiteCheck, check_cluster_suite
+from evalkube.models.status import condition, merge_conditions, read_status
+from evalkube.models.suite import EvalSuiteStatus
 from evalkube.store import ResultStore
 
 
@@ -62,14 +64,8 @@ class OperatorState:
         self, namespace: str, spec: Mapping[str, Any], meta: Mapping[str, Any], old: Any
     ) -> dict[str, Any]:
         """The EvalSuite's status after checking its spec and the ConfigMaps it reads."""
-        values = {}
-        for task in spec.get("tasks", []):
-            for ref in config_map_refs(namespace, task):
-                values[ref] = await self.kube.config_map_value(*ref)
-        check = await asyncio.to_thread(
-            check_suite, namespace, dict(spec), lambda ns, cm, key: values.get((ns, cm, key))
-        )
-        return suite_status(check, meta.get("generation"), old or {})
+        check = await check_cluster_suite(self.kube, namespace, spec)
+        return suite_status(check, meta.get("generation"), old)
 
     async def recheck_suite(self, namespace: str, name: str) -> None:
         """Check the suite again (a ConfigMap it reads changed) and patch its status."""
@@ -98,24 +94,21 @@ async def _serve(app: web.Application, listen: str) -> web.AppRunner:
     return runner
 
 
-def suite_status(check: Any, generation: int | None, old: Mapping[str, Any]) -> dict[str, Any]:
-    """EvalSuite status from a :class:`~evalkube.controller.snapshot.SuiteCheck`."""
-    from evalkube.controller.runs import condition, merge_conditions
-    from evalkube.models.suite import EvalSuiteStatus
-
+def suite_status(
+    check: SuiteCheck, generation: int | None, old: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """EvalSuite status (as patched) from a suite's check."""
     if check.ok:
         cond = condition(
             "Ready", True, "Valid", f"{len(check.sources)} programs checked", generation
         )
     else:
         cond = condition("Ready", False, "Invalid", "; ".join(check.problems)[:4000], generation)
-    status = EvalSuiteStatus.model_validate(
-        {
-            "phase": "Ready" if check.ok else "Invalid",
-            "observedGeneration": generation,
-            "suiteVersion": check.version if check.ok else None,
-            "conditions": merge_conditions(list(old.get("conditions") or []), [cond]),
-        }
+    status = EvalSuiteStatus(
+        phase="Ready" if check.ok else "Invalid",
+        observed_generation=generation,
+        suite_version=check.version if check.ok else None,
+        conditions=merge_conditions(read_status(EvalSuiteStatus, old).conditions, [cond]),
     )
     # a suite that turns Invalid must lose its old version, not keep it: null deletes it
     return {**status.to_wire(), "suiteVersion": status.suite_version}

@@ -10,7 +10,6 @@ the unit done. Exit code 0 only when every sample is stored.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +23,9 @@ from evalkube.engine.plan import Unit
 from evalkube.engine.runner import UnitContext, UnitReport
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.gctune import relaxed_gc
-from evalkube.models import EvalRunSpec, EvalSuite, validate_spec
+from evalkube.models import EvalRunSpec, EvalSuite, ObjectMeta
 from evalkube.models.errors import ConfigError
+from evalkube.models.snapshot import RunSnapshot
 from evalkube.sandbox import SandboxBackend
 from evalkube.store.remote import RemoteStore
 
@@ -53,31 +53,28 @@ class Snapshot:
 
 
 def load_snapshot(path: Path, datasets_dir: Path | None = None) -> Snapshot:
-    """Read the snapshot JSON the operator wrote (see ``controller.snapshot``)."""
-    return parse_snapshot(json.loads(path.read_text()), path.parent, datasets_dir)
+    """Read the snapshot the operator wrote (:class:`~evalkube.models.snapshot.RunSnapshot`)."""
+    return parse_snapshot(
+        RunSnapshot.model_validate_json(path.read_bytes()), path.parent, datasets_dir
+    )
 
 
 def parse_snapshot(
-    data: dict[str, Any], base_dir: Path = Path("."), datasets_dir: Path | None = None
+    doc: RunSnapshot, base_dir: Path = Path("."), datasets_dir: Path | None = None
 ) -> Snapshot:
-    """A :class:`Snapshot` from the snapshot's JSON document."""
-    suite = validate_spec(
-        EvalSuite,
-        {"metadata": {"name": data["suite"]["name"]}, "spec": data["suite"]["spec"]},
-        prefix="",
-    )
-    loaded = LoadedSuite(suite, base_dir, version=data["suite"]["version"])
-    for key, (source, filename) in data["sources"].items():
+    """A :class:`Snapshot` of the run's snapshot document: its suite loaded, datasets located."""
+    suite = EvalSuite(metadata=ObjectMeta(name=doc.suite.name), spec=doc.suite.spec)
+    loaded = LoadedSuite(suite, base_dir, version=doc.suite.version)
+    for key, source in doc.sources.items():
         task_id, kind = key.split("/", 1)
-        loaded.sources[(task_id, kind)] = (source, filename)
+        loaded.sources[(task_id, kind)] = source
     counts: dict[str, int] = {}
-    for task_id, info in data["datasets"].items():
-        counts[task_id] = int(info["rows"])
-        if "configMap" in info and datasets_dir is not None:
-            loaded.dataset_paths[task_id] = datasets_dir / info["configMap"] / info["key"]
-    spec = validate_spec(EvalRunSpec, data["run_spec"], prefix="spec")
-    run = data["run"]
-    return Snapshot(run["run_id"], run["namespace"], run["name"], loaded, spec, counts)
+    for task_id, dataset in doc.datasets.items():
+        counts[task_id] = dataset.rows
+        if dataset.config_map and dataset.key and datasets_dir is not None:
+            loaded.dataset_paths[task_id] = datasets_dir / dataset.config_map / dataset.key
+    run = doc.run
+    return Snapshot(run.run_id, run.namespace, run.name, loaded, doc.run_spec, counts)
 
 
 def rows_of(snapshot: Snapshot, unit: Unit) -> list[dict[str, Any]]:

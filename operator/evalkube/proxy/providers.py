@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from evalkube.models.run import EvalRun, EvalRunSpec
+from evalkube.models.snapshot import RunSnapshot
 from evalkube.proxy.upstream import Provider
 
 KEYS_DIR_ENV = "EVALKUBE_PROVIDER_KEYS_DIR"
@@ -59,7 +60,7 @@ def providers_from_spec(
 
 def load_run_spec(path: Path) -> EvalRunSpec:
     """An EvalRun (YAML or JSON; the first EvalRun document of the file), a bare spec, or a
-    work-unit pod's run snapshot (``run_spec`` key; see ``evalkube.controller.snapshot``)."""
+    work-unit pod's run snapshot (:class:`~evalkube.models.snapshot.RunSnapshot`)."""
     documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     for document in documents:
         if isinstance(document, dict) and document.get("kind") == "EvalRun":
@@ -67,6 +68,6 @@ def load_run_spec(path: Path) -> EvalRunSpec:
     if len(documents) == 1 and isinstance(documents[0], dict):
         data: dict[str, Any] = documents[0]
         if "run_spec" in data:
-            return EvalRunSpec.model_validate(data["run_spec"])
+            return RunSnapshot.model_validate(data).run_spec
         return EvalRunSpec.model_validate(data.get("spec", data))
     raise ValueError(f"{path}: no EvalRun (or EvalRun spec) found")

@@ -79,3 +79,25 @@ TASK_RESULT = Shape(
     '{"task": str, "model": str, "metrics"?: {name: number}, "error"?: str, "problems"?: [str], '
     '"modelCalls"?: {purpose: int}}',
 )
+
+
+#: What a kept answer is for: a candidate, or the list of a sample's grader ``ctx`` calls.
+AnswerPurpose = Literal["candidate", "ctx"]
+
+
+class KeptAnswers(_Exact):
+    """Model answers a pod keeps as they arrive: a retried Job takes them back."""
+
+    purpose: AnswerPurpose
+    answers: list[tuple[str, Any]]
+
+
+class AnswerLookup(_Exact):
+    purpose: AnswerPurpose
+    sample_ids: list[str] = Field(max_length=10_000)
+
+
+KEPT_ANSWERS = Shape(
+    KeptAnswers, '{"purpose": "candidate"|"ctx", "answers": [[sample_id, answer]]}'
+)
+ANSWER_LOOKUP = Shape(AnswerLookup, '{"purpose": "candidate"|"ctx", "sample_ids": [str]}')

@@ -7,7 +7,6 @@ session-wide control plane (fixture ``control_plane``).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -298,8 +297,11 @@ def test_kwok_hold_then_release(control_plane: ControlPlane, cluster_namespace: 
 
     ok_pod = cp.wait_for(lambda: running_pod("held-ok"), what="held-ok Running", timeout=60)
     fail_pod = cp.wait_for(lambda: running_pod("held-fail"), what="held-fail Running", timeout=60)
-    # held: a Job pod without the annotation completes within ~1 s; give this one 3 s
-    time.sleep(3)
+    # held: a Job created after them without the annotation completes; these do not
+    cp.apply(job("unheld", ns))
+    assert cp.wait_for(lambda: job_condition(cp, ns, "unheld"), timeout=60, what="unheld") == (
+        "Complete"
+    )
     assert running_pod("held-ok") == ok_pod
     assert job_condition(cp, ns, "held-ok") is None
 

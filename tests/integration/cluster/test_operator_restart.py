@@ -69,7 +69,15 @@ def test_operator_restart_mid_run_loses_and_duplicates_nothing(
     with running_operator(cp, store_file, port, parallelism="2") as url:
         cp.apply(run_manifest(ns))
         cp.wait_for(lambda: len(_jobs(cp, ns)) >= 2, timeout=30, what="2 Jobs")
-        time.sleep(1.5)  # three reconcile ticks: the cap holds
+        # the cap holds over later passes: poke a Job (an event, so a pass) and await the pass
+        passes = metric(url, "evalkube_reconcile_passes_total")
+        first = sorted(_jobs(cp, ns).values(), key=unit_of)[0]["metadata"]["name"]
+        cp.kubectl("annotate", "job", first, "-n", ns, "evalkube.io/test-poke=1")
+        cp.wait_for(
+            lambda: metric(url, "evalkube_reconcile_passes_total") > passes,
+            timeout=30,
+            what="a pass after the Job event",
+        )
         jobs = _jobs(cp, ns)
         assert sorted(jobs) == units[:2]
         record_uids(jobs)

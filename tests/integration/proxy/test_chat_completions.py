@@ -299,7 +299,7 @@ def test_a_pod_unit_generates_and_judges_through_a_chat_provider(
         },
     }
     snapshot_path = tmp_path / "snapshot.json"
-    snapshot_path.write_text(json.dumps(build_snapshot(run, RUN_ID, "qa", spec, check)))
+    snapshot_path.write_text(build_snapshot(run, RUN_ID, "qa", check).to_json())
     store = ResultStore.open(f"sqlite:///{tmp_path / 'results.db'}")
     try:
         store.create_run(RunRecord(RUN_ID, "qa", "sha256:x", {}, "pod"))

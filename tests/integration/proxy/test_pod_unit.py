@@ -30,6 +30,7 @@ from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunEntry, RunRegistry, digest
 from evalkube.controller.snapshot import build_snapshot, check_suite
 from evalkube.engine.pod import load_snapshot, parse_snapshot
+from evalkube.models.snapshot import RunSnapshot
 from evalkube.store import ResultStore, RunRecord
 from tests.integration.proxy.conftest import MakeBridge
 from tests.integration.proxy.fake_upstream import FakeUpstream, Scripted
@@ -123,7 +124,8 @@ def snapshot_of(
             **({"providers": providers} if providers else {}),
         },
     }
-    return build_snapshot(run, RUN_ID, "qa", spec, check)
+    snapshot = build_snapshot(run, RUN_ID, "qa", check)
+    return snapshot.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 @contextmanager
@@ -279,7 +281,7 @@ def test_the_operator_and_the_pod_plan_the_same_units(tmp_path: Path) -> None:
     data["run_spec"]["providers"] = {"openai": {"baseURL": "https://api.openai.example/v1"}}
     path = tmp_path / "snapshot.json"
     path.write_text(json.dumps(data))
-    operator_plan = parse_snapshot(json.loads(path.read_text())).units()
+    operator_plan = parse_snapshot(RunSnapshot.model_validate_json(path.read_text())).units()
     pod_plan = load_snapshot(path).units()
     assert operator_plan == pod_plan
     assert [u.unit_id for u in pod_plan] == [

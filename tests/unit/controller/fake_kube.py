@@ -2,7 +2,8 @@
 reconcilers make, over dicts kept by kind, namespace and name.
 
 It behaves like the API server where the reconcilers depend on it: ``create`` of an existing
-object answers ``False`` (HTTP 409), status patches merge, Jobs are listed by the run label.
+object answers ``False`` (HTTP 409), status patches merge, and :meth:`FakeKube.job_index`
+shows the Jobs as kopf's Job index would.
 Tests play the cluster by editing :attr:`FakeKube.objects` (a Job completing, failing, being
 suspended by Kueue).
 """
@@ -10,10 +11,10 @@ suspended by Kueue).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from evalkube.controller import names
+from evalkube.controller.reconcile import JobState, job_index_entry
 
 Key = tuple[str, str, str]
 """``(kind, namespace, name)``."""
@@ -83,15 +84,30 @@ class FakeKube:
         found = self.objects.get(("EvalRun", namespace, name))
         return copy.deepcopy(found) if found is not None else None
 
-    async def unit_jobs(self, namespace: str, run_name: str) -> dict[str, dict[str, Any]]:
-        jobs = {}
+    def job_index(self) -> dict[tuple[str, str], list[tuple[str, JobState]]]:
+        """What kopf's Job index holds: the entries ``handlers.unit_jobs`` makes of each Job."""
+        index: dict[tuple[str, str], list[tuple[str, JobState]]] = {}
         for (kind, ns, _), job in self.objects.items():
+            if kind != "Job":
+                continue
             meta = job["metadata"]
-            if kind != "Job" or ns != namespace:
-                continue
-            if (meta.get("labels") or {}).get(names.LABEL_RUN) != run_name:
-                continue
-            unit_id = (meta.get("annotations") or {}).get(names.ANNOTATION_UNIT_ID)
-            if unit_id:
-                jobs[unit_id] = copy.deepcopy(job)
-        return jobs
+            labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+            for key, entry in job_index_entry(ns, labels, annotations, job).items():
+                index.setdefault(key, []).append(entry)
+        return index
+
+
+class LiveJobIndex(Mapping[tuple[str, str], list[tuple[str, JobState]]]):
+    """The Job index as kopf keeps it: always the Jobs that exist now."""
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+
+    def __getitem__(self, key: tuple[str, str]) -> list[tuple[str, JobState]]:
+        return self.kube.job_index()[key]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self.kube.job_index())
+
+    def __len__(self) -> int:
+        return len(self.kube.job_index())

@@ -604,7 +604,7 @@ def test_answers_are_kept_per_run_and_looked_up(harness: Harness) -> None:
     ("path", "payload", "named"),
     [
         ("/answers", {"purpose": "bribe", "answers": []}, "purpose"),
-        ("/answers", {"purpose": "candidate", "answers": [["s_1"]]}, "answers.0"),
+        ("/answers", {"purpose": "candidate", "answers": [["s_1"]]}, "answers[0]"),
         ("/answers", {"purpose": "candidate", "answers": [], "run_id": "x"}, "run_id"),
         ("/answers:lookup", {"purpose": "ctx", "sample_ids": "s_1"}, "sample_ids"),
         ("/answers:lookup", [], "body"),

@@ -10,7 +10,8 @@ import pytest
 from evalkube.controller import manifests, names
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import Unit, plan_units
-from evalkube.models import EvalRunSpec, validate_spec
+from evalkube.models import EvalRunSpec, EvalSuiteSpec, validate_spec
+from evalkube.models.snapshot import RunSnapshot, SnapshotRun, SnapshotSuite
 
 NAMESPACE = "team-a"
 RUN_NAME = "qa-nightly"
@@ -444,7 +445,20 @@ def test_builders_are_pure() -> None:
 # -- the run's other objects ------------------------------------------------------------------
 def test_owned_objects_carry_the_owner_reference_and_deterministic_names() -> None:
     body = owner()
-    snapshot = manifests.snapshot_config_map(body, {"run": {"name": RUN_NAME}})
+    doc = RunSnapshot(
+        run=SnapshotRun(namespace=NAMESPACE, name=RUN_NAME, uid=UID, run_id="r"),
+        suite=SnapshotSuite(
+            name="qa",
+            spec=EvalSuiteSpec.model_validate(
+                {"tasks": [{"id": "t", "dataset": {"rows": [{"a": "1"}]}, "prompt": "{{ item.a }}",
+                            "grader": {"type": "python", "source": "def grade(s, i): return 1"}}]}
+            ),
+            version="sha256:x",
+        ),
+        run_spec=run_spec(),
+    )  # fmt: skip
+    snapshot = manifests.snapshot_config_map(body, doc)
+    assert RunSnapshot.model_validate_json(snapshot["data"]["snapshot.json"]) == doc
     secret = manifests.token_secret(body, "t0ken")
     policy = manifests.network_policy(body, run_spec(), OperatorSettings())
     assert snapshot["metadata"]["name"] == f"{RUN_NAME}-snapshot"

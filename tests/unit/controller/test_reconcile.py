@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from evalkube.controller.reconcile import JobState, decide, job_state, summary_line
-from evalkube.controller.runs import condition, merge_conditions
 from evalkube.engine.plan import Unit, plan_units
+from evalkube.models.status import condition, merge_conditions
 
 ACTIVE = JobState("active")
 SUCCEEDED = JobState("succeeded")
@@ -34,7 +34,7 @@ def test_first_pass_creates_up_to_the_parallelism_cap_in_plan_order() -> None:
     decision = decide(units, {}, set(), parallelism=2)
     assert ids(decision.create) == ["qa.m.00000", "qa.m.00001"]
     assert decision.phase == "Running"
-    assert decision.counts() == {
+    assert decision.counts().to_wire() == {
         "total": 5,
         "succeeded": 0,
         "running": 0,
@@ -90,7 +90,7 @@ def test_parallelism_zero_room_never_goes_negative() -> None:
     jobs = {u.unit_id: ACTIVE for u in units}
     decision = decide(units, jobs, set(), parallelism=1)  # e.g. lowered after Jobs were made
     assert decision.create == []
-    assert decision.counts()["pending"] == 0
+    assert decision.counts().pending == 0
 
 
 # -- aggregate units --------------------------------------------------------------------------
@@ -155,7 +155,7 @@ def test_a_failed_job_fails_its_unit_with_the_jobs_reason() -> None:
         "qa.m.00000": "BackoffLimitExceeded: Job has reached the specified backoff limit"
     }
     assert decision.phase == "Running"
-    assert decision.counts()["failed"] == 1
+    assert decision.counts().failed == 1
 
 
 def test_a_failed_job_without_a_reason_still_explains() -> None:
@@ -194,7 +194,7 @@ def test_phase_succeeded_when_every_unit_is_done() -> None:
     assert decision.phase == "Succeeded"
     assert decision.complete
     assert decision.create == []
-    assert decision.counts() == {
+    assert decision.counts().to_wire() == {
         "total": 4,
         "succeeded": 4,
         "running": 0,
@@ -214,7 +214,7 @@ def test_phase_failed_only_once_nothing_is_left_running() -> None:
     over = decide(units, jobs, {"qa.m.00001", "qa.m.00002"}, parallelism=10)
     assert over.phase == "Failed"
     assert over.complete
-    assert over.counts() == {
+    assert over.counts().to_wire() == {
         "total": 3,
         "succeeded": 2,
         "running": 0,
@@ -229,7 +229,7 @@ def test_phase_running_while_units_wait() -> None:
     decision = decide(units, {"qa.m.00000": SUCCEEDED}, {"qa.m.00000"}, parallelism=1)
     assert decision.phase == "Running"
     assert ids(decision.create) == ["qa.m.00001"]
-    assert decision.counts()["pending"] == 2  # the one created now still counts as pending
+    assert decision.counts().pending == 2  # the one created now still counts as pending
 
 
 # -- reading Jobs -----------------------------------------------------------------------------
@@ -276,12 +276,20 @@ def test_summary_line() -> None:
 
 
 def test_merge_conditions_keeps_transition_time_while_status_holds() -> None:
-    old = [{**condition("Ready", True, "Running", "x", 1), "lastTransitionTime": "T0"}]
+    old = [
+        condition("Ready", True, "Running", "x", 1).model_copy(
+            update={"last_transition_time": "T0"}
+        ),
+        condition("Scheduled", True, "RunCreated", "w", 1),
+    ]
     same = merge_conditions(old, [condition("Ready", True, "Completed", "y", 1)])
-    assert same[0]["lastTransitionTime"] == "T0"
-    assert same[0]["reason"] == "Completed"
+    assert [(c.type, c.last_transition_time, c.reason) for c in same] == [
+        ("Ready", "T0", "Completed")
+    ]
     flipped = merge_conditions(old, [condition("Ready", False, "UnitsFailed", "z", 1)])
-    assert flipped[0]["lastTransitionTime"] != "T0"
+    assert flipped[0].last_transition_time != "T0"
+    kept = merge_conditions(old, [condition("Ready", True, "Valid", "v", 2)], keep_others=True)
+    assert [c.type for c in kept] == ["Ready", "Scheduled"]
 
 
 def test_budget_refusals_sum_what_the_units_reported() -> None:
@@ -334,7 +342,7 @@ def test_queued_units_hold_their_slot_and_are_counted() -> None:
     decision = decide(units, jobs, set(), parallelism=2)
     assert decision.create == []  # a queued Job is not re-created, and holds its slot
     assert decision.phase == "Running"
-    assert decision.counts() == {
+    assert decision.counts().to_wire() == {
         "total": 3,
         "succeeded": 0,
         "running": 2,

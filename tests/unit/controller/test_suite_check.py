@@ -24,4 +24,4 @@ def test_model_graders_pass_the_cluster_suite_check() -> None:
     }  # fmt: skip
     check = check_suite("ns", {"tasks": [task]}, lambda ns, cm, key: None)
     assert check.problems == []
-    assert check.datasets == {"t": {"rows": 1}}
+    assert {t: d.rows for t, d in check.datasets.items()} == {"t": 1}

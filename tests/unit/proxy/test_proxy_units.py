@@ -251,12 +251,26 @@ def test_metrics_use_the_given_registry_and_prefix() -> None:
 
 def test_run_spec_loads_from_a_pod_snapshot(tmp_path: Path) -> None:
     """The proxy sidecar reads the run's snapshot ConfigMap, as the runner does."""
+    from evalkube.models.snapshot import RunSnapshot
+
     snapshot = tmp_path / "snapshot.json"
-    snapshot.write_text(
-        '{"run": {}, "suite": {}, "sources": {}, "datasets": {}, '
-        '"run_spec": {"models": ["precomputed"], "judgeModel": "openai:gpt-4.1-mini", '
-        '"providers": {"openai": {"baseURL": "http://127.0.0.1:1/v1"}}}}'
-    )
+    doc = RunSnapshot.model_validate(
+        {
+            "run": {"namespace": "ns", "name": "r", "uid": "u", "run_id": "ns.r.u"},
+            "suite": {
+                "name": "qa",
+                "version": "sha256:x",
+                "spec": {"tasks": [{"id": "t", "dataset": {"rows": [{"a": "1"}]},
+                                    "prompt": "{{ item.a }}",
+                                    "grader": {"type": "string_check", "operation": "eq",
+                                               "input": "{{ sample.output_text }}",
+                                               "reference": "{{ item.a }}"}}]},
+            },
+            "run_spec": {"models": ["precomputed"], "judgeModel": "openai:gpt-4.1-mini",
+                         "providers": {"openai": {"baseURL": "http://127.0.0.1:1/v1"}}},
+        }
+    )  # fmt: skip
+    snapshot.write_text(doc.to_json())
     spec = load_run_spec(snapshot)
     assert spec.judge_model == "openai:gpt-4.1-mini"
     assert spec.providers["openai"].base_url == "http://127.0.0.1:1/v1"
