@@ -11,12 +11,10 @@ OpenAPI v3 as the Kubernetes API server requires it:
 - free-form objects (dataset rows, few-shot rows) get ``x-kubernetes-preserve-unknown-fields``;
 - a union of a string and a list (``prompt``, ``choices``) cannot be structural, so the field
   keeps what it is given; CEL cannot see untyped fields, so the operator checks its shape;
-- the cross-field rules the models check in Python (exactly one of ``source``/``file``, unique
-  task ids, ...) are repeated as CEL rules (``x-kubernetes-validations``), so the API server
-  rejects a bad object at ``kubectl apply`` with a message naming the field;
-- cluster-only bounds (``maxItems``, ``maxLength``) keep every CEL rule within the API
-  server's cost budget and every object well under etcd's size limit. They live in
-  :data:`CRD_LIMITS`; a model that declares a bound itself wins.
+- the CEL rules (``x-kubernetes-validations``) and cluster-only bounds (``maxItems``,
+  ``maxLength``, ``required``) the models declare with :func:`evalkube.models.crd.cel` and
+  :func:`evalkube.models.crd.cluster` are folded in where they are declared; a keyword the
+  model itself declares wins over a cluster-only one.
 
 Called by ``evalkube crds`` (:mod:`evalkube.controller.crds_cli`) and by the tests; pure
 functions, no kopf and no cluster access.
@@ -28,7 +26,7 @@ import copy
 import difflib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -36,27 +34,27 @@ import yaml
 from pydantic import BaseModel, TypeAdapter
 
 from evalkube.models import (
+    EvalRun,
     EvalRunSpec,
     EvalRunStatus,
+    EvalSchedule,
     EvalScheduleSpec,
     EvalScheduleStatus,
+    EvalSuite,
     EvalSuiteSpec,
 )
-from evalkube.models.run import MODEL_ID, QUEUE_NAME
+from evalkube.models.crd import CLUSTER_KEY, RULES_KEY
 from evalkube.models.suite import EvalSuiteStatus
 
 __all__ = [
     "CATEGORY",
-    "CRD_LIMITS",
     "GROUP",
     "HEADER",
     "VERSION",
     "all_crds",
     "check_crds",
+    "crd",
     "crd_filename",
-    "evalrun_crd",
-    "evalschedule_crd",
-    "evalsuite_crd",
     "render_crd",
     "structural_schema",
     "write_crds",
@@ -72,71 +70,6 @@ HEADER: Final = (
 
 Schema = dict[str, Any]
 
-# --------------------------------------------------------------------------------------------
-# Cluster-only bounds
-# --------------------------------------------------------------------------------------------
-
-#: Bounds the CRDs add to the models (kind -> path -> keywords). Paths are dotted property
-#: names from the kind's root, ``[]`` for list items and ``{}`` for map values. They exist
-#: for the API server: CEL rules are only admitted when their worst-case cost is bounded,
-#: and an object must fit in etcd (1.5 MiB), so lists and long strings need a ceiling. A
-#: keyword the model already declares is left as the model says.
-CRD_LIMITS: Final[dict[str, dict[str, Schema]]] = {
-    "EvalSuite": {
-        "spec.tasks": {"maxItems": 200},
-        "spec.tasks[].target": {"maxLength": 65_536},
-        "spec.tasks[].fewShot": {"maxItems": 1_000},
-        "spec.tasks[].stop": {"maxItems": 32},
-        "spec.tasks[].stop[]": {"maxLength": 1_024},
-        "spec.tasks[].metrics": {"maxItems": 64},
-        "spec.tasks[].metrics[]": {"maxLength": 253},
-        "spec.tasks[].dataset.rows": {"maxItems": 10_000},
-        "spec.tasks[].dataset.path": {"maxLength": 4_096},
-        "spec.tasks[].dataset.idField": {"maxLength": 253},
-        "spec.tasks[].dataset.configMapRef.name": {"maxLength": 253},
-        "spec.tasks[].dataset.configMapRef.key": {"maxLength": 253},
-        "spec.tasks[].grader.source": {"maxLength": 262_144},
-        "spec.tasks[].grader.file": {"maxLength": 507},
-        "spec.tasks[].grader.metricId": {"maxLength": 253},
-        "spec.tasks[].graders[].source": {"maxLength": 262_144},
-        "spec.tasks[].graders[].file": {"maxLength": 507},
-        "spec.tasks[].graders[].metricId": {"maxLength": 253},
-        "spec.tasks[].grader.reference": {"maxLength": 65_536},
-        "spec.tasks[].graders[].reference": {"maxLength": 65_536},
-        "spec.tasks[].preprocess.source": {"maxLength": 262_144},
-        "spec.tasks[].preprocess.file": {"maxLength": 507},
-        "spec.tasks[].extraction.pattern": {"maxLength": 4_096},
-        "spec.tasks[].extraction.field": {"maxLength": 1_024},
-        "spec.tasks[].outputs.column": {"maxLength": 253},
-        "spec.tasks[].outputs.extractedColumn": {"maxLength": 253},
-        "spec.tasks[].outputs.path": {"maxLength": 4_096},
-    },
-    "EvalRun": {
-        "spec.suiteRef.name": {"maxLength": 253},
-        "spec.models": {"maxItems": 50},
-        "spec.models[]": {"maxLength": 256, "pattern": MODEL_ID.pattern},
-        "spec.judgeModel": {"maxLength": 256, "pattern": MODEL_ID.pattern},
-        "spec.embeddingModel": {"maxLength": 256, "pattern": MODEL_ID.pattern},
-        "spec.providers": {"maxProperties": 32},
-        "spec.providers{}.baseURL": {"maxLength": 2_048},
-        "spec.providers{}.headers": {"maxProperties": 32},
-        "spec.providers{}.headers{}": {"maxLength": 8_192},
-        "spec.providers{}.credentialsSecretRef.name": {"maxLength": 253},
-        "spec.providers{}.credentialsSecretRef.key": {"maxLength": 253},
-        "spec.providers{}.apiKeyEnv": {"maxLength": 253},
-        "spec.queueName": {"pattern": QUEUE_NAME.pattern},
-    },
-}
-#: An EvalSchedule's ``runTemplate.spec`` is an EvalRun spec: the same bounds, and the rules
-#: below, apply there.
-_TEMPLATE = "spec.runTemplate."
-CRD_LIMITS["EvalSchedule"] = {
-    "spec.timeZone": {"maxLength": 64},
-    "spec.runTemplate.metadata.labels": {"maxProperties": 64},
-    "spec.runTemplate.metadata.annotations": {"maxProperties": 64},
-    **{_TEMPLATE + path: dict(bound) for path, bound in CRD_LIMITS["EvalRun"].items()},
-}
-
 _TOP_LEVEL_DESCRIPTIONS: Final = {
     "apiVersion": (
         "APIVersion defines the versioned schema of this representation of an object. "
@@ -151,169 +84,6 @@ _TOP_LEVEL_DESCRIPTIONS: Final = {
 }
 
 # --------------------------------------------------------------------------------------------
-# CEL rules
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One ``x-kubernetes-validations`` entry."""
-
-    rule: str
-    message: str = ""
-    message_expression: str = ""
-    reason: str = ""
-    field_path: str = ""
-
-    def to_schema(self) -> Schema:
-        out: Schema = {"rule": self.rule}
-        if self.message:
-            out["message"] = self.message
-        if self.message_expression:
-            out["messageExpression"] = self.message_expression
-        if self.reason:
-            out["reason"] = self.reason
-        if self.field_path:
-            out["fieldPath"] = self.field_path
-        return out
-
-
-def _present(name: str) -> str:
-    """CEL: the optional field ``name`` of ``self`` is set.
-
-    ``has()`` is false for an explicit ``null`` of a nullable field (and a non-nullable
-    ``null`` is pruned before validation), so ``source: null`` counts as absent, as in the CLI.
-    """
-    return f"has(self.{name})"
-
-
-_EXACTLY_ONE_CODE = Rule(
-    rule=f"{_present('source')} != {_present('file')}",
-    message="set exactly one of `source` (inline Python) or `file` (configmap-name/key)",
-)
-_GRADER_CODE = Rule(
-    rule=(
-        f"has(self.type) && self.type != 'python' ? "
-        f"!{_present('source')} && !{_present('file')} : "
-        f"{_present('source')} != {_present('file')}"
-    ),
-    message=(
-        "a python grader needs exactly one of `source` (inline Python) or `file` "
-        "(configmap-name/key); a built-in grader has neither"
-    ),
-)
-_FILE_REF = Rule(
-    rule=(
-        f"!{_present('file')} || "
-        "self.file.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-._a-zA-Z0-9]+$')"
-    ),
-    message=(
-        "`file` must name a ConfigMap key as `configmap-name/key` in a cluster "
-        "(the ConfigMap lives in the suite's namespace)"
-    ),
-    field_path=".file",
-)
-
-#: CEL rules by kind and path (same path syntax as :data:`CRD_LIMITS`).
-CRD_RULES: Final[dict[str, dict[str, tuple[Rule, ...]]]] = {
-    "EvalSuite": {
-        "spec.tasks": (
-            Rule(
-                rule="self.all(t, self.exists_one(u, u.id == t.id))",
-                message="task ids must be unique within a suite",
-            ),
-        ),
-        "spec.tasks[].dataset": (
-            Rule(
-                rule=(
-                    f"[{_present('rows')}, {_present('path')}, {_present('configMapRef')}]"
-                    ".filter(x, x).size() == 1"
-                ),
-                message="set exactly one of `rows`, `path` or `configMapRef`",
-            ),
-            Rule(
-                rule=f"!{_present('path')}",
-                message=(
-                    "`path` names a file on your machine and is for local runs "
-                    "(`evalkube run`); in a cluster put the JSONL in a ConfigMap and use "
-                    "`configMapRef: {name, key}`"
-                ),
-                reason="FieldValueForbidden",
-                field_path=".path",
-            ),
-        ),
-        "spec.tasks[]": (
-            Rule(
-                rule=f"{_present('grader')} != {_present('graders')}",
-                message="set exactly one of `grader` or `graders` (a list of criteria)",
-            ),
-        ),
-        "spec.tasks[].grader": (_GRADER_CODE, _FILE_REF),
-        "spec.tasks[].graders[]": (_GRADER_CODE, _FILE_REF),
-        "spec.tasks[].preprocess": (_EXACTLY_ONE_CODE, _FILE_REF),
-        "spec.tasks[].extraction": (
-            Rule(
-                rule=f"!has(self.type) || self.type != 'regex' || {_present('pattern')}",
-                message="`pattern` is required when type is `regex`",
-                reason="FieldValueRequired",
-                field_path=".pattern",
-            ),
-            Rule(
-                rule=f"!has(self.type) || self.type != 'json' || {_present('field')}",
-                message="`field` is required when type is `json`",
-                reason="FieldValueRequired",
-                field_path=".field",
-            ),
-        ),
-        "spec.tasks[].outputs": (
-            Rule(
-                rule=f"{_present('column')} != {_present('path')}",
-                message="set exactly one of `column` or `path`",
-            ),
-        ),
-    },
-    "EvalRun": {
-        "spec.models": (
-            Rule(
-                rule="self.all(m, self.exists_one(n, n == m))",
-                message="models must be unique",
-            ),
-        ),
-        "spec": (
-            Rule(
-                rule=(
-                    "self.models.all(m, m == 'precomputed' || m.startsWith('precomputed:') || "
-                    "m == 'local' || m.startsWith('local:') || "
-                    "(has(self.providers) && self.providers.exists(p, m == p || "
-                    "m.startsWith(p + ':'))))"
-                ),
-                message=(
-                    "every model's provider (the part before `:`) must be declared in "
-                    "`providers` (add providers.<name>.baseURL), or be `precomputed`"
-                ),
-                field_path=".models",
-            ),
-        ),
-        "spec.providers{}.headers": (
-            Rule(
-                rule=(
-                    "self.all(h, !(h.lowerAscii() in ['authorization', 'api-key', 'x-api-key']))"
-                ),
-                message=(
-                    "headers must not carry credentials (Authorization, api-key, x-api-key); "
-                    "use credentialsSecretRef"
-                ),
-                reason="FieldValueForbidden",
-            ),
-        ),
-    },
-}
-
-CRD_RULES["EvalSchedule"] = {
-    _TEMPLATE + path: rules for path, rules in CRD_RULES["EvalRun"].items()
-}
-
-# --------------------------------------------------------------------------------------------
 # JSON schema -> structural OpenAPI v3
 # --------------------------------------------------------------------------------------------
 
@@ -325,7 +95,9 @@ _FORMS = {
     "number": "a number",
     "boolean": "a boolean",
 }
-_DROPPED = frozenset({"title", "$defs", "additionalProperties", "anyOf", "allOf", "const"})
+_DROPPED = frozenset(
+    {"title", "$defs", "additionalProperties", "anyOf", "allOf", "const", CLUSTER_KEY}
+)
 
 
 def _clean_text(text: str) -> str:
@@ -344,7 +116,7 @@ class _Converter:
             node = self._merge_ref(node)
         if "allOf" in node and len(node["allOf"]) == 1:
             inner = node.pop("allOf")[0]
-            node = {**self._branch(inner), **node}
+            node = _combine(self._branch(inner), node)
         if "anyOf" in node:
             return self._union(node)
         out: Schema = {}
@@ -376,20 +148,24 @@ class _Converter:
                 out["additionalProperties"] = self.convert(extra)
             else:  # dict[str, Any]: free-form
                 out["x-kubernetes-preserve-unknown-fields"] = True
+        for key, value in node.get(CLUSTER_KEY, {}).items():
+            if key == "required":
+                out[key] = sorted({*out.get(key, ()), *value})
+            else:  # the model's own keyword wins
+                out.setdefault(key, copy.deepcopy(value))
         return out
 
     def _merge_ref(self, node: Schema) -> Schema:
         node = dict(node)
         name = node.pop("$ref").rsplit("/", 1)[-1]
-        target = copy.deepcopy(self.defs[name])
-        return {**target, **node}  # the field's own description beats the model's
+        return _combine(copy.deepcopy(self.defs[name]), node)
 
     def _union(self, node: Schema) -> Schema:
         branches = [b for b in node["anyOf"] if b.get("type") != "null"]
         nullable = len(branches) < len(node["anyOf"])
         rest = {k: v for k, v in node.items() if k != "anyOf"}
         if len(branches) == 1:
-            out = self.convert({**self._branch(branches[0]), **rest})
+            out = self.convert(_combine(self._branch(branches[0]), rest))
             if nullable:
                 out["nullable"] = True
             return out
@@ -397,6 +173,8 @@ class _Converter:
         # as given. CEL cannot check it either (the API server gives untyped fields no CEL
         # type: "undefined field"), so its shape is checked by the operator (pydantic) and
         # reported on the EvalSuite's Ready condition.
+        if CLUSTER_KEY in rest or RULES_KEY in rest:
+            raise ValueError("a field of several shapes can carry no CRD bound or CEL rule")
         out = {}
         for key in ("description", "default"):
             if key in rest and rest[key] is not None:
@@ -412,6 +190,17 @@ class _Converter:
         return self._merge_ref(branch) if "$ref" in branch else branch
 
 
+def _combine(model: Schema, field: Schema) -> Schema:
+    """A model's schema as a field uses it: the field's keywords (its description) win; CEL
+    rules and cluster bounds of both apply."""
+    out = {**model, **field}
+    if RULES_KEY in model and RULES_KEY in field:
+        out[RULES_KEY] = [*model[RULES_KEY], *field[RULES_KEY]]
+    if CLUSTER_KEY in model and CLUSTER_KEY in field:
+        out[CLUSTER_KEY] = {**model[CLUSTER_KEY], **field[CLUSTER_KEY]}
+    return out
+
+
 def structural_schema(model: type[BaseModel] | Any) -> Schema:
     """The structural OpenAPI v3 schema of a pydantic model (or any type) as the CRD holds it."""
     if isinstance(model, type) and issubclass(model, BaseModel):
@@ -421,186 +210,99 @@ def structural_schema(model: type[BaseModel] | Any) -> Schema:
     return _Converter(raw.get("$defs", {})).convert(raw)
 
 
-def _walk(schema: Schema, path: str) -> Schema:
-    """The sub-schema at ``path`` (``a.b[].c{}``); KeyError names the part that is missing."""
-    node = schema
-    for part in re.findall(r"[^.\[\]{}]+|\[\]|\{\}", path):
-        if part == "[]":
-            node = node["items"]
-        elif part == "{}":
-            node = node["additionalProperties"]
-        else:
-            props = node.get("properties")
-            if props is None or part not in props:
-                raise KeyError(f"{path}: no property {part!r}")
-            node = props[part]
-    return node
-
-
-def _apply_overlays(kind: str, root: Schema) -> None:
-    for path, keywords in CRD_LIMITS[kind].items():
-        node = _walk(root, path)
-        for key, value in keywords.items():
-            node.setdefault(key, value)
-    for path, rules in CRD_RULES[kind].items():
-        node = _walk(root, path)
-        node.setdefault("x-kubernetes-validations", []).extend(r.to_schema() for r in rules)
-
-
 # --------------------------------------------------------------------------------------------
 # The CustomResourceDefinitions
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Kind:
-    kind: str
-    plural: str
-    short_name: str
-    spec: type[BaseModel]
-    status: type[BaseModel]
-    columns: list[Schema] = field(default_factory=list)
-    required_spec: tuple[str, ...] = ()
-    required_at: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    """Fields required below ``spec``: (path from the root, field names)."""
+def _column(name: str, json_path: str, description: str, type_: str = "string") -> Schema:
+    return {"name": name, "type": type_, "jsonPath": json_path, "description": description}
 
 
 _AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
+
+@dataclass(frozen=True)
+class _Kind:
+    """A kind's short name and printer columns; its description is the top-level model's
+    docstring, its plural the lower-case kind with an ``s``."""
+
+    model: type[BaseModel]
+    short_name: str
+    spec: type[BaseModel]
+    status: type[BaseModel]
+    columns: tuple[Schema, ...]
+
+    @property
+    def kind(self) -> str:
+        return self.model.__name__
+
+    @property
+    def plural(self) -> str:
+        return f"{self.kind.lower()}s"
+
+
+_SUITE_COLUMNS = (
+    _column(
+        "Version", ".status.suiteVersion", "Content hash of the suite (spec and referenced files)."
+    ),
+    _column(
+        "Ready",
+        '.status.conditions[?(@.type=="Ready")].status',
+        "Whether the graders compile and every reference resolves.",
+    ),
+    _AGE,
+)
+_RUN_COLUMNS = (
+    _column("Phase", ".status.phase", "Pending, Running, Succeeded or Failed."),
+    _column("Suite", ".spec.suiteRef.name", "The EvalSuite this run evaluates."),
+    _column("Score", ".status.summary", "Score summary written by the operator."),
+    _AGE,
+)
+_SCHEDULE_COLUMNS = (
+    _column("Schedule", ".spec.schedule", "Cron expression (in the time zone)."),
+    _column("Timezone", ".spec.timeZone", "IANA time zone of the schedule (default UTC)."),
+    _column("Suspend", ".spec.suspend", "No runs are created while true.", "boolean"),
+    _column(
+        "Last Schedule",
+        ".status.lastScheduleTime",
+        "The latest scheduled time a run was created for.",
+        "date",
+    ),
+    _AGE,
+)
 _KINDS: Final = {
-    "EvalSuite": _Kind(
-        kind="EvalSuite",
-        plural="evalsuites",
-        short_name="evs",
-        spec=EvalSuiteSpec,
-        status=EvalSuiteStatus,
-        columns=[
-            {
-                "name": "Version",
-                "type": "string",
-                "jsonPath": ".status.suiteVersion",
-                "description": "Content hash of the suite (spec and referenced files).",
-            },
-            {
-                "name": "Ready",
-                "type": "string",
-                "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
-                "description": "Whether the graders compile and every reference resolves.",
-            },
-            _AGE,
-        ],
-    ),
-    "EvalRun": _Kind(
-        kind="EvalRun",
-        plural="evalruns",
-        short_name="evr",
-        spec=EvalRunSpec,
-        status=EvalRunStatus,
-        required_spec=("suiteRef",),
-        columns=[
-            {
-                "name": "Phase",
-                "type": "string",
-                "jsonPath": ".status.phase",
-                "description": "Pending, Running, Succeeded or Failed.",
-            },
-            {
-                "name": "Suite",
-                "type": "string",
-                "jsonPath": ".spec.suiteRef.name",
-                "description": "The EvalSuite this run evaluates.",
-            },
-            {
-                "name": "Score",
-                "type": "string",
-                "jsonPath": ".status.summary",
-                "description": "Score summary written by the operator.",
-            },
-            _AGE,
-        ],
-    ),
-    "EvalSchedule": _Kind(
-        kind="EvalSchedule",
-        plural="evalschedules",
-        short_name="evsc",
-        spec=EvalScheduleSpec,
-        status=EvalScheduleStatus,
-        required_at=(("spec.runTemplate.spec", ("suiteRef",)),),
-        columns=[
-            {
-                "name": "Schedule",
-                "type": "string",
-                "jsonPath": ".spec.schedule",
-                "description": "Cron expression (in the time zone).",
-            },
-            {
-                "name": "Timezone",
-                "type": "string",
-                "jsonPath": ".spec.timeZone",
-                "description": "IANA time zone of the schedule (default UTC).",
-            },
-            {
-                "name": "Suspend",
-                "type": "boolean",
-                "jsonPath": ".spec.suspend",
-                "description": "No runs are created while true.",
-            },
-            {
-                "name": "Last Schedule",
-                "type": "date",
-                "jsonPath": ".status.lastScheduleTime",
-                "description": "The latest scheduled time a run was created for.",
-            },
-            _AGE,
-        ],
-    ),
+    kind.kind: kind
+    for kind in (
+        _Kind(EvalSuite, "evs", EvalSuiteSpec, EvalSuiteStatus, _SUITE_COLUMNS),
+        _Kind(EvalRun, "evr", EvalRunSpec, EvalRunStatus, _RUN_COLUMNS),
+        _Kind(EvalSchedule, "evsc", EvalScheduleSpec, EvalScheduleStatus, _SCHEDULE_COLUMNS),
+    )
 }
 
 
 def _openapi(kind: _Kind) -> Schema:
-    spec = structural_schema(kind.spec)
-    if kind.required_spec:
-        spec["required"] = sorted({*spec.get("required", ()), *kind.required_spec})
     status = structural_schema(kind.status)
     # kopf keeps its own bookkeeping (handler progress, returned values) under status unless
     # told otherwise; keep unknown status fields instead of pruning them. Known ones are typed.
     status["x-kubernetes-preserve-unknown-fields"] = True
-    root: Schema = {
-        "description": (f"{kind.kind} ({GROUP}/{VERSION}). " + _clean_text(_KINDS_DOC[kind.kind])),
+    return {
+        "description": f"{kind.kind} ({GROUP}/{VERSION}). {_clean_text(kind.model.__doc__ or '')}",
         "type": "object",
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": _TOP_LEVEL_DESCRIPTIONS["apiVersion"]},
             "kind": {"type": "string", "description": _TOP_LEVEL_DESCRIPTIONS["kind"]},
             "metadata": {"type": "object"},
-            "spec": spec,
+            "spec": structural_schema(kind.spec),
             "status": status,
         },
     }
-    for path, required in kind.required_at:
-        node = _walk(root, path)
-        node["required"] = sorted({*node.get("required", ()), *required})
-    _apply_overlays(kind.kind, root)
-    return root
 
 
-_KINDS_DOC: Final = {
-    "EvalSuite": (
-        "Tasks to evaluate: each task's dataset, prompt, extraction and sandboxed Python "
-        "grader. EvalRuns reference a suite by name."
-    ),
-    "EvalRun": (
-        "One evaluation of an EvalSuite with one or more models; the operator runs the "
-        "graders in sandboxed Jobs and writes the aggregated scores into status."
-    ),
-    "EvalSchedule": (
-        "EvalRuns created from a template on a cron schedule (as a CronJob creates Jobs); "
-        "their scores feed the `lastSucceeded` baseline of later gates."
-    ),
-}
-
-
-def _crd(kind: _Kind) -> Schema:
+def crd(name: str) -> Schema:
+    """The CustomResourceDefinition of the kind ``name`` (``EvalSuite``, ``EvalRun``, ...)."""
+    kind = _KINDS[name]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -625,7 +327,7 @@ def _crd(kind: _Kind) -> Schema:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": kind.columns,
+                    "additionalPrinterColumns": list(kind.columns),
                     "schema": {"openAPIV3Schema": _openapi(kind)},
                 }
             ],
@@ -633,24 +335,9 @@ def _crd(kind: _Kind) -> Schema:
     }
 
 
-def evalsuite_crd() -> Schema:
-    """The ``evalsuites.evalkube.io`` CustomResourceDefinition."""
-    return _crd(_KINDS["EvalSuite"])
-
-
-def evalrun_crd() -> Schema:
-    """The ``evalruns.evalkube.io`` CustomResourceDefinition."""
-    return _crd(_KINDS["EvalRun"])
-
-
-def evalschedule_crd() -> Schema:
-    """The ``evalschedules.evalkube.io`` CustomResourceDefinition."""
-    return _crd(_KINDS["EvalSchedule"])
-
-
 def all_crds() -> list[Schema]:
     """Every CRD evalkube installs, in a stable order."""
-    return [evalsuite_crd(), evalrun_crd(), evalschedule_crd()]
+    return [crd(name) for name in _KINDS]
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_validator
 
 from evalkube import limits
 from evalkube.models.base import SpecModel
+from evalkube.models.crd import Rule, cel, cluster, present
 
 Contract = Literal["sample", "batch", "model_backed"]
 Execution = Literal["per_sample", "aggregate"]
@@ -29,13 +30,44 @@ MaxModelCalls = Annotated[
 ]
 
 
+_EXACTLY_ONE_CODE = Rule(
+    rule=f"{present('source')} != {present('file')}",
+    message="set exactly one of `source` (inline Python) or `file` (configmap-name/key)",
+)
+_GRADER_CODE = Rule(
+    rule=(
+        f"has(self.type) && self.type != 'python' ? "
+        f"!{present('source')} && !{present('file')} : "
+        f"{present('source')} != {present('file')}"
+    ),
+    message=(
+        "a python grader needs exactly one of `source` (inline Python) or `file` "
+        "(configmap-name/key); a built-in grader has neither"
+    ),
+)
+_FILE_REF = Rule(
+    rule=(
+        f"!{present('file')} || "
+        "self.file.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-._a-zA-Z0-9]+$')"
+    ),
+    message=(
+        "`file` must name a ConfigMap key as `configmap-name/key` in a cluster "
+        "(the ConfigMap lives in the suite's namespace)"
+    ),
+    field_path=".file",
+)
+
+
 class _CodeRef(SpecModel):
     """Python code given inline (``source``) or by reference (``file``): exactly one."""
 
-    source: str | None = None
+    source: str | None = Field(default=None, json_schema_extra=cluster(max_length=262_144))
     """Inline Python source."""
     file: str | None = Field(
-        default=None, validation_alias=AliasChoices("file", "fileId", "file_id")
+        default=None,
+        validation_alias=AliasChoices("file", "fileId", "file_id"),
+        # a ConfigMap name (253), `/` and a key (253)
+        json_schema_extra=cluster(max_length=507),
     )
     """Stored Python file: a ConfigMap key (``configmap-name/key``) in a cluster, a path
     (relative to the suite file) locally."""
@@ -145,14 +177,17 @@ class SubGraderSpec(SpecModel):
         return self
 
 
-def _no_crd_default(schema: dict[str, Any]) -> None:
+def _metric_id_schema(schema: dict[str, Any]) -> None:
     """Leave ``metricId``'s default out of the CRD: the API server would write ``score`` into
     every criterion of a ``graders`` list, where the default is the criterion's name."""
     schema.pop("default", None)
+    schema.update(cluster(max_length=253))
 
 
 class GraderSpec(_CodeRef):
     """A grader (DESIGN.md §1): Python code, or one of OpenAI's built-in types."""
+
+    model_config = ConfigDict(json_schema_extra=cel(_GRADER_CODE, _FILE_REF))
 
     type: GraderType
     """``python`` (your code, in the sandbox), or a built-in type evaluated by the engine:
@@ -172,7 +207,7 @@ class GraderSpec(_CodeRef):
     """``label_model``: the labels the model chooses from."""
     passing_labels: list[str] | None = Field(default=None, min_length=1, max_length=100)
     """``label_model``: the labels that pass (score 1; any other label scores 0)."""
-    reference: str | None = None
+    reference: str | None = Field(default=None, json_schema_extra=cluster(max_length=65_536))
     """Built-ins: template of the text it is compared with, e.g. ``{{ item.answer }}``."""
     operation: StringOperation | None = None
     """``string_check``: ``eq``, ``ne``, ``like`` (contains) or ``ilike`` (contains, any case)."""
@@ -204,7 +239,7 @@ class GraderSpec(_CodeRef):
     model_access: ModelAccess | None = None
     """``gateway`` enables ``ctx.responses_create``/``ctx.embeddings_create``
     (``mka1`` is a synonym). Default ``gateway`` for ``model_backed``, otherwise ``none``."""
-    metric_id: str = Field(default="score", min_length=1, json_schema_extra=_no_crd_default)
+    metric_id: str = Field(default="score", min_length=1, json_schema_extra=_metric_id_schema)
     """Score key used when the grader returns one number (default ``score``; in a ``graders``
     list, the criterion's ``name``)."""
     timeout_seconds: TimeoutSeconds = limits.TIMEOUT_SECONDS_DEFAULT
@@ -342,6 +377,8 @@ class GraderSpec(_CodeRef):
 
 class PreprocessSpec(_CodeRef):
     """A Python preprocessor run in the sandbox before prompt rendering."""
+
+    model_config = ConfigDict(json_schema_extra=cel(_EXACTLY_ONE_CODE, _FILE_REF))
 
     type: Literal["python"]
     """Must be ``python``."""

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from evalkube import limits
 from evalkube.models.base import SpecModel
+from evalkube.models.crd import Rule, cel, cluster
 from evalkube.models.gate import GateSpec, GateStatus
 from evalkube.models.meta import ObjectMeta
 
@@ -16,14 +17,17 @@ MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9_-]*(:.+)?$")
 #: A Kueue LocalQueue name as a label value can hold it (a DNS subdomain within 63 characters).
 QUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 PRECOMPUTED = "precomputed"
+#: A model id; a cluster also checks its shape with the pattern (the CLI's validator names the
+#: offending id instead).
+ModelId = Annotated[str, Field(json_schema_extra=cluster(max_length=256, pattern=MODEL_ID.pattern))]
 
 
 class SecretKeyRef(SpecModel):
     """A key of a Secret in the run's namespace."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, json_schema_extra=cluster(max_length=253))
     """Secret name."""
-    key: str = Field(min_length=1)
+    key: str = Field(min_length=1, json_schema_extra=cluster(max_length=253))
     """Key within the Secret."""
 
 
@@ -33,13 +37,33 @@ ProviderAPI = Literal["responses", "chat_completions"]
 class ProviderSpec(SpecModel):
     """An OpenAI-compatible provider (Responses or Chat Completions, and Embeddings APIs)."""
 
-    base_url: str = Field(min_length=1, validation_alias="baseURL", serialization_alias="baseURL")
+    base_url: str = Field(
+        min_length=1,
+        validation_alias="baseURL",
+        serialization_alias="baseURL",
+        json_schema_extra=cluster(max_length=2_048),
+    )
     """API base URL, for example ``https://api.openai.com/v1``."""
     credentials_secret_ref: SecretKeyRef | None = None
     """Secret holding the API key (cluster runs)."""
-    api_key_env: str | None = None
+    api_key_env: str | None = Field(default=None, json_schema_extra=cluster(max_length=253))
     """Environment variable holding the API key (local runs)."""
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, Annotated[str, Field(json_schema_extra=cluster(max_length=8_192))]] = Field(
+        default_factory=dict,
+        json_schema_extra=cluster(max_properties=32)
+        | cel(
+            Rule(
+                rule=(
+                    "self.all(h, !(h.lowerAscii() in ['authorization', 'api-key', 'x-api-key']))"
+                ),
+                message=(
+                    "headers must not carry credentials (Authorization, api-key, x-api-key); "
+                    "use credentialsSecretRef"
+                ),
+                reason="FieldValueForbidden",
+            )
+        ),
+    )
     """Extra request headers (never credentials: use the Secret or environment variable)."""
     timeout_seconds: float = Field(default=60.0, gt=0, le=600)
     """Per-request timeout."""
@@ -75,22 +99,49 @@ class GenerationSpec(SpecModel):
 class SuiteRef(SpecModel):
     """Reference to an EvalSuite in the run's namespace."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, json_schema_extra=cluster(max_length=253))
     """EvalSuite name."""
 
 
 class EvalRunSpec(SpecModel):
     """What to evaluate and with which models."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cluster(required=["suiteRef"])
+        | cel(
+            Rule(
+                rule=(
+                    "self.models.all(m, m == 'precomputed' || m.startsWith('precomputed:') || "
+                    "m == 'local' || m.startsWith('local:') || "
+                    "(has(self.providers) && self.providers.exists(p, m == p || "
+                    "m.startsWith(p + ':'))))"
+                ),
+                message=(
+                    "every model's provider (the part before `:`) must be declared in "
+                    "`providers` (add providers.<name>.baseURL), or be `precomputed`"
+                ),
+                field_path=".models",
+            )
+        )
+    )
+
     suite_ref: SuiteRef | None = None
     """The suite to run (required in a cluster; the CLI takes the suite file instead)."""
-    models: list[str] = Field(min_length=1, max_length=50)
+    models: list[ModelId] = Field(
+        min_length=1,
+        max_length=50,
+        json_schema_extra=cel(
+            Rule(rule="self.all(m, self.exists_one(n, n == m))", message="models must be unique")
+        ),
+    )
     """Models under test as ``provider:model``; ``precomputed`` uses the tasks' outputs."""
-    judge_model: str | None = None
+    judge_model: ModelId | None = None
     """Model for ``ctx.responses_create(model="auto")``."""
-    embedding_model: str | None = None
+    embedding_model: ModelId | None = None
     """Model for ``ctx.embeddings_create(model="auto")``."""
-    providers: dict[str, ProviderSpec] = Field(default_factory=dict)
+    providers: dict[str, ProviderSpec] = Field(
+        default_factory=dict, json_schema_extra=cluster(max_properties=32)
+    )
     """Providers by name, as used in model ids."""
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     """Candidate generation parameters."""
@@ -98,7 +149,9 @@ class EvalRunSpec(SpecModel):
     """Rows per work unit."""
     gate: GateSpec | None = None
     """Thresholds, error rate and baseline the finished run must pass (the Passed condition)."""
-    queue_name: str | None = Field(default=None, max_length=63)
+    queue_name: str | None = Field(
+        default=None, max_length=63, json_schema_extra=cluster(pattern=QUEUE_NAME.pattern)
+    )
     """Kueue LocalQueue of the run's work-unit Jobs: they get the label
     ``kueue.x-k8s.io/queue-name`` and start suspended until Kueue admits them (cluster only)."""
 
@@ -249,7 +302,8 @@ class EvalRunStatus(SpecModel):
 
 
 class EvalRun(SpecModel):
-    """``evalkube.io/v1alpha1`` EvalRun."""
+    """One evaluation of an EvalSuite with one or more models; the operator runs the graders in
+    sandboxed Jobs and writes the aggregated scores into status."""
 
     api_version: Literal["evalkube.io/v1alpha1"] = "evalkube.io/v1alpha1"
     kind: Literal["EvalRun"] = "EvalRun"

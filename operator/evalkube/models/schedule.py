@@ -14,6 +14,7 @@ from cronsim import CronSim, CronSimError
 from pydantic import Field, field_validator
 
 from evalkube.models.base import SpecModel
+from evalkube.models.crd import cluster
 from evalkube.models.meta import ObjectMeta
 from evalkube.models.run import Condition, EvalRunSpec
 
@@ -40,9 +41,13 @@ def cron_expression(schedule: str) -> str:
 class RunTemplateMeta(SpecModel):
     """Metadata copied onto each EvalRun the schedule creates."""
 
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(
+        default_factory=dict, json_schema_extra=cluster(max_properties=64)
+    )
     """Labels of each run (the operator adds ``evalkube.io/schedule``)."""
-    annotations: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(
+        default_factory=dict, json_schema_extra=cluster(max_properties=64)
+    )
     """Annotations of each run."""
 
 
@@ -61,7 +66,7 @@ class EvalScheduleSpec(SpecModel):
     schedule: str = Field(min_length=1, max_length=256)
     """Cron expression (five fields: minute hour day-of-month month day-of-week) or a macro
     such as ``@daily``, read in ``timeZone``."""
-    time_zone: str | None = None
+    time_zone: str | None = Field(default=None, json_schema_extra=cluster(max_length=64))
     """IANA time zone of ``schedule``, e.g. ``Europe/Berlin`` (default: UTC)."""
     concurrency_policy: ConcurrencyPolicy = "Forbid"
     """``Allow`` overlapping runs; ``Forbid`` skips a time while a run is active; ``Replace``
@@ -137,7 +142,8 @@ class EvalScheduleStatus(SpecModel):
 
 
 class EvalSchedule(SpecModel):
-    """``evalkube.io/v1alpha1`` EvalSchedule."""
+    """EvalRuns created from a template on a cron schedule (as a CronJob creates Jobs); their
+    scores feed the ``lastSucceeded`` baseline of later gates."""
 
     api_version: Literal["evalkube.io/v1alpha1"] = "evalkube.io/v1alpha1"
     kind: Literal["EvalSchedule"] = "EvalSchedule"

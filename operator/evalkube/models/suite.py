@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from evalkube.models.base import SpecModel
+from evalkube.models.crd import Rule, cel, cluster, present
 from evalkube.models.grader import GraderSpec, PreprocessSpec
 from evalkube.models.meta import ObjectMeta
 from evalkube.models.run import Condition
@@ -15,22 +16,46 @@ from evalkube.models.run import Condition
 class ConfigMapKeyRef(SpecModel):
     """A key of a ConfigMap in the suite's namespace."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, json_schema_extra=cluster(max_length=253))
     """ConfigMap name."""
-    key: str = Field(min_length=1)
+    key: str = Field(min_length=1, json_schema_extra=cluster(max_length=253))
     """Key within the ConfigMap."""
 
 
 class DatasetSpec(SpecModel):
     """Where a task's rows come from: inline rows, a JSONL file, or a ConfigMap key."""
 
-    rows: list[dict[str, Any]] | None = None
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            Rule(
+                rule=(
+                    f"[{present('rows')}, {present('path')}, {present('configMapRef')}]"
+                    ".filter(x, x).size() == 1"
+                ),
+                message="set exactly one of `rows`, `path` or `configMapRef`",
+            ),
+            Rule(
+                rule=f"!{present('path')}",
+                message=(
+                    "`path` names a file on your machine and is for local runs "
+                    "(`evalkube run`); in a cluster put the JSONL in a ConfigMap and use "
+                    "`configMapRef: {name, key}`"
+                ),
+                reason="FieldValueForbidden",
+                field_path=".path",
+            ),
+        )
+    )
+
+    rows: list[dict[str, Any]] | None = Field(
+        default=None, json_schema_extra=cluster(max_items=10_000)
+    )
     """Inline rows."""
-    path: str | None = None
+    path: str | None = Field(default=None, json_schema_extra=cluster(max_length=4_096))
     """A JSONL (or ``.json`` array) file, relative to the suite file (local runs only)."""
     config_map_ref: ConfigMapKeyRef | None = None
     """A ConfigMap key holding JSONL (cluster runs)."""
-    id_field: str | None = None
+    id_field: str | None = Field(default=None, json_schema_extra=cluster(max_length=253))
     """Row field holding a stable row id; default: the row's position."""
 
     @model_validator(mode="after")
@@ -53,12 +78,29 @@ class Message(SpecModel):
 class ExtractionSpec(SpecModel):
     """How ``extracted_output`` is derived from ``output_text``."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            Rule(
+                rule=f"!has(self.type) || self.type != 'regex' || {present('pattern')}",
+                message="`pattern` is required when type is `regex`",
+                reason="FieldValueRequired",
+                field_path=".pattern",
+            ),
+            Rule(
+                rule=f"!has(self.type) || self.type != 'json' || {present('field')}",
+                message="`field` is required when type is `json`",
+                reason="FieldValueRequired",
+                field_path=".field",
+            ),
+        )
+    )
+
     type: Literal["none", "regex", "json", "choice"] = "none"
     """``none`` (stripped text), ``regex`` (first group), ``json`` (a field), ``choice``
     (the first of ``item.choices`` found in the text)."""
-    pattern: str | None = None
+    pattern: str | None = Field(default=None, json_schema_extra=cluster(max_length=4_096))
     """Regular expression for ``regex``; its first group (or the whole match) is taken."""
-    field: str | None = None
+    field: str | None = Field(default=None, json_schema_extra=cluster(max_length=1_024))
     """Dotted path of the value for ``json`` (for example ``answer`` or ``result.label``)."""
     ignore_case: bool = False
     """Case-insensitive matching for ``regex`` and ``choice``."""
@@ -79,11 +121,20 @@ class OutputsSpec(SpecModel):
     ``model`` equals LABEL in a JSONL file).
     """
 
-    column: str | None = None
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            Rule(
+                rule=f"{present('column')} != {present('path')}",
+                message="set exactly one of `column` or `path`",
+            )
+        )
+    )
+
+    column: str | None = Field(default=None, json_schema_extra=cluster(max_length=253))
     """Dataset column holding ``output_text``."""
-    extracted_column: str | None = None
+    extracted_column: str | None = Field(default=None, json_schema_extra=cluster(max_length=253))
     """Dataset column holding ``extracted_output`` (skips extraction)."""
-    path: str | None = None
+    path: str | None = Field(default=None, json_schema_extra=cluster(max_length=4_096))
     """JSONL file of ``{id, output_text, extracted_output?, model?}`` keyed by row id."""
 
     @model_validator(mode="after")
@@ -93,8 +144,23 @@ class OutputsSpec(SpecModel):
         return self
 
 
+#: A stop sequence, as long as a cluster allows.
+StopSequence = Annotated[str, Field(json_schema_extra=cluster(max_length=1_024))]
+#: A metric id, as long as a cluster allows (a label value's 253).
+MetricName = Annotated[str, Field(json_schema_extra=cluster(max_length=253))]
+
+
 class TaskSpec(SpecModel):
     """One task of a suite: rows -> prompt -> candidate -> extraction -> grader."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            Rule(
+                rule=f"{present('grader')} != {present('graders')}",
+                message="set exactly one of `grader` or `graders` (a list of criteria)",
+            )
+        )
+    )
 
     id: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$")
     """Task id: lowercase letters, digits, ``_``, ``-``, ``.``; unique within the suite."""
@@ -104,13 +170,15 @@ class TaskSpec(SpecModel):
     """Optional preprocessor, run in the sandbox before rendering."""
     prompt: str | list[Message] | None = None
     """Jinja2 template (or chat messages). Required unless outputs are precomputed."""
-    target: str | None = None
+    target: str | None = Field(default=None, json_schema_extra=cluster(max_length=65_536))
     """Jinja2 template of the reference answer (``item.target``)."""
     choices: list[str] | str | None = None
     """Answer choices: a list, or the name of a row field holding the list."""
-    few_shot: list[dict[str, Any]] = Field(default_factory=list)
+    few_shot: list[dict[str, Any]] = Field(
+        default_factory=list, json_schema_extra=cluster(max_items=1_000)
+    )
     """Few-shot example rows, available to templates as ``few_shot``."""
-    stop: list[str] = Field(default_factory=list)
+    stop: list[StopSequence] = Field(default_factory=list, json_schema_extra=cluster(max_items=32))
     """Stop sequences: ``output_text`` is cut at the first one before extraction."""
     extraction: ExtractionSpec = Field(default_factory=ExtractionSpec)
     """How to extract the answer from the output."""
@@ -121,7 +189,7 @@ class TaskSpec(SpecModel):
     graders: list[GraderSpec] | None = Field(default=None, min_length=1, max_length=20)
     """Several criteria over one set of candidates (OpenAI's ``testing_criteria``): each
     needs a unique ``name``, which is its default ``metricId``."""
-    metrics: list[str] | None = None
+    metrics: list[MetricName] | None = Field(default=None, json_schema_extra=cluster(max_items=64))
     """Declared metric ids; undeclared batch metrics are dropped from aggregates."""
 
     @model_validator(mode="after")
@@ -181,7 +249,16 @@ class TaskSpec(SpecModel):
 class EvalSuiteSpec(SpecModel):
     """The tasks of a suite."""
 
-    tasks: list[TaskSpec] = Field(min_length=1, max_length=200)
+    tasks: list[TaskSpec] = Field(
+        min_length=1,
+        max_length=200,
+        json_schema_extra=cel(
+            Rule(
+                rule="self.all(t, self.exists_one(u, u.id == t.id))",
+                message="task ids must be unique within a suite",
+            )
+        ),
+    )
     """At least one task; ids must be unique."""
 
     @model_validator(mode="after")
@@ -208,7 +285,8 @@ class EvalSuiteStatus(SpecModel):
 
 
 class EvalSuite(SpecModel):
-    """``evalkube.io/v1alpha1`` EvalSuite."""
+    """Tasks to evaluate: each task's dataset, prompt, extraction and sandboxed Python grader.
+    EvalRuns reference a suite by name."""
 
     api_version: Literal["evalkube.io/v1alpha1"] = "evalkube.io/v1alpha1"
     kind: Literal["EvalSuite"] = "EvalSuite"

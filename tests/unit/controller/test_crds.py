@@ -9,15 +9,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 from typer.testing import CliRunner
 
 from evalkube import limits
 from evalkube.controller import crds
 from evalkube.controller.crds_cli import crds as crds_command
+from evalkube.models.crd import CLUSTER_KEY, Rule, cel, cluster
 
 ROOT = Path(__file__).resolve().parents[3]
 Schema = dict[str, Any]
@@ -68,26 +70,22 @@ def rules(node: Schema) -> list[Schema]:
 
 @pytest.fixture(scope="module")
 def suite() -> Schema:
-    return root_schema(crds.evalsuite_crd())
+    return root_schema(crds.crd("EvalSuite"))
 
 
 @pytest.fixture(scope="module")
 def run() -> Schema:
-    return root_schema(crds.evalrun_crd())
+    return root_schema(crds.crd("EvalRun"))
 
 
 @pytest.fixture(scope="module")
 def schedule() -> Schema:
-    return root_schema(crds.evalschedule_crd())
+    return root_schema(crds.crd("EvalSchedule"))
 
 
 @pytest.fixture(scope="module", params=["EvalSuite", "EvalRun", "EvalSchedule"])
 def crd(request: pytest.FixtureRequest) -> Schema:
-    return {
-        "EvalSuite": crds.evalsuite_crd,
-        "EvalRun": crds.evalrun_crd,
-        "EvalSchedule": crds.evalschedule_crd,
-    }[request.param]()
+    return crds.crd(request.param)
 
 
 # -- names, scope, columns ------------------------------------------------------------------
@@ -114,13 +112,13 @@ def test_printer_columns() -> None:
         cols = crd["spec"]["versions"][0]["additionalPrinterColumns"]
         return {c["name"]: c["jsonPath"] for c in cols}
 
-    assert columns(crds.evalrun_crd()) == {
+    assert columns(crds.crd("EvalRun")) == {
         "Phase": ".status.phase",
         "Suite": ".spec.suiteRef.name",
         "Score": ".status.summary",
         "Age": ".metadata.creationTimestamp",
     }
-    assert columns(crds.evalsuite_crd()) == {
+    assert columns(crds.crd("EvalSuite")) == {
         "Version": ".status.suiteVersion",
         "Ready": '.status.conditions[?(@.type=="Ready")].status',
         "Age": ".metadata.creationTimestamp",
@@ -375,23 +373,85 @@ def test_suite_status_schema(suite: Schema) -> None:
     assert at(suite, "status.conditions.[].status")["enum"] == ["True", "False", "Unknown"]
 
 
-# -- overlays stay honest -------------------------------------------------------------------
+# -- cluster-only declarations on the models -------------------------------------------------
 
 
-def test_every_overlay_path_exists() -> None:
-    # _apply_overlays raises KeyError for a path that no longer exists (a renamed field)
-    for kind in ("EvalSuite", "EvalRun"):
-        schema = root_schema(crds.evalsuite_crd() if kind == "EvalSuite" else crds.evalrun_crd())
-        for path in [*crds.CRD_LIMITS[kind], *crds.CRD_RULES[kind]]:
-            dotted = path.replace("[]", ".[]").replace("{}", ".{}")
-            at(schema, dotted)
+def test_cluster_bounds_are_folded_in_and_never_leak(crd: Schema) -> None:
+    assert CLUSTER_KEY not in json.dumps(crd)
 
 
-def test_model_bounds_win_over_overlays(suite: Schema) -> None:
-    # the model says minLength 1 for metricId; the overlay adds only what is missing
+def test_cluster_bounds_do_not_bind_local_runs(suite: Schema, run: Schema) -> None:
+    """`evalkube run` accepts what the CRD's cluster-only bounds refuse."""
+    from evalkube.models import EvalRunSpec, TaskSpec, validate_spec
+
+    target = "x" * (at(suite, "spec.tasks.[].target")["maxLength"] + 1)
+    stop = "s" * (at(suite, "spec.tasks.[].stop.[]")["maxLength"] + 1)
+    source = "#" * (at(suite, "spec.tasks.[].grader.source")["maxLength"] + 1)
+    task = validate_spec(
+        TaskSpec,
+        {
+            "id": "t",
+            "dataset": {"rows": [{}]},
+            "target": target,
+            "stop": [stop],
+            "grader": {"type": "python", "source": source},
+        },
+        prefix="task",
+    )
+    assert (task.target, task.stop, task.criteria[0].source) == (target, [stop], source)
+    model = "openai:" + "m" * at(run, "spec.models.[]")["maxLength"]
+    spec = validate_spec(
+        EvalRunSpec,
+        {"models": [model], "providers": {"openai": {"baseURL": "https://example"}}},
+        prefix="spec",
+    )
+    assert spec.models == [model]
+    assert spec.suite_ref is None  # required in a cluster only
+
+
+def test_a_bound_the_model_declares_wins(suite: Schema) -> None:
+    # metricId: the model says minLength 1, the cluster adds the maxLength it lacks
     metric = at(suite, "spec.tasks.[].grader.metricId")
-    assert metric["minLength"] == 1
-    assert metric["maxLength"] == 253
+    assert (metric["minLength"], metric["maxLength"]) == (1, 253)
+
+    class Bounded(BaseModel):
+        name: str = Field(max_length=10, json_schema_extra=cluster(max_length=20, pattern="^a"))
+
+    assert crds.structural_schema(Bounded)["properties"]["name"] == {
+        "type": "string",
+        "maxLength": 10,
+        "pattern": "^a",
+    }
+
+
+def test_rules_of_a_model_and_of_the_field_using_it_both_apply() -> None:
+    inner_rule, field_rule = Rule(rule="self.a != ''"), Rule(rule="has(self.a)")
+
+    class Inner(BaseModel):
+        model_config = ConfigDict(json_schema_extra=cel(inner_rule) | cluster(required=["b"]))
+        a: str = ""
+
+    class Outer(BaseModel):
+        inner: Inner | None = Field(default=None, json_schema_extra=cel(field_rule))
+        items: list[Annotated[str, Field(json_schema_extra=cluster(max_length=5))]] = Field(
+            default_factory=list, json_schema_extra=cluster(max_items=3)
+        )
+
+    schema = crds.structural_schema(Outer)
+    inner = at(schema, "inner")
+    assert rules(inner) == [inner_rule.to_schema(), field_rule.to_schema()]
+    assert inner["required"] == ["b"]
+    assert inner["nullable"] is True
+    assert at(schema, "items")["maxItems"] == 3
+    assert at(schema, "items.[]") == {"type": "string", "maxLength": 5}
+
+
+def test_a_field_of_several_shapes_cannot_carry_a_rule() -> None:
+    class Untyped(BaseModel):
+        value: str | list[str] = Field(json_schema_extra=cluster(max_length=3))
+
+    with pytest.raises(ValueError, match="several shapes"):
+        crds.structural_schema(Untyped)
 
 
 def test_generation_is_deterministic() -> None:
