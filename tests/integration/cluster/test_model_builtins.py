@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from tests.cluster.ctrlplane import wait_for
 from tests.cluster.plugin import COMPLETE_ANNOTATION, ControlPlane
+from tests.conftest import require
 from tests.integration.cluster.operator_support import (
     EVALKUBE,
     _free_port,
@@ -119,7 +120,7 @@ def test_model_built_ins_run_through_the_pod_bridge_and_are_counted(
     control_plane: ControlPlane, cluster_namespace: str, tmp_path: Path, engine: str
 ) -> None:
     if engine == "native" and native_binary() is None:
-        pytest.skip("no evalkube-proxy binary: export EVALKUBE_PROXY_BIN=$(bash .ci/proxy.sh)")
+        require("no evalkube-proxy binary: export EVALKUBE_PROXY_BIN=$(bash .ci/proxy.sh)")
     cp, ns = control_plane, cluster_namespace
     install_crds(cp)
     cp.kubectl(

@@ -12,13 +12,14 @@ import pytest
 
 from evalkube.grading import wordnet
 from evalkube.grading.builtin import BuiltinGrader, MissingLibrary
+from tests.conftest import require
 
 MAN_PAGE = Path("/usr/share/man/man5/lexnames.5WN.gz")
 
 
 def test_lexnames_is_the_table_of_the_lexnames_man_page() -> None:
     if not MAN_PAGE.exists():
-        pytest.skip("wordnet-base's man page is not installed (bash .ci/wordnet.sh)")
+        require("wordnet-base's man page is not installed (bash .ci/wordnet.sh)")
     text = gzip.decompress(MAN_PAGE.read_bytes()).decode()
     documented = [(int(n), name) for n, name in re.findall(r"^(\d\d)\t\s*(\S+)", text, re.M)]
     ours = [
