@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from tests.cluster.plugin import COMPLETE_ANNOTATION, HOLD_ANNOTATION, ControlPlane
 
 from evalkube.models import EvalRunStatus
@@ -297,6 +298,22 @@ def running_operator(
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def module_operator(**settings: str) -> Any:
+    """A module-scoped ``operator`` fixture: CRDs installed, the operator running (with
+    ``settings``, see :func:`running_operator`) on a store of its own for the module's tests."""
+
+    @pytest.fixture(scope="module")
+    def operator(
+        control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[OperatorUrl]:
+        install_crds(control_plane)
+        store = tmp_path_factory.mktemp("operator") / "results.db"
+        with running_operator(control_plane, store, _free_port(), **settings) as url:
+            yield url
+
+    return operator
 
 
 def run_manifest(namespace: str, name: str = "nightly", shard_size: int = 5) -> dict[str, Any]:

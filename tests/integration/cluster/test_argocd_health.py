@@ -7,7 +7,6 @@ evaluating) are in tests/unit/chart/test_argocd_health.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +14,12 @@ import pytest
 from tests.cluster.plugin import ControlPlane
 from tests.integration.cluster.operator_support import (
     OperatorUrl,
-    _free_port,
     _jobs,
     _play_unit,
     annotate_pods,
     finished,
-    install_crds,
+    module_operator,
     run_manifest,
-    running_operator,
     suite,
 )
 from tests.support.argocd import health
@@ -30,14 +27,7 @@ from tests.support.argocd import health
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorUrl]:
-    install_crds(control_plane)
-    store = tmp_path_factory.mktemp("argocd") / "results.db"
-    with running_operator(control_plane, store, _free_port(), job_backoff_limit="0") as url:
-        yield url
+operator = module_operator(job_backoff_limit="0")
 
 
 def live(cp: ControlPlane, kind: str, namespace: str, name: str) -> dict[str, Any]:

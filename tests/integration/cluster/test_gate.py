@@ -9,7 +9,6 @@ Units are played as in test_operator.py: the test runs each unit's runner comman
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,9 @@ from tests.cluster.plugin import ControlPlane
 from tests.integration.cluster.operator_support import (
     READ_TOKEN,
     OperatorUrl,
-    _free_port,
-    install_crds,
+    module_operator,
     play_to_the_end,
     run,
-    running_operator,
     suite,
 )
 from typer.testing import CliRunner
@@ -34,14 +31,7 @@ from evalkube.cli import app
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorUrl]:
-    install_crds(control_plane)
-    store = tmp_path_factory.mktemp("operator") / "results.db"
-    with running_operator(control_plane, store, _free_port()) as url:
-        yield url
+operator = module_operator()
 
 
 def gated(ns: str, name: str, gate: dict[str, Any]) -> dict[str, Any]:

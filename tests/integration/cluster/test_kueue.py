@@ -5,7 +5,6 @@ are unsuspended, as Kueue does when it admits a Job (the test does it itself: no
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +12,11 @@ import pytest
 from tests.cluster.plugin import ControlPlane
 from tests.integration.cluster.operator_support import (
     OperatorUrl,
-    _free_port,
     _play_unit,
     finished,
-    install_crds,
+    module_operator,
     run,
     run_status,
-    running_operator,
     suite,
 )
 
@@ -28,14 +25,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
-@pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorUrl]:
-    install_crds(control_plane)
-    store = tmp_path_factory.mktemp("operator") / "results.db"
-    with running_operator(control_plane, store, _free_port()) as url:
-        yield url
+operator = module_operator()
 
 
 def run_jobs(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:

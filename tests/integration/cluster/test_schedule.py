@@ -9,7 +9,6 @@ so an every-minute schedule is due as soon as it exists; units are played as in 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,10 @@ import pytest
 from tests.cluster.plugin import ControlPlane
 from tests.integration.cluster.operator_support import (
     OperatorUrl,
-    _free_port,
-    install_crds,
+    module_operator,
     play_jobs,
     play_to_the_end,
     run,
-    running_operator,
     suite,
 )
 
@@ -32,20 +29,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 API = "evalkube.io/v1alpha1"
 
 
-@pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorUrl]:
-    install_crds(control_plane)
-    store = tmp_path_factory.mktemp("operator") / "results.db"
-    with running_operator(
-        control_plane,
-        store,
-        _free_port(),
-        schedule_interval="0.5",
-        schedule_clock_offset_seconds="90",
-    ) as url:
-        yield url
+operator = module_operator(schedule_interval="0.5", schedule_clock_offset_seconds="90")
 
 
 def schedule(ns: str, name: str = "nightly", **spec: Any) -> dict[str, Any]:
