@@ -11,17 +11,16 @@ of creating the same tables twice.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect, text
 
 from evalkube.store import schema
 from evalkube.store.errors import StoreError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 #: Alembic's version table, prefixed like the store's tables: a PostgreSQL database shared
 #: with another application that uses Alembic keeps the two histories apart.
@@ -42,7 +41,13 @@ _PG_LOCK_KEY = int.from_bytes(b"evalkube", "big") & 0x7FFF_FFFF_FFFF_FFFF
 
 def _config(connection: Connection | None = None) -> Config:
     """Alembic's configuration without an alembic.ini: ``migrations/env.py`` reads the
-    connection and the version table from ``attributes``."""
+    connection and the version table from ``attributes``.
+
+    Alembic is imported here, not at the top: an up-to-date store never needs it, and it
+    would add to the start of every command and worker.
+    """
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(_SCRIPTS))
     config.attributes["connection"] = connection
@@ -50,28 +55,21 @@ def _config(connection: Connection | None = None) -> Config:
     return config
 
 
-@functools.cache
-def _revisions() -> tuple[str, frozenset[str]]:
-    """The head revision and every revision this evalkube knows (read once per process)."""
+def known_revisions() -> list[str]:
+    """The revisions in ``migrations/versions``, oldest first."""
+    from alembic.script import ScriptDirectory
+
     scripts = ScriptDirectory.from_config(_config())
-    head = scripts.get_current_head()
-    if head is None:  # pragma: no cover - the package ships its revisions
-        raise RuntimeError(f"no store revisions in {_SCRIPTS}")
-    return head, frozenset(s.revision for s in scripts.walk_revisions())
-
-
-def head_revision() -> str:
-    """The revision this evalkube's tables are at (that of :data:`schema.metadata`)."""
-    return _revisions()[0]
+    return [s.revision for s in reversed(list(scripts.walk_revisions()))]
 
 
 def upgrade(engine: Engine, shown: str) -> None:
-    """Bring the store at ``engine`` (``shown``: its URL for messages) to the head revision.
+    """Bring the store at ``engine`` (``shown``: its URL for messages) to
+    :data:`schema.REVISION`.
 
     Raises :class:`StoreError` for a store this evalkube must not write (samples layout 1, a
     revision from a newer evalkube) and lets other errors (no such file, no server) through.
     """
-    head = head_revision()
     with engine.connect() as conn:
         try:
             current = tuple(
@@ -80,7 +78,7 @@ def upgrade(engine: Engine, shown: str) -> None:
         except Exception:  # no version table yet: decided below, under the lock
             current = ()
         conn.rollback()
-        if current == (head,):
+        if current == (schema.REVISION,):
             return
         _lock(conn)
         _upgrade_locked(conn, shown)
@@ -99,12 +97,15 @@ def _lock(conn: Connection) -> None:
 
 
 def _upgrade_locked(conn: Connection, shown: str) -> None:
-    head, known = _revisions()
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
+    head = schema.REVISION
     context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
     current = context.get_current_heads()
     if current == (head,):  # another opener did it while this one waited for the lock
         return
-    unknown = sorted(set(current) - known)
+    unknown = sorted(set(current) - set(known_revisions()))
     if unknown:
         raise StoreError(
             f"the results store {shown} was written by a newer evalkube (schema revision "

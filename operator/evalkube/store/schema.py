@@ -95,6 +95,10 @@ task_results = Table(
     Column("problems", Text),
     Column("model_calls", Text),
 )
+#: The Alembic revision (``migrations/versions``) that gives the tables the shape declared
+#: here: a new revision file changes it. An up-to-date store is one whose version table says
+#: this, which :meth:`ResultStore.open` checks without importing Alembic.
+REVISION = "0002"
 #: Nullable columns added to existing tables since revision 0001, oldest first (the revision
 #: in ``migrations/versions`` that adds it, table, column): a store written before migrations
 #: existed is at the last revision whose column it has (see ``evalkube.store.migrate``).

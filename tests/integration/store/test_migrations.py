@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,6 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, inspect
 
 from evalkube.store import ResultStore, StoreError, TaskResultRecord, migrate, schema
@@ -90,7 +91,7 @@ def _pre_migration_store(url: str, *, without: tuple[str, ...] = ()) -> None:
 
 def test_a_new_store_is_at_head_and_matches_the_metadata(empty_url: str) -> None:
     ResultStore.open(empty_url).close()
-    assert _revision(empty_url) == (migrate.head_revision(),)
+    assert _revision(empty_url) == (schema.REVISION,)
     assert _differences(empty_url) == []
 
 
@@ -109,13 +110,16 @@ def test_the_revisions_alone_build_the_metadata_s_tables(empty_url: str) -> None
         engine.dispose()
     assert _revision(empty_url) == ("0001",)
     ResultStore.open(empty_url).close()
-    assert _revision(empty_url) == (migrate.head_revision(),)
+    assert _revision(empty_url) == (schema.REVISION,)
     assert _differences(empty_url) == []
 
 
+def test_the_schema_s_revision_is_the_last_one() -> None:
+    assert migrate.known_revisions()[-1] == schema.REVISION
+
+
 def test_added_columns_name_their_revisions_in_order() -> None:
-    scripts = ScriptDirectory.from_config(migrate._config())
-    order = [s.revision for s in reversed(list(scripts.walk_revisions()))]
+    order = migrate.known_revisions()
     assert order[0] == "0001"
     positions = [order.index(revision) for revision, _, _ in schema.ADDED_COLUMNS]
     assert positions == sorted(positions)
@@ -157,7 +161,7 @@ def test_a_store_from_before_migrations_is_stamped_upgraded_and_keeps_its_record
         assert store.task_results("new")[0].model_calls == {"judge": 3}
     finally:
         store.close()
-    assert _revision(empty_url) == (migrate.head_revision(),)
+    assert _revision(empty_url) == (schema.REVISION,)
     assert _differences(empty_url) == []
 
 
@@ -172,7 +176,7 @@ def test_a_store_stamped_with_an_older_revision_is_upgraded(empty_url: str) -> N
     finally:
         engine.dispose()
     ResultStore.open(empty_url).close()
-    assert _revision(empty_url) == (migrate.head_revision(),)
+    assert _revision(empty_url) == (schema.REVISION,)
     assert _differences(empty_url) == []
 
 
@@ -219,6 +223,22 @@ def test_an_up_to_date_store_opens_with_one_read_of_the_version_table(tmp_path: 
     assert statements == [f"SELECT version_num FROM {migrate.VERSION_TABLE}"]
 
 
+def test_an_up_to_date_store_opens_without_importing_alembic(tmp_path: Path) -> None:
+    """Alembic's import is a noticeable part of a command's start; only migrating needs it."""
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    ResultStore.open(url).close()
+    code = (
+        "import sys\n"
+        "from evalkube.store import ResultStore\n"
+        f"ResultStore.open({url!r}).close()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
 def _open_at_barrier(url: str, barrier: Any, errors: Any) -> None:
     """Wait for the other openers, open the store, write to it; report any error."""
     try:
@@ -250,7 +270,7 @@ def test_processes_opening_a_new_store_at_once_all_succeed(empty_url: str) -> No
     reported = [errors.get(timeout=5) for _ in range(errors.qsize())]
     assert reported == []
     assert [w.exitcode for w in workers] == [0] * OPENERS
-    assert _revision(empty_url) == (migrate.head_revision(),)
+    assert _revision(empty_url) == (schema.REVISION,)
     assert _differences(empty_url) == []
 
 
@@ -271,4 +291,4 @@ def test_threads_opening_a_new_store_at_once_all_succeed(empty_url: str) -> None
     for thread in threads:
         thread.join(timeout=120)
     assert errors == []
-    assert _revision(empty_url) == (migrate.head_revision(),)
+    assert _revision(empty_url) == (schema.REVISION,)
