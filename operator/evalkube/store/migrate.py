@@ -28,6 +28,8 @@ VERSION_TABLE = "evalkube_alembic_version"
 _SCRIPTS = Path(__file__).with_name("migrations")
 #: The tables the last evalkube before migrations created on open (revision 0001 creates
 #: them); a store from then may lack the later ones, which that evalkube would have added.
+#: They are created in their current shape, so a later revision that changes one of them
+#: must be recognisable from the columns it leaves, as those of ``schema.ADDED_COLUMNS`` are.
 _PRE_MIGRATION_TABLES = (
     schema.runs,
     schema.units,
@@ -118,7 +120,7 @@ def _upgrade_locked(conn: Connection, shown: str) -> None:
         if stamp is not None:
             command.stamp(config, stamp)
     try:
-        command.upgrade(config, "head")
+        command.upgrade(config, head)
     except Exception as exc:
         raise StoreError(
             f"cannot upgrade the results store {shown} to schema revision {head}: {exc}"
