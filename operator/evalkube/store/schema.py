@@ -1,5 +1,8 @@
 """Tables of the results store (SQLAlchemy Core; portable across SQLite and PostgreSQL).
 
+This is the one declaration of the tables' current shape; ``migrations/versions`` holds the
+Alembic revisions that bring an older store to it (a test checks the two agree).
+
 JSON-shaped columns are stored as text we encode ourselves: it is the fastest portable path
 at 100k+ samples and keeps the schema identical on both databases.
 """
@@ -92,9 +95,14 @@ task_results = Table(
     Column("problems", Text),
     Column("model_calls", Text),
 )
-#: Nullable columns added to existing tables since they were first written (table, column,
-#: SQL type): :meth:`ResultStore.open` adds those an older store lacks.
-ADDED_COLUMNS = (("evalkube_task_results", "model_calls", "TEXT"),)
+#: The Alembic revision (``migrations/versions``) that gives the tables the shape declared
+#: here: a new revision file changes it. An up-to-date store is one whose version table says
+#: this, which :meth:`ResultStore.open` checks without importing Alembic.
+REVISION = "0002"
+#: Nullable columns added to existing tables since revision 0001, oldest first (the revision
+#: in ``migrations/versions`` that adds it, table, column): a store written before migrations
+#: existed is at the last revision whose column it has (see ``evalkube.store.migrate``).
+ADDED_COLUMNS = (("0002", "evalkube_task_results", "model_calls"),)
 
 #: Model answers as they arrive, before their sample is graded and stored: a run stopped
 #: between the two (Ctrl-C, a crash) reuses them on ``--resume`` instead of paying again.

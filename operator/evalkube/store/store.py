@@ -34,7 +34,6 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
-    inspect,
     select,
     true,
     tuple_,
@@ -45,7 +44,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import make_url
 
 from evalkube import jsonfast, limits
-from evalkube.store import schema
+from evalkube.store import migrate, schema
+from evalkube.store.errors import StoreError
 from evalkube.store.filters import SampleFilter, conditions
 from evalkube.store.records import RunRecord, SampleRecord, TaskResultRecord
 
@@ -147,10 +147,6 @@ def default_url(path: str) -> str:
     return f"sqlite:///{path}"
 
 
-class StoreError(RuntimeError):
-    """The store cannot be opened or used; the message says which URL and why."""
-
-
 class ResultStore:
     """Runs, units, samples and task results on SQLite or PostgreSQL."""
 
@@ -166,7 +162,8 @@ class ResultStore:
 
     @classmethod
     def open(cls, url: str) -> ResultStore:
-        """Open (and create the tables of) the store at ``url``."""
+        """Open the store at ``url``, creating its tables or upgrading them to this evalkube's
+        (:mod:`evalkube.store.migrate`)."""
         try:
             parsed = make_url(url)
         except Exception as exc:
@@ -181,23 +178,13 @@ class ResultStore:
             event.listen(engine, "connect", _sqlite_pragmas)
         shown = parsed.render_as_string(hide_password=True)
         try:
-            schema.metadata.create_all(engine)
-            columns = {c["name"] for c in inspect(engine).get_columns(schema.samples.name)}
+            migrate.upgrade(engine, shown)
+        except StoreError:
+            engine.dispose()
+            raise
         except Exception as exc:
             engine.dispose()
             raise StoreError(f"cannot open the results store {shown}: {exc}") from None
-        if "detail" not in columns:
-            engine.dispose()
-            raise StoreError(
-                f"the results store {shown} was written by an earlier evalkube (samples "
-                f"layout 1; this version writes layout {schema.SAMPLES_LAYOUT}); point --db "
-                "at a new file or database, or read it with the evalkube that wrote it"
-            )
-        try:
-            _add_missing_columns(engine)
-        except Exception as exc:
-            engine.dispose()
-            raise StoreError(f"cannot upgrade the results store {shown}: {exc}") from None
         return cls(engine)
 
     @property
@@ -762,14 +749,3 @@ def _run(row: Any) -> RunRecord:
         completed_at=row.completed_at,
         summary=_load(row.summary),
     )
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """Add the nullable columns (:data:`schema.ADDED_COLUMNS`) a store written by an earlier
-    evalkube lacks; what it recorded stays as it was."""
-    inspector = inspect(engine)
-    for table, column, sql_type in schema.ADDED_COLUMNS:
-        if column in {c["name"] for c in inspector.get_columns(table)}:
-            continue
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")

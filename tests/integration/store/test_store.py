@@ -493,11 +493,14 @@ def test_a_store_without_later_columns_is_upgraded_and_keeps_its_records(
     store: ResultStore,
 ) -> None:
     """A store written before batch model calls were kept (no ``model_calls`` column on task
-    results) opens, keeps its results, and records the new column from then on."""
+    results, and before migrations: no version table) opens, keeps its results, and records
+    the new column from then on."""
     from evalkube.store import TaskResultRecord
+    from evalkube.store.migrate import VERSION_TABLE
 
     url = store.engine.url.render_as_string(hide_password=False)
     with store.engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")
         conn.exec_driver_sql("ALTER TABLE evalkube_task_results DROP COLUMN model_calls")
         conn.exec_driver_sql(
             "INSERT INTO evalkube_task_results (run_id, task_id, model, metrics, problems) "
