@@ -316,9 +316,9 @@ class Upstream:
         Hand-written rather than ``tenacity.AsyncRetrying`` (which the cold paths use): this
         is the proxy's hot path, and tenacity's bookkeeping on every call, even one that
         succeeds at once (a retry state, a future, strategies wrapped into coroutines and
-        inspected again at each step, reference cycles left to the GC), cost the Python
-        proxy 40-55% of its calls/s at 16 and 64 concurrent calls in ``benchmarks/proxy.py``
-        (CPU per call +60-100%; issue 17).
+        inspected again at each step, reference cycles left to the GC) cut the Python
+        proxy's calls/s in ``benchmarks/proxy.py`` by ~20% at 1 concurrent call and ~40% at
+        16 and 64 (its CPU per call +30-80%; issue 17).
         """
         provider = self.provider(provider_name)
         url = self._urls.get((provider_name, path))
