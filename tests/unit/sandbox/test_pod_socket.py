@@ -9,11 +9,24 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from evalkube.sandbox.backends import SandboxUnavailable
-from evalkube.sandbox.remote import PodSocketBackend
+from evalkube.sandbox.backends import SandboxBackend, SandboxUnavailable
+
+if TYPE_CHECKING:
+    from evalkube.sandbox.remote import PodSocketBackend
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch) -> type[PodSocketBackend]:
+    """The class, imported here rather than at collection: defining it registers ``pod`` among
+    the sandbox backends, which other tests list (the CLI imports it only with ``--worker``)."""
+    monkeypatch.setattr(SandboxBackend, "registry", dict(SandboxBackend.registry))
+    from evalkube.sandbox.remote import PodSocketBackend
+
+    return PodSocketBackend
 
 
 @pytest.fixture
@@ -23,7 +36,9 @@ def socket_path() -> Iterator[Path]:
         yield Path(directory) / "grader.sock"
 
 
-def test_spawn_waits_for_a_socket_that_appears_later(socket_path: Path) -> None:
+def test_spawn_waits_for_a_socket_that_appears_later(
+    backend: type[PodSocketBackend], socket_path: Path
+) -> None:
     accepted: list[socket.socket] = []
 
     def serve_late() -> None:
@@ -38,7 +53,7 @@ def test_spawn_waits_for_a_socket_that_appears_later(socket_path: Path) -> None:
     thread = threading.Thread(target=serve_late, daemon=True)
     thread.start()
     started = time.monotonic()
-    worker = PodSocketBackend(str(socket_path), connect_timeout=10).spawn()
+    worker = backend(str(socket_path), connect_timeout=10).spawn()
     try:
         assert time.monotonic() - started >= 0.5
         thread.join(5)
@@ -49,10 +64,12 @@ def test_spawn_waits_for_a_socket_that_appears_later(socket_path: Path) -> None:
             connection.close()
 
 
-def test_spawn_gives_up_after_connect_timeout(socket_path: Path) -> None:
+def test_spawn_gives_up_after_connect_timeout(
+    backend: type[PodSocketBackend], socket_path: Path
+) -> None:
     started = time.monotonic()
     with pytest.raises(SandboxUnavailable) as failed:
-        PodSocketBackend(str(socket_path), connect_timeout=0.5).spawn()
+        backend(str(socket_path), connect_timeout=0.5).spawn()
     waited = time.monotonic() - started
     assert 0.5 <= waited < 5
     assert str(failed.value) == (
