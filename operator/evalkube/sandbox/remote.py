@@ -14,6 +14,8 @@ import subprocess
 from contextlib import suppress
 from typing import IO, ClassVar
 
+import tenacity
+
 from evalkube.sandbox.backends import (
     SandboxBackend,
     SandboxUnavailable,
@@ -80,23 +82,33 @@ class PodSocketBackend(SandboxBackend):
         return "only inside a work-unit pod (evalkube unit --worker unix:PATH)"
 
     def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
-        import time
-
-        deadline = time.monotonic() + self.connect_timeout
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(self.path)
-                break
-            except OSError as exc:
-                sock.close()
-                if time.monotonic() > deadline:
-                    raise SandboxUnavailable(
-                        f"grader container socket {self.path} is not answering: {exc}"
-                    ) from None
-                time.sleep(0.2)
+        """A worker on a new connection. The grader container may still be starting, so a
+        refused or missing socket is retried every 0.2 s for up to ``connect_timeout`` s."""
+        connecting = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(OSError),
+            wait=tenacity.wait_fixed(0.2),
+            stop=tenacity.stop_after_delay(self.connect_timeout),
+            reraise=True,
+        )
+        try:
+            sock = connecting(_connect, self.path)
+        except OSError as exc:
+            raise SandboxUnavailable(
+                f"grader container socket {self.path} is not answering: {exc}"
+            ) from None
         endpoint = request.model_endpoint if request else None
         return SocketWorker(sock, endpoint)
 
     def describe(self) -> str:
         return "pod (gVisor grader container)"
+
+
+def _connect(path: str) -> socket.socket:
+    """A socket connected to ``path`` (closed again when connecting fails)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
