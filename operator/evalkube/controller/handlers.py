@@ -120,10 +120,11 @@ async def run_tick(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: 
 
 @kopf.on.event("batch", "v1", "jobs", labels=UNIT_JOBS)
 async def unit_job_changed(
-    namespace: str | None, labels: Any, memo: kopf.Memo, **kwargs: Any
+    namespace: str | None, labels: Any, annotations: Any, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     """A work-unit Job was created, admitted, suspended, finished or deleted."""
-    await _runs(memo, kwargs).job_changed(namespace or "", labels[names.LABEL_RUN])
+    run = annotations.get(names.ANNOTATION_RUN) or labels[names.LABEL_RUN]
+    await _runs(memo, kwargs).job_changed(namespace or "", run)
 
 
 @kopf.on.delete(GROUP, VERSION, "evalruns", optional=True)

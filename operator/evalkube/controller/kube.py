@@ -12,11 +12,8 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.codecs import from_dict
 from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import ConfigMap, Secret, Service
 from lightkube.types import CascadeType, PatchType
-
-from evalkube.controller import names
 
 EvalSuiteResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalSuite", "evalsuites")
 EvalRunResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalRun", "evalruns")
@@ -133,15 +130,3 @@ class Kube:
         except ApiError as exc:
             if exc.status.code != 404:
                 raise
-
-    async def unit_jobs(self, namespace: str, run_name: str) -> dict[str, dict[str, Any]]:
-        """The run's Jobs by unit id."""
-        jobs: dict[str, dict[str, Any]] = {}
-        async for job in self.client.list(
-            Job, namespace=namespace, labels={names.LABEL_RUN: run_name}
-        ):
-            data = job.to_dict()
-            unit_id = (data["metadata"].get("annotations") or {}).get(names.ANNOTATION_UNIT_ID)
-            if unit_id:
-                jobs[unit_id] = data
-        return jobs

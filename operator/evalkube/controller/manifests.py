@@ -66,7 +66,7 @@ def _meta(owner: Mapping[str, Any], name: str, component: str) -> dict[str, Any]
         "name": name,
         "namespace": owner["metadata"]["namespace"],
         "labels": {
-            names.LABEL_RUN: run_name,
+            names.LABEL_RUN: names.run_label(run_name),
             names.LABEL_COMPONENT: component,
             names.LABEL_MANAGED_BY: names.MANAGED_BY,
         },
@@ -200,7 +200,10 @@ def _work_unit_policy(owner: Mapping[str, Any], egress: list[dict[str, Any]]) ->
         "metadata": _meta(owner, names.network_policy_name(run_name), "network-policy"),
         "spec": {
             "podSelector": {
-                "matchLabels": {names.LABEL_RUN: run_name, names.LABEL_COMPONENT: "work-unit"}
+                "matchLabels": {
+                    names.LABEL_RUN: names.run_label(run_name),
+                    names.LABEL_COMPONENT: "work-unit",
+                }
             },
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [],
@@ -244,7 +247,7 @@ def unit_job(
     run_name = owner["metadata"]["name"]
     meta = _meta(owner, names.job_name(run_name, unit.unit_id), "work-unit")
     meta["labels"][names.LABEL_UNIT] = names.job_name(run_name, unit.unit_id)[-11:]
-    meta["annotations"] = {names.ANNOTATION_UNIT_ID: unit.unit_id}
+    meta["annotations"] = {names.ANNOTATION_UNIT_ID: unit.unit_id, names.ANNOTATION_RUN: run_name}
     pod_labels = dict(meta["labels"])
     if spec.queue_name:  # Kueue admits the Job by unsuspending it
         meta["labels"][names.LABEL_KUEUE_QUEUE] = spec.queue_name

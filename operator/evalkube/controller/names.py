@@ -14,6 +14,8 @@ LABEL_UNIT = f"{DOMAIN}/unit"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 ANNOTATION_UNIT_ID = f"{DOMAIN}/unit-id"
+#: The EvalRun's full name on its Jobs (the ``run`` label holds at most 63 characters of it).
+ANNOTATION_RUN = f"{DOMAIN}/run-name"
 #: Kueue's label naming the LocalQueue of a Job (``spec.queueName``).
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 MANAGED_BY = "evalkube"
@@ -29,6 +31,14 @@ def fit(base: str, suffix: str, limit: int = 63) -> str:
     if len(base) > room:
         base = base[: room - 9].rstrip("-") + "-" + _short(base)
     return f"{base}-{suffix}"
+
+
+def run_label(run_name: str) -> str:
+    """The ``evalkube.io/run`` label value: the run's name, or for a name longer than a label
+    value may be (63), its start and a hash of the whole (an EvalRun name may have 253)."""
+    if len(run_name) <= 63:
+        return run_name
+    return f"{run_name[:52].rstrip('-.')}-{_short(run_name, 10)}"
 
 
 def run_id(namespace: str, name: str, uid: str) -> str:

@@ -144,7 +144,7 @@ def job_index_entry(
 ) -> dict[tuple[str, str], tuple[str, JobState]]:
     """A work-unit Job's entry in the Job index (none for a Job without its unit id)."""
     unit = annotations.get(names.ANNOTATION_UNIT_ID)
-    run = labels.get(names.LABEL_RUN)
+    run = annotations.get(names.ANNOTATION_RUN) or labels.get(names.LABEL_RUN)
     return {(namespace, run): (unit, job_state(job))} if unit and run else {}
 
 

@@ -24,6 +24,7 @@ import httpx
 import pytest
 from tests.cluster.plugin import COMPLETE_ANNOTATION, HOLD_ANNOTATION, ControlPlane
 
+from evalkube.controller import names
 from evalkube.models import EvalRunStatus
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -383,7 +384,8 @@ def play_jobs(
 ) -> None:
     """Play the unit Jobs of run ``name`` not in ``played`` (Job names, added). Selected by
     the run's label: runs of one suite have the same unit ids."""
-    jobs = cp.kubectl_json("get", "jobs", "-n", ns, "-l", f"evalkube.io/run={name}")["items"]
+    selector = f"{names.LABEL_RUN}={names.run_label(name)}"
+    jobs = cp.kubectl_json("get", "jobs", "-n", ns, "-l", selector)["items"]
     for job in jobs:
         if job["metadata"]["name"] not in played:
             played.add(job["metadata"]["name"])

@@ -333,7 +333,10 @@ def test_job_metadata_labels_annotation_and_owner() -> None:
     j = job()
     meta = j["metadata"]
     assert meta["namespace"] == NAMESPACE
-    assert meta["annotations"] == {names.ANNOTATION_UNIT_ID: SHARD.unit_id}
+    assert meta["annotations"] == {
+        names.ANNOTATION_UNIT_ID: SHARD.unit_id,
+        names.ANNOTATION_RUN: RUN_NAME,
+    }
     assert meta["labels"][names.LABEL_RUN] == RUN_NAME
     assert meta["labels"][names.LABEL_COMPONENT] == "work-unit"
     assert meta["labels"][names.LABEL_MANAGED_BY] == "evalkube"
@@ -632,3 +635,36 @@ def test_a_bad_queue_name_names_the_field_and_the_rule(queue: str) -> None:
     [problem] = info.value.problems
     assert problem.startswith("spec.queueName: ")
     assert "is not a Kueue LocalQueue name: use lowercase letters" in problem
+
+
+def test_a_run_name_longer_than_a_label_value_labels_within_63_and_is_found_again() -> None:
+    """EvalRun names may have 253 characters (a scheduled run's name is its schedule's plus
+    a time); label values 63. Jobs, Pods and the policy selecting them agree on one short
+    label, and the Job index maps a Job back to the full name from its annotation."""
+    from evalkube.controller.reconcile import job_index_entry
+
+    name = "nightly-" + "regression-suite-" * 12 + "29000000"
+    body = {**owner(), "metadata": {**owner()["metadata"], "name": name}}
+    built = manifests.unit_job(
+        body, SHARD, spec=run_spec(), settings=OperatorSettings(), dataset_config_maps=[],
+        timeout_seconds=30,
+    )  # fmt: skip
+    policy = manifests.network_policy(body, run_spec(), OperatorSettings())
+    label = names.run_label(name)
+    assert len(label) <= 63
+    assert DNS_LABEL.match(label.replace(".", "-"))
+    assert names.run_label("short") == "short"
+    for labels in (
+        built["metadata"]["labels"],
+        built["spec"]["template"]["metadata"]["labels"],
+        policy["metadata"]["labels"],
+    ):
+        assert all(len(v) <= 63 for v in labels.values()), labels
+        assert labels[names.LABEL_RUN] == label
+    assert policy["spec"]["podSelector"]["matchLabels"][names.LABEL_RUN] == label
+    meta = built["metadata"]
+    [(key, (unit, _))] = job_index_entry(
+        NAMESPACE, meta["labels"], meta["annotations"], built
+    ).items()
+    assert key == (NAMESPACE, name)
+    assert unit == SHARD.unit_id
