@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,12 @@ from tests.support.postgres import find_bindir, postgres_server
 pytest_plugins = ["tests.cluster.plugin"]
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# A test run started in the background of a non-interactive shell (`cmd &`, nohup) inherits
+# SIGINT ignored, and so would every process the tests start: the Ctrl-C tests would find their
+# children deaf to it. A handled signal is reset to its default in each child at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 EXAMPLES = ROOT / "examples"
 
 
