@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from typing import Any, TypeVar
@@ -258,9 +258,7 @@ class ApiServer:
 
     @_ingest
     async def sample_ids(self, request: web.Request, entry: RunEntry) -> web.Response:
-        task, model = request.query.get("task", ""), request.query.get("model", "")
-        ids = await asyncio.to_thread(self.store.recorded_sample_ids, entry.run_id, task, model)
-        return _json({"sample_ids": sorted(ids)})
+        return await _task_model_ids(request, entry, self.store.recorded_sample_ids)
 
     @_ingest
     async def export(self, request: web.Request, entry: RunEntry) -> web.StreamResponse:
@@ -310,9 +308,7 @@ class ApiServer:
 
     @_ingest
     async def generation_errored_ids(self, request: web.Request, entry: RunEntry) -> web.Response:
-        task, model = request.query.get("task", ""), request.query.get("model", "")
-        ids = await asyncio.to_thread(self.store.generation_errored_ids, entry.run_id, task, model)
-        return _json({"sample_ids": sorted(ids)})
+        return await _task_model_ids(request, entry, self.store.generation_errored_ids)
 
     @_ingest
     async def task_result(self, request: web.Request, entry: RunEntry) -> web.Response:
@@ -341,6 +337,15 @@ class ApiServer:
         if self.on_unit_done is not None:
             self.on_unit_done(entry, unit)
         return _json({"done": unit})
+
+
+async def _task_model_ids(
+    request: web.Request, entry: RunEntry, read: Callable[[str, str, str], Iterable[str]]
+) -> web.Response:
+    """``{"sample_ids": [...]}`` of the run's ``?task=&model=``, as ``read`` finds them."""
+    task, model = request.query.get("task", ""), request.query.get("model", "")
+    ids = await asyncio.to_thread(read, entry.run_id, task, model)
+    return _json({"sample_ids": sorted(ids)})
 
 
 async def _stream_ndjson(

@@ -97,19 +97,7 @@ LocalMetric = Literal[
     "rouge_5",
     "rouge_l",
 ]
-SimilarityMetric = Literal[
-    "fuzzy_match",
-    "bleu",
-    "gleu",
-    "meteor",
-    "rouge_1",
-    "rouge_2",
-    "rouge_3",
-    "rouge_4",
-    "rouge_5",
-    "rouge_l",
-    "cosine",
-]
+SimilarityMetric = Literal[LocalMetric, "cosine"]
 BUILTIN_FIELDS: dict[str, tuple[str, ...]] = {
     "string_check": ("input", "reference", "operation"),
     "text_similarity": ("input", "reference", "evaluation_metric"),
