@@ -16,7 +16,8 @@ import asyncio
 import shutil
 import tempfile
 import threading
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -105,31 +106,25 @@ class ModelBridge(BridgeLifecycle):
             self._tmpdir = tempfile.mkdtemp(prefix="evalkube-bridge-")
         listen = grader_listen(socket_path, self._tmpdir or "")
         loop = new_event_loop()
-        ready: asyncio.Future[None] = loop.create_future()
+        ready: Future[None] = Future()
         self._loop = loop
         self._thread = threading.Thread(
             target=self._run, args=(loop, listen, ready), name="evalkube-model-bridge", daemon=True
         )
         self._thread.start()
         try:
-            asyncio.run_coroutine_threadsafe(_wait(ready), loop).result(CONTROL_TIMEOUT)
+            ready.result(CONTROL_TIMEOUT)
         except BaseException:
             self.stop()
             raise
         assert self.endpoint is not None
         return self.endpoint
 
-    def _run(
-        self, loop: asyncio.AbstractEventLoop, listen: str, ready: asyncio.Future[None]
-    ) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._serve(listen, ready))
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+    def _run(self, loop: asyncio.AbstractEventLoop, listen: str, ready: Future[None]) -> None:
+        with asyncio.Runner(loop_factory=lambda: loop) as runner:
+            runner.run(self._serve(listen, ready))
 
-    async def _serve(self, listen: str, ready: asyncio.Future[None]) -> None:
+    async def _serve(self, listen: str, ready: Future[None]) -> None:
         try:
             per_execution, planned = self._initial_budget
             self._service = build_service(
@@ -188,43 +183,25 @@ class ModelBridge(BridgeLifecycle):
     ) -> None:
         """Serve ``unit_id`` from now on: ``max_calls_per_execution`` per execution and
         ``max_calls_per_execution x planned_executions`` in total, fresh counters."""
-        service = self._running()
-
-        async def configure() -> None:
-            service.budgets.configure_unit(unit_id, max_calls_per_execution, planned_executions)
-
-        self._call(configure())
+        self._on_loop(
+            lambda s: s.budgets.configure_unit(unit_id, max_calls_per_execution, planned_executions)
+        )
 
     def open_executions(self, tokens: Iterable[str]) -> None:
         """Let graders call models with these execution tokens (until their usage is taken)."""
-        service = self._running()
         opened = list(tokens)
-
-        async def open_tokens() -> None:
-            service.budgets.open(opened)
-
-        self._call(open_tokens())
+        self._on_loop(lambda s: s.budgets.open(opened))
 
     def take_usage(self, execution_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Remove and return the usage of ``execution_ids`` (ids without calls are absent) and
         close them: ``{id: {"calls", "errors", "response_ids", "usage", "latency_ms",
         "by_purpose"}}``."""
-        service = self._running()
         ids = list(execution_ids)
-
-        async def take() -> dict[str, dict[str, Any]]:
-            return service.take_usage(ids)
-
-        return self._call(take())
+        return self._on_loop(lambda s: s.take_usage(ids))
 
     def budget(self) -> dict[str, object]:
         """The served unit's budget and use."""
-        service = self._running()
-
-        async def snapshot() -> dict[str, object]:
-            return service.budgets.snapshot()
-
-        return self._call(snapshot())
+        return self._on_loop(lambda s: s.budgets.snapshot())
 
     def keep_answers(self, recorder: CallRecorder) -> None:
         """Keep every answer of graders' calls with ``recorder``, and take kept ones from it
@@ -240,13 +217,16 @@ class ModelBridge(BridgeLifecycle):
             raise RuntimeError("the model bridge is not started; call start() first")
         return self._service
 
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _on_loop(self, operation: Callable[[ProxyService], T]) -> T:
+        """``operation(service)`` run on the server's loop thread (budgets and usage are not
+        thread-safe), its result or exception handed back here."""
+        service = self._running()
+
+        async def run() -> T:
+            return operation(service)
+
         assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(CONTROL_TIMEOUT)
-
-
-async def _wait(future: asyncio.Future[None]) -> None:
-    await future
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(CONTROL_TIMEOUT)
 
 
 def local_model_access(spec: EvalRunSpec) -> ModelBridge:

@@ -53,7 +53,7 @@ from evalkube.gctune import relaxed_gc
 from evalkube.proxy.bodies import EXECUTIONS_OPEN, UNIT_BUDGET, USAGE_TAKE
 from evalkube.proxy.budgets import BudgetExhausted, Budgets, UnknownExecution
 from evalkube.proxy.local_embeddings import LOCAL_PROVIDER, LocalEmbeddings, LocalModelError
-from evalkube.proxy.metrics import ProxyMetrics
+from evalkube.proxy.metrics import PURPOSES, ProxyMetrics
 from evalkube.proxy.settings import ProxySettings
 from evalkube.proxy.upstream import Provider, Upstream, UpstreamError
 from evalkube.proxy.usage import UsageLedger, token_usage
@@ -209,10 +209,8 @@ class ProxyService:
                 self.metrics.rejected(exc.scope)
                 self.metrics.call(purpose, provider, "budget_exhausted", None)
                 return Answer(429, error_body("budget_exhausted", str(exc), scope=exc.scope))
-        recorder = self.recorder if execution_id is not None else None
-        if recorder is not None:
-            assert execution_id is not None
-            kept = recorder.replay(execution_id, kind, body)
+        if self.recorder is not None and execution_id is not None:
+            kept = self.recorder.replay(execution_id, kind, body)
             if kept is not None:  # paid for by this run before it was interrupted
                 return self._replayed(kind, execution_id, purpose, kept)
         started = time.perf_counter()
@@ -239,10 +237,9 @@ class ProxyService:
         self.metrics.call(purpose, provider, "ok", seconds)
         if tokens:
             self.metrics.add_tokens(purpose, tokens)
-        if recorder is not None:
-            assert execution_id is not None
-            recorder.keep(execution_id, kind, body, out)
         if execution_id is not None:
+            if self.recorder is not None:
+                self.recorder.keep(execution_id, kind, body, out)
             self.usage.record(
                 execution_id,
                 purpose,
@@ -272,11 +269,9 @@ class ProxyService:
     def take_usage(self, execution_ids: list[str] | None) -> dict[str, dict[str, Any]]:
         """Remove and return the usage of ``execution_ids`` (``None``: of every execution) and
         close those tokens: an execution whose usage was taken can call no more."""
-        if execution_ids is None:
-            taken = self.usage.take_all()
-            self.budgets.close(list(self.budgets.unit.per_execution))
-            return taken
-        self.budgets.close(execution_ids)
+        self.budgets.close(
+            list(self.budgets.unit.per_execution) if execution_ids is None else execution_ids
+        )
         return self.usage.take(execution_ids)
 
     async def _local(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -324,6 +319,23 @@ def _valid_execution_id(value: object) -> bool:
     )
 
 
+def _header_problem(execution_id: str | None, purpose: str | None, budgeted: bool) -> bytes | None:
+    """The error body for a model call's bad headers, else None."""
+    if budgeted and not _valid_execution_id(execution_id):
+        return error_body(
+            "missing_execution_id",
+            f"model calls need the {EXECUTION_HEADER} header (set by the grader worker's ctx); "
+            "call models through ctx.responses_create / ctx.embeddings_create",
+        )
+    if execution_id is not None and not _valid_execution_id(execution_id):
+        return error_body("invalid_request", f"bad {EXECUTION_HEADER} header")
+    if purpose is not None and purpose not in PURPOSES:
+        return error_body(
+            "invalid_request", f"{PURPOSE_HEADER} must be candidate, judge or embedding"
+        )
+    return None
+
+
 class ProxyApps:
     """The aiohttp applications of the two listeners, over one :class:`ProxyService`."""
 
@@ -334,27 +346,26 @@ class ProxyApps:
     # -- grader listener ---------------------------------------------------------------------
     def grader_app(self) -> web.Application:
         app = web.Application(client_max_size=limits.BRIDGE_REQUEST_BODY_BYTES)
-        app.router.add_post("/v1/responses", self._grader_call("responses"))
-        app.router.add_post("/v1/embeddings", self._grader_call("embeddings"))
+        app.router.add_post("/v1/responses", self._model_route("responses", budgeted=True))
+        app.router.add_post("/v1/embeddings", self._model_route("embeddings", budgeted=True))
         return app
 
-    def _grader_call(self, kind: Kind) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def _model_route(
+        self, kind: Kind, *, budgeted: bool
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """A model route: budgeted on the grader listener (an execution token is required),
+        unbudgeted on the control listener (the token is optional, a purpose may be sent)."""
         service = self.service
+        control_purpose = "candidate" if kind == "responses" else "embedding"
 
         async def handle(request: web.Request) -> web.Response:
             execution_id = request.headers.get(EXECUTION_HEADER)
-            if not _valid_execution_id(execution_id):
-                return _json(
-                    400,
-                    error_body(
-                        "missing_execution_id",
-                        f"model calls need the {EXECUTION_HEADER} header (set by the grader "
-                        "worker's ctx); call models through ctx.responses_create / "
-                        "ctx.embeddings_create",
-                    ),
-                )
+            purpose = None if budgeted else request.headers.get(PURPOSE_HEADER) or control_purpose
+            problem = _header_problem(execution_id, purpose, budgeted)
+            if problem is not None:
+                return _json(400, problem)
             answer = await service.model_call(
-                kind, await request.read(), execution_id, None, budgeted=True
+                kind, await request.read(), execution_id, purpose, budgeted=budgeted
             )
             return _json(answer.status, answer.body)
 
@@ -366,10 +377,10 @@ class ProxyApps:
     # -- control listener --------------------------------------------------------------------
     def control_app(self) -> web.Application:
         app = web.Application(
-            client_max_size=limits.BRIDGE_REQUEST_BODY_BYTES, middlewares=[self._token_check]
+            client_max_size=limits.BRIDGE_REQUEST_BODY_BYTES, middlewares=[self._guard]
         )
-        app.router.add_post("/v1/responses", self._control_call("responses"))
-        app.router.add_post("/v1/embeddings", self._control_call("embeddings"))
+        app.router.add_post("/v1/responses", self._model_route("responses", budgeted=False))
+        app.router.add_post("/v1/embeddings", self._model_route("embeddings", budgeted=False))
         app.router.add_post("/evalkube/v1/executions:open", self._executions_open)
         app.router.add_post("/evalkube/v1/usage:take", self._usage_take)
         app.router.add_get("/evalkube/v1/budget", self._budget_get)
@@ -380,9 +391,11 @@ class ProxyApps:
         return app
 
     @web.middleware
-    async def _token_check(
+    async def _guard(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        """Refuses control requests without the control token (when one is configured) and
+        answers a body that does not match its route's shape with 400."""
         if self.control_token is not None and request.path != "/healthz":
             sent = request.headers.get(CONTROL_TOKEN_HEADER, "")
             if not hmac.compare_digest(sent.encode(), self.control_token.encode()):
@@ -392,47 +405,20 @@ class ProxyApps:
                         "unauthorized", f"control requests need the {CONTROL_TOKEN_HEADER} header"
                     ),
                 )
-        return await handler(request)
-
-    def _control_call(self, kind: Kind) -> Callable[[web.Request], Awaitable[web.Response]]:
-        service = self.service
-
-        async def handle(request: web.Request) -> web.Response:
-            execution_id = request.headers.get(EXECUTION_HEADER)
-            if execution_id is not None and not _valid_execution_id(execution_id):
-                return _json(400, error_body("invalid_request", f"bad {EXECUTION_HEADER} header"))
-            purpose = request.headers.get(PURPOSE_HEADER) or (
-                "candidate" if kind == "responses" else "embedding"
-            )
-            if purpose not in ("candidate", "judge", "embedding"):
-                return _json(
-                    400,
-                    error_body(
-                        "invalid_request",
-                        f"{PURPOSE_HEADER} must be candidate, judge or embedding",
-                    ),
-                )
-            answer = await service.model_call(
-                kind, await request.read(), execution_id, purpose, budgeted=False
-            )
-            return _json(answer.status, answer.body)
-
-        return handle
-
-    async def _usage_take(self, request: web.Request) -> web.Response:
         try:
-            body = USAGE_TAKE.parse(await request.read())
+            return await handler(request)
         except BodyError as exc:
             return _json(400, error_body("invalid_request", str(exc)))
+
+    async def _usage_take(self, request: web.Request) -> web.Response:
+        body = USAGE_TAKE.parse(await request.read())
         ids = None if body.execution_ids == "*" else body.execution_ids
         return _json(200, json.dumps(self.service.take_usage(ids)).encode())
 
     async def _executions_open(self, request: web.Request) -> web.Response:
+        tokens = EXECUTIONS_OPEN.parse(await request.read()).tokens
         try:
-            tokens = EXECUTIONS_OPEN.parse(await request.read()).tokens
             self.service.budgets.open(tokens)
-        except BodyError as exc:
-            return _json(400, error_body("invalid_request", str(exc)))
         except ValueError as exc:
             return _json(409, error_body("invalid_request", str(exc)))
         return _json(200, json.dumps({"opened": len(tokens)}).encode())
@@ -441,10 +427,7 @@ class ProxyApps:
         return _json(200, json.dumps(self.service.budgets.snapshot()).encode())
 
     async def _budget_put(self, request: web.Request) -> web.Response:
-        try:
-            body = UNIT_BUDGET.parse(await request.read())
-        except BodyError as exc:
-            return _json(400, error_body("invalid_request", str(exc)))
+        body = UNIT_BUDGET.parse(await request.read())
         self.service.budgets.configure_unit(
             body.unit_id, body.max_calls_per_execution, body.planned_executions
         )
