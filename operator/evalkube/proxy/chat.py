@@ -55,6 +55,8 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develop
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _SCHEMA_KEYS = ("name", "description", "schema", "strict")
 _FUNCTION_KEYS = ("name", "description", "parameters", "strict")
+#: A chat ``finish_reason`` that leaves the answer incomplete -> its Responses reason.
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
 class ChatTranslationError(ValueError):
@@ -284,18 +286,14 @@ def responses_answer(chat: Mapping[str, Any]) -> dict[str, Any]:
             }
         )
     finish = choices[0].get("finish_reason")
-    status, incomplete = "completed", None
-    if finish == "length":
-        status, incomplete = "incomplete", {"reason": "max_output_tokens"}
-    elif finish == "content_filter":
-        status, incomplete = "incomplete", {"reason": "content_filter"}
+    incomplete = _INCOMPLETE.get(finish) if isinstance(finish, str) else None
     return {
         "id": answer_id,
         "object": "response",
         "created_at": chat.get("created"),
         "model": chat.get("model"),
-        "status": status,
-        "incomplete_details": incomplete,
+        "status": "completed" if incomplete is None else "incomplete",
+        "incomplete_details": None if incomplete is None else {"reason": incomplete},
         "error": None,
         "output": output,
         "output_text": content or "",
