@@ -18,6 +18,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
+from functools import partial
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -30,7 +31,6 @@ from evalkube.proxy.server import (
     CallRecorder,
     ProxyServer,
     ProxyService,
-    build_service,
     new_event_loop,
 )
 from evalkube.proxy.upstream import Provider, Upstream
@@ -55,20 +55,22 @@ class ModelBridge(BridgeLifecycle):
         control_listen: str | None = None,
         control_token: str | None = None,
     ) -> None:
-        self.providers = dict(providers)
-        self.judge_model = judge_model
-        self.embedding_model = embedding_model
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self.retries = retries
-        self.backoff_base = backoff_base
-        self._initial_budget = (max_calls_per_execution, planned_executions)
-        self._control = (control_listen, control_token)
+        self._service = ProxyService(
+            Upstream(providers, retries=retries, backoff_base=backoff_base),
+            judge_model=judge_model,
+            embedding_model=embedding_model,
+            registry=registry,
+            max_calls_per_execution=max_calls_per_execution,
+            planned_executions=planned_executions,
+        )
+        self._new_server = partial(
+            ProxyServer, self._service, control_listen=control_listen, control_token=control_token
+        )
         self.endpoint: str | None = None
         self.control_endpoint: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: ProxyServer | None = None
-        self._service: ProxyService | None = None
         self._stop: asyncio.Event | None = None
         self._tmpdir: str | None = None
 
@@ -126,29 +128,13 @@ class ModelBridge(BridgeLifecycle):
 
     async def _serve(self, listen: str, ready: Future[None]) -> None:
         try:
-            per_execution, planned = self._initial_budget
-            self._service = build_service(
-                Upstream(self.providers, retries=self.retries, backoff_base=self.backoff_base),
-                judge_model=self.judge_model,
-                embedding_model=self.embedding_model,
-                registry=self.registry,
-                max_calls_per_execution=per_execution,
-                planned_executions=planned,
-            )
-            control_listen, control_token = self._control
-            self._server = ProxyServer(
-                self._service,
-                listen=listen,
-                control_listen=control_listen,
-                control_token=control_token,
-            )
+            self._server = self._new_server(listen=listen)
             self._stop = asyncio.Event()
             await self._server.start()
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
-            if self._service is not None:
-                await self._service.aclose()
+            await self._service.aclose()
             return
         self.endpoint = self._server.endpoint
         self.control_endpoint = self._server.control_endpoint
@@ -213,7 +199,7 @@ class ModelBridge(BridgeLifecycle):
         return self._running().metrics.exposition().decode()
 
     def _running(self) -> ProxyService:
-        if self._service is None or self._loop is None:
+        if self._loop is None:
             raise RuntimeError("the model bridge is not started; call start() first")
         return self._service
 

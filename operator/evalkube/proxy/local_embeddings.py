@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -73,8 +72,7 @@ def _load(model: str) -> Any:
 class LocalEmbeddings:
     """Embeddings API answers computed in-process by local models."""
 
-    def __init__(self, loader: Callable[[str], Any] = _load) -> None:
-        self._loader = loader
+    def __init__(self) -> None:
         self._models: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkube-embed")
@@ -86,7 +84,7 @@ class LocalEmbeddings:
         with self._lock:
             model = self._models.get(name)
             if model is None:
-                model = self._models[name] = self._loader(name)
+                model = self._models[name] = _load(name)
             return model
 
     async def create(self, model: str, body: dict[str, Any]) -> dict[str, Any]:

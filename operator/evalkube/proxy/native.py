@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -162,12 +163,16 @@ class NativeBridge(BridgeLifecycle):
         """``stderr_path``: append the binary's log there instead of this process's stderr.
         ``ignored``: ModelBridge options with no meaning here (``registry``: the binary keeps
         its own metrics, served on ``/metrics``)."""
-        self.providers = dict(providers)
-        self.judge_model = judge_model
-        self.embedding_model = embedding_model
-        self.retries = retries
-        self.backoff_base = backoff_base
-        self._initial_budget = (max_calls_per_execution, planned_executions)
+        self._config = partial(
+            native_config,
+            dict(providers),
+            judge_model=judge_model,
+            embedding_model=embedding_model,
+            max_calls=max_calls_per_execution,
+            planned_executions=planned_executions,
+            retries=retries,
+            backoff_base=backoff_base,
+        )
         self.binary = binary
         self.stderr_path = stderr_path
         self.endpoint: str | None = None
@@ -182,19 +187,9 @@ class NativeBridge(BridgeLifecycle):
             raise RuntimeError("the model bridge is already started")
         binary = self.binary or require_native_binary()
         self._tmpdir = tempfile.mkdtemp(prefix="evalkube-native-bridge-")
-        listen = grader_listen(socket_path, self._tmpdir)
-        per_execution, planned = self._initial_budget
         control = Path(self._tmpdir) / CONTROL_SOCKET_NAME
-        config = native_config(
-            self.providers,
-            listen=listen,
-            control_listen=f"unix:{control}",
-            judge_model=self.judge_model,
-            embedding_model=self.embedding_model,
-            max_calls=per_execution,
-            planned_executions=planned,
-            retries=self.retries,
-            backoff_base=self.backoff_base,
+        config = self._config(
+            listen=grader_listen(socket_path, self._tmpdir), control_listen=f"unix:{control}"
         )
         read_end = _config_pipe(config)
         parent = os.getpid()

@@ -97,7 +97,8 @@ class CallRecorder(Protocol):
 
 
 class ProxyService:
-    """What the proxy does for one model call, independent of HTTP plumbing."""
+    """What the proxy does for one model call, independent of HTTP plumbing: fresh budgets,
+    usage and metrics (on ``registry``) over ``upstream``."""
 
     def __init__(
         self,
@@ -105,24 +106,24 @@ class ProxyService:
         *,
         judge_model: str | None,
         embedding_model: str | None,
-        budgets: Budgets,
-        metrics: ProxyMetrics,
-        usage: UsageLedger | None = None,
-        local_embeddings: LocalEmbeddings | None = None,
+        registry: CollectorRegistry | None = None,
+        max_calls_per_execution: int,
+        planned_executions: int | None,
+        unit_id: str = "default",
     ) -> None:
         self.upstream = upstream
         self.default_models: dict[Kind, str | None] = {
             "responses": judge_model,
             "embeddings": embedding_model,
         }
-        self.budgets = budgets
-        self.metrics = metrics
-        self.usage = usage if usage is not None else UsageLedger()
-        self.local_embeddings = local_embeddings
+        self.budgets = Budgets(max_calls_per_execution, planned_executions, unit_id)
+        self.metrics = ProxyMetrics(registry if registry is not None else CollectorRegistry())
+        self.usage = UsageLedger()
+        self.local_embeddings: LocalEmbeddings | None = None
         #: Set by a local run: answers kept as they arrive, kept ones replayed on resume.
         self.recorder: CallRecorder | None = None
         if upstream.on_retry is None:
-            upstream.on_retry = metrics.retry
+            upstream.on_retry = self.metrics.retry
 
     def resolve_model(self, kind: Kind, model: Any) -> tuple[str, str]:
         """``(provider, bare model)`` for the request's ``model`` field; ValueError if unusable."""
@@ -508,27 +509,6 @@ class ProxyServer:
         await self.service.aclose()
 
 
-def build_service(
-    upstream: Upstream,
-    *,
-    judge_model: str | None,
-    embedding_model: str | None,
-    registry: CollectorRegistry | None = None,
-    max_calls_per_execution: int,
-    planned_executions: int | None,
-    unit_id: str = "default",
-) -> ProxyService:
-    """A :class:`ProxyService` with fresh budgets, usage and metrics (on ``registry``)."""
-    budgets = Budgets(max_calls_per_execution, planned_executions, unit_id)
-    return ProxyService(
-        upstream,
-        judge_model=judge_model,
-        embedding_model=embedding_model,
-        budgets=budgets,
-        metrics=ProxyMetrics(registry if registry is not None else CollectorRegistry()),
-    )
-
-
 #: ``asyncio`` forces the standard library's event loop even where uvloop is installed.
 EVENT_LOOP_ENV = "EVALKUBE_EVENT_LOOP"
 
@@ -623,7 +603,7 @@ def serve_forever(settings: ProxySettings, registry: CollectorRegistry | None = 
         )
 
     async def main() -> None:
-        service = build_service(
+        service = ProxyService(
             Upstream(providers, retries=retries, egress=settings.egress()),
             judge_model=judge_model,
             embedding_model=embedding_model,
