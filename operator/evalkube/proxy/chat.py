@@ -187,10 +187,8 @@ def _part(part: Any, where: str) -> dict[str, Any]:
 
 
 def _response_format(fmt: Any) -> dict[str, Any] | None:
-    if fmt is None:
-        return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "text":
+    if fmt is None or kind == "text":
         return None
     if kind == "json_object":
         return {"type": "json_object"}

@@ -208,7 +208,7 @@ class NativeBridge(BridgeLifecycle):
             if log is not None:
                 log.close()
         try:
-            ready = self._ready_line()
+            ready = _ready_line(self.process)
         except BaseException:
             self.stop()
             raise
@@ -217,25 +217,6 @@ class NativeBridge(BridgeLifecycle):
         self._client = ControlClient(f"unix:{control}")
         assert self.endpoint is not None
         return self.endpoint
-
-    def _ready_line(self) -> dict[str, Any]:
-        assert self.process is not None
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + CONTROL_TIMEOUT
-        line = b""
-        while not line.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"{BINARY_NAME} did not start within {CONTROL_TIMEOUT:g} s")
-            readable, _, _ = select.select([self.process.stdout], [], [], left)
-            if readable:
-                chunk = os.read(self.process.stdout.fileno(), 4096)
-                if not chunk:
-                    code = self.process.wait(CONTROL_TIMEOUT)
-                    raise RuntimeError(f"{BINARY_NAME} exited with {code} before serving")
-                line += chunk
-        ready: dict[str, Any] = json.loads(line)
-        return ready
 
     def stop(self) -> None:
         """Stop the child (SIGTERM: it removes its sockets), remove the directory; idempotent."""
@@ -283,6 +264,26 @@ class NativeBridge(BridgeLifecycle):
         if self._client is None:
             raise RuntimeError("the model bridge is not started; call start() first")
         return self._client
+
+
+def _ready_line(process: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """The binary's first line on stdout (its endpoints), or RuntimeError when it exits or
+    stays silent for :data:`CONTROL_TIMEOUT`."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + CONTROL_TIMEOUT
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RuntimeError(f"{BINARY_NAME} did not start within {CONTROL_TIMEOUT:g} s")
+        if select.select([process.stdout], [], [], left)[0]:
+            chunk = os.read(process.stdout.fileno(), 4096)
+            if not chunk:
+                code = process.wait(CONTROL_TIMEOUT)
+                raise RuntimeError(f"{BINARY_NAME} exited with {code} before serving")
+            line += chunk
+    ready: dict[str, Any] = json.loads(line)
+    return ready
 
 
 def _die_with(parent: int) -> None:

@@ -478,7 +478,6 @@ class ProxyServer:
         self.endpoint: str | None = None
         self.control_endpoint: str | None = None
         self._runners: list[web.AppRunner] = []
-        self._paths: list[Path] = []
 
     async def start(self) -> None:
         if self.listen:
@@ -496,16 +495,15 @@ class ProxyServer:
         site = web.SockSite(runner, sock, backlog=LISTEN_BACKLOG)
         await site.start()
         self._runners.append(runner)
-        if endpoint.startswith("unix:"):
-            self._paths.append(Path(endpoint[len("unix:") :]))
         return endpoint
 
     async def stop(self) -> None:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
-        for path in self._paths:
-            path.unlink(missing_ok=True)
+        for endpoint in (self.endpoint, self.control_endpoint):
+            if endpoint is not None and endpoint.startswith("unix:"):
+                Path(endpoint.removeprefix("unix:")).unlink(missing_ok=True)
         await self.service.aclose()
 
 

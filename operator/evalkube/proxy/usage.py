@@ -8,6 +8,7 @@ its event loop only (the in-process bridge hops onto that loop to take usage).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,7 +45,7 @@ class UsageLedger:
     """Usage by execution id, until the runner takes it."""
 
     def __init__(self) -> None:
-        self._executions: dict[str, ExecutionUsage] = {}
+        self._executions: defaultdict[str, ExecutionUsage] = defaultdict(ExecutionUsage)
 
     def record(
         self,
@@ -56,9 +57,7 @@ class UsageLedger:
         tokens: Mapping[str, int] | None = None,
         ok: bool = True,
     ) -> None:
-        entry = self._executions.get(execution_id)
-        if entry is None:
-            entry = self._executions[execution_id] = ExecutionUsage()
+        entry = self._executions[execution_id]
         entry.calls += 1
         if not ok:
             entry.errors += 1
@@ -66,9 +65,8 @@ class UsageLedger:
         entry.latency_ms.append(round(latency_ms, 3))
         if response_id:
             entry.response_ids.append(response_id)
-        if tokens:
-            for name, value in tokens.items():
-                entry.usage[name] = entry.usage.get(name, 0) + value
+        for name, value in (tokens or {}).items():
+            entry.usage[name] = entry.usage.get(name, 0) + value
 
     def take(self, execution_ids: Iterable[str] | None) -> dict[str, dict[str, Any]]:
         """Remove and return the usage of ``execution_ids`` (ids without calls are absent;
