@@ -148,10 +148,7 @@ class ModelBridge(BridgeLifecycle):
         """Stop serving, close upstream connections, remove the socket; idempotent."""
         loop, thread, stop = self._loop, self._thread, self._stop
         if loop is not None and thread is not None and thread.is_alive():
-            if stop is not None:
-                loop.call_soon_threadsafe(stop.set)
-            else:
-                loop.call_soon_threadsafe(loop.stop)
+            loop.call_soon_threadsafe(stop.set if stop is not None else loop.stop)
             thread.join(CONTROL_TIMEOUT)
         self._loop = self._thread = None
         self._stop = None

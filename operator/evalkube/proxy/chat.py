@@ -128,9 +128,8 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "type": "function",
                 "function": {"name": item.get("name"), "arguments": item.get("arguments")},
             }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":

@@ -29,6 +29,7 @@ Who uses it: ``evalkube proxy`` (:func:`serve_forever`, the pod sidecar) and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -516,11 +517,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     transport work: 16% fewer instructions per proxied call, counted with callgrind),
     else asyncio's."""
     if os.environ.get(EVENT_LOOP_ENV, "").lower() != "asyncio":
-        try:
+        with contextlib.suppress(ImportError):
             import uvloop
-        except ImportError:
-            pass
-        else:
+
             return uvloop.new_event_loop()
     return asyncio.new_event_loop()
 
@@ -537,11 +536,9 @@ async def run_until_stopped(server: ProxyServer, stop: asyncio.Event | None = No
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
-        try:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, stop.set)
             installed.append(signum)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
     await server.start()
     log.info(
         "model bridge proxy listening: graders %s, control %s",
@@ -600,25 +597,19 @@ def serve_forever(settings: ProxySettings, registry: CollectorRegistry | None = 
             ),
         )
 
-    async def main() -> None:
-        service = ProxyService(
-            Upstream(providers, retries=retries, egress=settings.egress()),
-            judge_model=judge_model,
-            embedding_model=embedding_model,
-            registry=registry,
-            max_calls_per_execution=settings.max_calls,
-            planned_executions=settings.planned_executions,
-            unit_id=settings.unit_id,
-        )
-        server = ProxyServer(
-            service,
-            listen=settings.listen,
-            control_listen=settings.control_listen,
-            control_token=token,
-        )
-        await run_until_stopped(server)
-
-    run(main())
+    service = ProxyService(
+        Upstream(providers, retries=retries, egress=settings.egress()),
+        judge_model=judge_model,
+        embedding_model=embedding_model,
+        registry=registry,
+        max_calls_per_execution=settings.max_calls,
+        planned_executions=settings.planned_executions,
+        unit_id=settings.unit_id,
+    )
+    server = ProxyServer(
+        service, listen=settings.listen, control_listen=settings.control_listen, control_token=token
+    )
+    run(run_until_stopped(server))
 
 
 def _native_engine(engine: str, judge_model: str | None, embedding_model: str | None) -> str | None:

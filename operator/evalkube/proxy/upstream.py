@@ -193,10 +193,6 @@ class UpstreamReply:
 class Upstream:
     """Calls providers' Responses and Embeddings APIs with retries and safe errors.
 
-    Responses calls go through :meth:`responses_call` / :meth:`post_call` (or
-    :meth:`responses_create`), which speak Chat Completions to ``api: chat_completions``
-    providers.
-
     Create it inside a running event loop (or use ``async with``); close it with
     :meth:`aclose`. ``on_retry(provider, reason)`` is called before each retry (metrics).
     """
