@@ -287,6 +287,7 @@ class ProxyService:
         await self.upstream.aclose()
         if self.local_embeddings is not None:
             self.local_embeddings.close()
+            self.local_embeddings = None
 
 
 def _error_status(exc: UpstreamError | LocalModelError) -> tuple[int, str]:
@@ -323,14 +324,14 @@ def _valid_execution_id(value: object) -> bool:
 
 def _header_problem(execution_id: str | None, purpose: str | None, budgeted: bool) -> bytes | None:
     """The error body for a model call's bad headers, else None."""
-    if budgeted and not _valid_execution_id(execution_id):
+    if (budgeted or execution_id is not None) and not _valid_execution_id(execution_id):
+        if not budgeted:
+            return error_body("invalid_request", f"bad {EXECUTION_HEADER} header")
         return error_body(
             "missing_execution_id",
             f"model calls need the {EXECUTION_HEADER} header (set by the grader worker's ctx); "
             "call models through ctx.responses_create / ctx.embeddings_create",
         )
-    if execution_id is not None and not _valid_execution_id(execution_id):
-        return error_body("invalid_request", f"bad {EXECUTION_HEADER} header")
     if purpose is not None and purpose not in PURPOSES:
         return error_body(
             "invalid_request", f"{PURPOSE_HEADER} must be candidate, judge or embedding"
