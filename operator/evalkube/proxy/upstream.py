@@ -16,6 +16,7 @@ Measured on this project's 2-core machines (``docs/proxy.md``), httpx's client c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import os
@@ -169,10 +170,8 @@ def retry_after_seconds(value: str | None, now: Callable[[], float] = time.time)
     if not value:
         return None
     value = value.strip()
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(value))
-    except ValueError:
-        pass
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
