@@ -155,7 +155,7 @@ def role_python(port: int, upstream_port: int) -> None:
     sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "sandbox_image")]
     from prometheus_client import CollectorRegistry
 
-    from evalkube.proxy.server import ProxyServer, build_service, run, run_until_stopped
+    from evalkube.proxy.server import ProxyServer, ProxyService, run, run_until_stopped
     from evalkube.proxy.upstream import Provider, Upstream
 
     os.environ["EVALKUBE_BENCH_KEY"] = KEY
@@ -164,7 +164,7 @@ def role_python(port: int, upstream_port: int) -> None:
     )
 
     async def main() -> None:
-        service = build_service(
+        service = ProxyService(
             Upstream({"fake": provider}),
             judge_model="fake:m",
             embedding_model=None,

@@ -16,7 +16,9 @@ import asyncio
 import shutil
 import tempfile
 import threading
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from functools import partial
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -29,7 +31,6 @@ from evalkube.proxy.server import (
     CallRecorder,
     ProxyServer,
     ProxyService,
-    build_service,
     new_event_loop,
 )
 from evalkube.proxy.upstream import Provider, Upstream
@@ -54,20 +55,22 @@ class ModelBridge(BridgeLifecycle):
         control_listen: str | None = None,
         control_token: str | None = None,
     ) -> None:
-        self.providers = dict(providers)
-        self.judge_model = judge_model
-        self.embedding_model = embedding_model
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self.retries = retries
-        self.backoff_base = backoff_base
-        self._initial_budget = (max_calls_per_execution, planned_executions)
-        self._control = (control_listen, control_token)
+        self._service = ProxyService(
+            Upstream(providers, retries=retries, backoff_base=backoff_base),
+            judge_model=judge_model,
+            embedding_model=embedding_model,
+            registry=registry,
+            max_calls_per_execution=max_calls_per_execution,
+            planned_executions=planned_executions,
+        )
+        self._new_server = partial(
+            ProxyServer, self._service, control_listen=control_listen, control_token=control_token
+        )
         self.endpoint: str | None = None
         self.control_endpoint: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: ProxyServer | None = None
-        self._service: ProxyService | None = None
         self._stop: asyncio.Event | None = None
         self._tmpdir: str | None = None
 
@@ -105,55 +108,33 @@ class ModelBridge(BridgeLifecycle):
             self._tmpdir = tempfile.mkdtemp(prefix="evalkube-bridge-")
         listen = grader_listen(socket_path, self._tmpdir or "")
         loop = new_event_loop()
-        ready: asyncio.Future[None] = loop.create_future()
+        ready: Future[None] = Future()
         self._loop = loop
         self._thread = threading.Thread(
             target=self._run, args=(loop, listen, ready), name="evalkube-model-bridge", daemon=True
         )
         self._thread.start()
         try:
-            asyncio.run_coroutine_threadsafe(_wait(ready), loop).result(CONTROL_TIMEOUT)
+            ready.result(CONTROL_TIMEOUT)
         except BaseException:
             self.stop()
             raise
         assert self.endpoint is not None
         return self.endpoint
 
-    def _run(
-        self, loop: asyncio.AbstractEventLoop, listen: str, ready: asyncio.Future[None]
-    ) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._serve(listen, ready))
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+    def _run(self, loop: asyncio.AbstractEventLoop, listen: str, ready: Future[None]) -> None:
+        with asyncio.Runner(loop_factory=lambda: loop) as runner:
+            runner.run(self._serve(listen, ready))
 
-    async def _serve(self, listen: str, ready: asyncio.Future[None]) -> None:
+    async def _serve(self, listen: str, ready: Future[None]) -> None:
         try:
-            per_execution, planned = self._initial_budget
-            self._service = build_service(
-                Upstream(self.providers, retries=self.retries, backoff_base=self.backoff_base),
-                judge_model=self.judge_model,
-                embedding_model=self.embedding_model,
-                registry=self.registry,
-                max_calls_per_execution=per_execution,
-                planned_executions=planned,
-            )
-            control_listen, control_token = self._control
-            self._server = ProxyServer(
-                self._service,
-                listen=listen,
-                control_listen=control_listen,
-                control_token=control_token,
-            )
+            self._server = self._new_server(listen=listen)
             self._stop = asyncio.Event()
             await self._server.start()
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
-            if self._service is not None:
-                await self._service.aclose()
+            await self._service.aclose()
             return
         self.endpoint = self._server.endpoint
         self.control_endpoint = self._server.control_endpoint
@@ -167,10 +148,7 @@ class ModelBridge(BridgeLifecycle):
         """Stop serving, close upstream connections, remove the socket; idempotent."""
         loop, thread, stop = self._loop, self._thread, self._stop
         if loop is not None and thread is not None and thread.is_alive():
-            if stop is not None:
-                loop.call_soon_threadsafe(stop.set)
-            else:
-                loop.call_soon_threadsafe(loop.stop)
+            loop.call_soon_threadsafe(stop.set if stop is not None else loop.stop)
             thread.join(CONTROL_TIMEOUT)
         self._loop = self._thread = None
         self._stop = None
@@ -188,43 +166,25 @@ class ModelBridge(BridgeLifecycle):
     ) -> None:
         """Serve ``unit_id`` from now on: ``max_calls_per_execution`` per execution and
         ``max_calls_per_execution x planned_executions`` in total, fresh counters."""
-        service = self._running()
-
-        async def configure() -> None:
-            service.budgets.configure_unit(unit_id, max_calls_per_execution, planned_executions)
-
-        self._call(configure())
+        self._on_loop(
+            lambda s: s.budgets.configure_unit(unit_id, max_calls_per_execution, planned_executions)
+        )
 
     def open_executions(self, tokens: Iterable[str]) -> None:
         """Let graders call models with these execution tokens (until their usage is taken)."""
-        service = self._running()
         opened = list(tokens)
-
-        async def open_tokens() -> None:
-            service.budgets.open(opened)
-
-        self._call(open_tokens())
+        self._on_loop(lambda s: s.budgets.open(opened))
 
     def take_usage(self, execution_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Remove and return the usage of ``execution_ids`` (ids without calls are absent) and
         close them: ``{id: {"calls", "errors", "response_ids", "usage", "latency_ms",
         "by_purpose"}}``."""
-        service = self._running()
         ids = list(execution_ids)
-
-        async def take() -> dict[str, dict[str, Any]]:
-            return service.take_usage(ids)
-
-        return self._call(take())
+        return self._on_loop(lambda s: s.take_usage(ids))
 
     def budget(self) -> dict[str, object]:
         """The served unit's budget and use."""
-        service = self._running()
-
-        async def snapshot() -> dict[str, object]:
-            return service.budgets.snapshot()
-
-        return self._call(snapshot())
+        return self._on_loop(lambda s: s.budgets.snapshot())
 
     def keep_answers(self, recorder: CallRecorder) -> None:
         """Keep every answer of graders' calls with ``recorder``, and take kept ones from it
@@ -236,17 +196,20 @@ class ModelBridge(BridgeLifecycle):
         return self._running().metrics.exposition().decode()
 
     def _running(self) -> ProxyService:
-        if self._service is None or self._loop is None:
+        if self._loop is None:
             raise RuntimeError("the model bridge is not started; call start() first")
         return self._service
 
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _on_loop(self, operation: Callable[[ProxyService], T]) -> T:
+        """``operation(service)`` run on the server's loop thread (budgets and usage are not
+        thread-safe), its result or exception handed back here."""
+        service = self._running()
+
+        async def run() -> T:
+            return operation(service)
+
         assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(CONTROL_TIMEOUT)
-
-
-async def _wait(future: asyncio.Future[None]) -> None:
-    await future
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(CONTROL_TIMEOUT)
 
 
 def local_model_access(spec: EvalRunSpec) -> ModelBridge:

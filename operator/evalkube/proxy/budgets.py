@@ -15,6 +15,7 @@ only from the proxy's event loop thread or under its lock: not thread-safe by it
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from evalkube import limits
@@ -42,12 +43,9 @@ class UnitBudget:
     used: int = 0
     per_execution: dict[str, int] = field(default_factory=dict)
     """Calls of each open execution token (a token is open while it is a key here)."""
-    refused: dict[str, int] = field(default_factory=dict)
+    refused: Counter[str] = field(default_factory=Counter)
     """Calls refused by scope (``execution``, ``unit``, ``unknown_execution``): the runner
     reports them with the unit, since Prometheus never scrapes a work-unit Pod's proxy."""
-
-    def refuse(self, scope: str) -> None:
-        self.refused[scope] = self.refused.get(scope, 0) + 1
 
     @property
     def total(self) -> int | None:
@@ -106,20 +104,20 @@ class Budgets:
         unit = self.unit
         used = unit.per_execution.get(execution_id)
         if used is None:
-            unit.refuse("unknown_execution")
+            unit.refused["unknown_execution"] += 1
             raise UnknownExecution(
                 "this execution token is not open (forged, reused or already finished); "
                 "call models through ctx.responses_create / ctx.embeddings_create"
             )
         if used >= unit.max_calls_per_execution:
-            unit.refuse("execution")
+            unit.refused["execution"] += 1
             raise BudgetExhausted(
                 f"model call budget of {unit.max_calls_per_execution} exhausted for this execution",
                 "execution",
             )
         total = unit.total
         if total is not None and unit.used >= total:
-            unit.refuse("unit")
+            unit.refused["unit"] += 1
             raise BudgetExhausted(
                 f"model call budget of {total} exhausted for this work unit "
                 f"({unit.max_calls_per_execution} calls x {unit.planned_executions} executions)",

@@ -55,6 +55,8 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develop
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _SCHEMA_KEYS = ("name", "description", "schema", "strict")
 _FUNCTION_KEYS = ("name", "description", "parameters", "strict")
+#: A chat ``finish_reason`` that leaves the answer incomplete -> its Responses reason.
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
 class ChatTranslationError(ValueError):
@@ -126,9 +128,8 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "type": "function",
                 "function": {"name": item.get("name"), "arguments": item.get("arguments")},
             }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
@@ -185,10 +186,8 @@ def _part(part: Any, where: str) -> dict[str, Any]:
 
 
 def _response_format(fmt: Any) -> dict[str, Any] | None:
-    if fmt is None:
-        return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "text":
+    if fmt is None or kind == "text":
         return None
     if kind == "json_object":
         return {"type": "json_object"}
@@ -284,18 +283,14 @@ def responses_answer(chat: Mapping[str, Any]) -> dict[str, Any]:
             }
         )
     finish = choices[0].get("finish_reason")
-    status, incomplete = "completed", None
-    if finish == "length":
-        status, incomplete = "incomplete", {"reason": "max_output_tokens"}
-    elif finish == "content_filter":
-        status, incomplete = "incomplete", {"reason": "content_filter"}
+    incomplete = _INCOMPLETE.get(finish) if isinstance(finish, str) else None
     return {
         "id": answer_id,
         "object": "response",
         "created_at": chat.get("created"),
         "model": chat.get("model"),
-        "status": status,
-        "incomplete_details": incomplete,
+        "status": "completed" if incomplete is None else "incomplete",
+        "incomplete_details": None if incomplete is None else {"reason": incomplete},
         "error": None,
         "output": output,
         "output_text": content or "",

@@ -13,8 +13,6 @@ import sys
 from collections.abc import Sequence
 
 import typer
-from pydantic import ValidationError
-from pydantic_settings import SettingsError
 
 from evalkube.proxy.native import NativeProxyUnavailable
 from evalkube.proxy.server import serve_forever
@@ -39,15 +37,12 @@ def proxy(ctx: typer.Context) -> None:
 
 def main(args: Sequence[str] | None = None) -> None:
     """``evalkube proxy`` with ``args`` (default: this process's arguments)."""
-    try:
+    try:  # bad flags (pydantic's errors are ValueErrors), files, ports or engine: one line
         settings = ProxySettings.from_cli(sys.argv[1:] if args is None else args)
-    except (ValidationError, SettingsError) as exc:
-        typer.echo(f"evalkube proxy: {exc}", err=True)
-        raise SystemExit(2) from None
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
+        logging.basicConfig(
+            level=settings.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
         serve_forever(settings)
     except (OSError, ValueError, NativeProxyUnavailable) as exc:
         typer.echo(f"evalkube proxy: {exc}", err=True)

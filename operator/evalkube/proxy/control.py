@@ -76,19 +76,19 @@ class ControlClient:
 
     def metrics(self) -> str:
         """The bridge's Prometheus exposition (served on the control listener only)."""
-        response = self._client.get("/metrics")
-        if response.status_code >= 400:
-            raise ControlError("GET", "/metrics", response)
-        return response.text
+        return self._send("GET", "/metrics").text
 
     def close(self) -> None:
         self._client.close()
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
+        return self._send(method, path, body).json()
+
+    def _send(self, method: str, path: str, body: Any = None) -> httpx.Response:
         response = self._client.request(method, path, json=body)
         if response.status_code >= 400:
             raise ControlError(method, path, response)
-        return response.json()
+        return response
 
 
 class ControlError(RuntimeError):

@@ -13,9 +13,8 @@ the proxy's event loop keeps serving other calls meanwhile.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -73,21 +72,13 @@ def _load(model: str) -> Any:
 class LocalEmbeddings:
     """Embeddings API answers computed in-process by local models."""
 
-    def __init__(self, loader: Callable[[str], Any] = _load) -> None:
-        self._loader = loader
-        self._models: dict[str, Any] = {}
-        self._lock = threading.Lock()
+    def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkube-embed")
+        # Each model loads once; only the executor's one thread loads and encodes.
+        self._model = functools.cache(_load)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-    def _model(self, name: str) -> Any:
-        with self._lock:
-            model = self._models.get(name)
-            if model is None:
-                model = self._models[name] = self._loader(name)
-            return model
 
     async def create(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
         """The Embeddings API answer for ``body`` (its ``input``) with local model ``model``."""

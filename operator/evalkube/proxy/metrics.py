@@ -8,6 +8,8 @@ no credentials.
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 
@@ -56,31 +58,22 @@ class ProxyMetrics:
             ["scope"],
             registry=registry,
         )
-        self._calls: dict[tuple[str, str, str], Counter] = {}
-        self._latency: dict[str, Histogram] = {}
-        self._tokens: dict[tuple[str, str], Counter] = {}
+        # Children of the per-call metrics, looked up once: ``labels()`` takes a lock and
+        # checks its values on every call.
+        self._calls = functools.cache(self.calls.labels)
+        self._latency = functools.cache(self.latency.labels)
+        self._tokens = functools.cache(self.tokens.labels)
         for purpose in PURPOSES:
-            self._latency[purpose] = self.latency.labels(purpose)
+            self._latency(purpose)
 
     def call(self, purpose: str, provider: str, outcome: str, seconds: float | None) -> None:
-        key = (purpose, provider, outcome)
-        child = self._calls.get(key)
-        if child is None:
-            child = self._calls[key] = self.calls.labels(*key)
-        child.inc()
+        self._calls(purpose, provider, outcome).inc()
         if seconds is not None:
-            histogram = self._latency.get(purpose)
-            if histogram is None:
-                histogram = self._latency[purpose] = self.latency.labels(purpose)
-            histogram.observe(seconds)
+            self._latency(purpose).observe(seconds)
 
     def add_tokens(self, purpose: str, tokens: dict[str, int]) -> None:
         for name, value in tokens.items():
-            key = (purpose, name.removesuffix("_tokens"))
-            child = self._tokens.get(key)
-            if child is None:
-                child = self._tokens[key] = self.tokens.labels(*key)
-            child.inc(value)
+            self._tokens(purpose, name.removesuffix("_tokens")).inc(value)
 
     def retry(self, provider: str, reason: str) -> None:
         self.retries.labels(provider, reason).inc()

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -162,12 +163,16 @@ class NativeBridge(BridgeLifecycle):
         """``stderr_path``: append the binary's log there instead of this process's stderr.
         ``ignored``: ModelBridge options with no meaning here (``registry``: the binary keeps
         its own metrics, served on ``/metrics``)."""
-        self.providers = dict(providers)
-        self.judge_model = judge_model
-        self.embedding_model = embedding_model
-        self.retries = retries
-        self.backoff_base = backoff_base
-        self._initial_budget = (max_calls_per_execution, planned_executions)
+        self._config = partial(
+            native_config,
+            dict(providers),
+            judge_model=judge_model,
+            embedding_model=embedding_model,
+            max_calls=max_calls_per_execution,
+            planned_executions=planned_executions,
+            retries=retries,
+            backoff_base=backoff_base,
+        )
         self.binary = binary
         self.stderr_path = stderr_path
         self.endpoint: str | None = None
@@ -182,19 +187,9 @@ class NativeBridge(BridgeLifecycle):
             raise RuntimeError("the model bridge is already started")
         binary = self.binary or require_native_binary()
         self._tmpdir = tempfile.mkdtemp(prefix="evalkube-native-bridge-")
-        listen = grader_listen(socket_path, self._tmpdir)
-        per_execution, planned = self._initial_budget
         control = Path(self._tmpdir) / CONTROL_SOCKET_NAME
-        config = native_config(
-            self.providers,
-            listen=listen,
-            control_listen=f"unix:{control}",
-            judge_model=self.judge_model,
-            embedding_model=self.embedding_model,
-            max_calls=per_execution,
-            planned_executions=planned,
-            retries=self.retries,
-            backoff_base=self.backoff_base,
+        config = self._config(
+            listen=grader_listen(socket_path, self._tmpdir), control_listen=f"unix:{control}"
         )
         read_end = _config_pipe(config)
         parent = os.getpid()
@@ -213,7 +208,7 @@ class NativeBridge(BridgeLifecycle):
             if log is not None:
                 log.close()
         try:
-            ready = self._ready_line()
+            ready = _ready_line(self.process)
         except BaseException:
             self.stop()
             raise
@@ -222,25 +217,6 @@ class NativeBridge(BridgeLifecycle):
         self._client = ControlClient(f"unix:{control}")
         assert self.endpoint is not None
         return self.endpoint
-
-    def _ready_line(self) -> dict[str, Any]:
-        assert self.process is not None
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + CONTROL_TIMEOUT
-        line = b""
-        while not line.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"{BINARY_NAME} did not start within {CONTROL_TIMEOUT:g} s")
-            readable, _, _ = select.select([self.process.stdout], [], [], left)
-            if readable:
-                chunk = os.read(self.process.stdout.fileno(), 4096)
-                if not chunk:
-                    code = self.process.wait(CONTROL_TIMEOUT)
-                    raise RuntimeError(f"{BINARY_NAME} exited with {code} before serving")
-                line += chunk
-        ready: dict[str, Any] = json.loads(line)
-        return ready
 
     def stop(self) -> None:
         """Stop the child (SIGTERM: it removes its sockets), remove the directory; idempotent."""
@@ -288,6 +264,26 @@ class NativeBridge(BridgeLifecycle):
         if self._client is None:
             raise RuntimeError("the model bridge is not started; call start() first")
         return self._client
+
+
+def _ready_line(process: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """The binary's first line on stdout (its endpoints), or RuntimeError when it exits or
+    stays silent for :data:`CONTROL_TIMEOUT`."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + CONTROL_TIMEOUT
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RuntimeError(f"{BINARY_NAME} did not start within {CONTROL_TIMEOUT:g} s")
+        if select.select([process.stdout], [], [], left)[0]:
+            chunk = os.read(process.stdout.fileno(), 4096)
+            if not chunk:
+                code = process.wait(CONTROL_TIMEOUT)
+                raise RuntimeError(f"{BINARY_NAME} exited with {code} before serving")
+            line += chunk
+    ready: dict[str, Any] = json.loads(line)
+    return ready
 
 
 def _die_with(parent: int) -> None:

@@ -29,6 +29,7 @@ Who uses it: ``evalkube proxy`` (:func:`serve_forever`, the pod sidecar) and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -53,7 +54,7 @@ from evalkube.gctune import relaxed_gc
 from evalkube.proxy.bodies import EXECUTIONS_OPEN, UNIT_BUDGET, USAGE_TAKE
 from evalkube.proxy.budgets import BudgetExhausted, Budgets, UnknownExecution
 from evalkube.proxy.local_embeddings import LOCAL_PROVIDER, LocalEmbeddings, LocalModelError
-from evalkube.proxy.metrics import ProxyMetrics
+from evalkube.proxy.metrics import PURPOSES, ProxyMetrics
 from evalkube.proxy.settings import ProxySettings
 from evalkube.proxy.upstream import Provider, Upstream, UpstreamError
 from evalkube.proxy.usage import UsageLedger, token_usage
@@ -97,7 +98,8 @@ class CallRecorder(Protocol):
 
 
 class ProxyService:
-    """What the proxy does for one model call, independent of HTTP plumbing."""
+    """What the proxy does for one model call, independent of HTTP plumbing: fresh budgets,
+    usage and metrics (on ``registry``) over ``upstream``."""
 
     def __init__(
         self,
@@ -105,24 +107,24 @@ class ProxyService:
         *,
         judge_model: str | None,
         embedding_model: str | None,
-        budgets: Budgets,
-        metrics: ProxyMetrics,
-        usage: UsageLedger | None = None,
-        local_embeddings: LocalEmbeddings | None = None,
+        registry: CollectorRegistry | None = None,
+        max_calls_per_execution: int,
+        planned_executions: int | None,
+        unit_id: str = "default",
     ) -> None:
         self.upstream = upstream
         self.default_models: dict[Kind, str | None] = {
             "responses": judge_model,
             "embeddings": embedding_model,
         }
-        self.budgets = budgets
-        self.metrics = metrics
-        self.usage = usage if usage is not None else UsageLedger()
-        self.local_embeddings = local_embeddings
+        self.budgets = Budgets(max_calls_per_execution, planned_executions, unit_id)
+        self.metrics = ProxyMetrics(registry if registry is not None else CollectorRegistry())
+        self.usage = UsageLedger()
+        self.local_embeddings: LocalEmbeddings | None = None
         #: Set by a local run: answers kept as they arrive, kept ones replayed on resume.
         self.recorder: CallRecorder | None = None
         if upstream.on_retry is None:
-            upstream.on_retry = metrics.retry
+            upstream.on_retry = self.metrics.retry
 
     def resolve_model(self, kind: Kind, model: Any) -> tuple[str, str]:
         """``(provider, bare model)`` for the request's ``model`` field; ValueError if unusable."""
@@ -209,10 +211,8 @@ class ProxyService:
                 self.metrics.rejected(exc.scope)
                 self.metrics.call(purpose, provider, "budget_exhausted", None)
                 return Answer(429, error_body("budget_exhausted", str(exc), scope=exc.scope))
-        recorder = self.recorder if execution_id is not None else None
-        if recorder is not None:
-            assert execution_id is not None
-            kept = recorder.replay(execution_id, kind, body)
+        if self.recorder is not None and execution_id is not None:
+            kept = self.recorder.replay(execution_id, kind, body)
             if kept is not None:  # paid for by this run before it was interrupted
                 return self._replayed(kind, execution_id, purpose, kept)
         started = time.perf_counter()
@@ -239,10 +239,9 @@ class ProxyService:
         self.metrics.call(purpose, provider, "ok", seconds)
         if tokens:
             self.metrics.add_tokens(purpose, tokens)
-        if recorder is not None:
-            assert execution_id is not None
-            recorder.keep(execution_id, kind, body, out)
         if execution_id is not None:
+            if self.recorder is not None:
+                self.recorder.keep(execution_id, kind, body, out)
             self.usage.record(
                 execution_id,
                 purpose,
@@ -272,11 +271,9 @@ class ProxyService:
     def take_usage(self, execution_ids: list[str] | None) -> dict[str, dict[str, Any]]:
         """Remove and return the usage of ``execution_ids`` (``None``: of every execution) and
         close those tokens: an execution whose usage was taken can call no more."""
-        if execution_ids is None:
-            taken = self.usage.take_all()
-            self.budgets.close(list(self.budgets.unit.per_execution))
-            return taken
-        self.budgets.close(execution_ids)
+        self.budgets.close(
+            list(self.budgets.unit.per_execution) if execution_ids is None else execution_ids
+        )
         return self.usage.take(execution_ids)
 
     async def _local(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -290,6 +287,7 @@ class ProxyService:
         await self.upstream.aclose()
         if self.local_embeddings is not None:
             self.local_embeddings.close()
+            self.local_embeddings = None
 
 
 def _error_status(exc: UpstreamError | LocalModelError) -> tuple[int, str]:
@@ -324,6 +322,23 @@ def _valid_execution_id(value: object) -> bool:
     )
 
 
+def _header_problem(execution_id: str | None, purpose: str | None, budgeted: bool) -> bytes | None:
+    """The error body for a model call's bad headers, else None."""
+    if (budgeted or execution_id is not None) and not _valid_execution_id(execution_id):
+        if not budgeted:
+            return error_body("invalid_request", f"bad {EXECUTION_HEADER} header")
+        return error_body(
+            "missing_execution_id",
+            f"model calls need the {EXECUTION_HEADER} header (set by the grader worker's ctx); "
+            "call models through ctx.responses_create / ctx.embeddings_create",
+        )
+    if purpose is not None and purpose not in PURPOSES:
+        return error_body(
+            "invalid_request", f"{PURPOSE_HEADER} must be candidate, judge or embedding"
+        )
+    return None
+
+
 class ProxyApps:
     """The aiohttp applications of the two listeners, over one :class:`ProxyService`."""
 
@@ -334,27 +349,26 @@ class ProxyApps:
     # -- grader listener ---------------------------------------------------------------------
     def grader_app(self) -> web.Application:
         app = web.Application(client_max_size=limits.BRIDGE_REQUEST_BODY_BYTES)
-        app.router.add_post("/v1/responses", self._grader_call("responses"))
-        app.router.add_post("/v1/embeddings", self._grader_call("embeddings"))
+        app.router.add_post("/v1/responses", self._model_route("responses", budgeted=True))
+        app.router.add_post("/v1/embeddings", self._model_route("embeddings", budgeted=True))
         return app
 
-    def _grader_call(self, kind: Kind) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def _model_route(
+        self, kind: Kind, *, budgeted: bool
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """A model route: budgeted on the grader listener (an execution token is required),
+        unbudgeted on the control listener (the token is optional, a purpose may be sent)."""
         service = self.service
+        control_purpose = "candidate" if kind == "responses" else "embedding"
 
         async def handle(request: web.Request) -> web.Response:
             execution_id = request.headers.get(EXECUTION_HEADER)
-            if not _valid_execution_id(execution_id):
-                return _json(
-                    400,
-                    error_body(
-                        "missing_execution_id",
-                        f"model calls need the {EXECUTION_HEADER} header (set by the grader "
-                        "worker's ctx); call models through ctx.responses_create / "
-                        "ctx.embeddings_create",
-                    ),
-                )
+            purpose = None if budgeted else request.headers.get(PURPOSE_HEADER) or control_purpose
+            problem = _header_problem(execution_id, purpose, budgeted)
+            if problem is not None:
+                return _json(400, problem)
             answer = await service.model_call(
-                kind, await request.read(), execution_id, None, budgeted=True
+                kind, await request.read(), execution_id, purpose, budgeted=budgeted
             )
             return _json(answer.status, answer.body)
 
@@ -366,10 +380,10 @@ class ProxyApps:
     # -- control listener --------------------------------------------------------------------
     def control_app(self) -> web.Application:
         app = web.Application(
-            client_max_size=limits.BRIDGE_REQUEST_BODY_BYTES, middlewares=[self._token_check]
+            client_max_size=limits.BRIDGE_REQUEST_BODY_BYTES, middlewares=[self._guard]
         )
-        app.router.add_post("/v1/responses", self._control_call("responses"))
-        app.router.add_post("/v1/embeddings", self._control_call("embeddings"))
+        app.router.add_post("/v1/responses", self._model_route("responses", budgeted=False))
+        app.router.add_post("/v1/embeddings", self._model_route("embeddings", budgeted=False))
         app.router.add_post("/evalkube/v1/executions:open", self._executions_open)
         app.router.add_post("/evalkube/v1/usage:take", self._usage_take)
         app.router.add_get("/evalkube/v1/budget", self._budget_get)
@@ -380,9 +394,11 @@ class ProxyApps:
         return app
 
     @web.middleware
-    async def _token_check(
+    async def _guard(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        """Refuses control requests without the control token (when one is configured) and
+        answers a body that does not match its route's shape with 400."""
         if self.control_token is not None and request.path != "/healthz":
             sent = request.headers.get(CONTROL_TOKEN_HEADER, "")
             if not hmac.compare_digest(sent.encode(), self.control_token.encode()):
@@ -392,47 +408,20 @@ class ProxyApps:
                         "unauthorized", f"control requests need the {CONTROL_TOKEN_HEADER} header"
                     ),
                 )
-        return await handler(request)
-
-    def _control_call(self, kind: Kind) -> Callable[[web.Request], Awaitable[web.Response]]:
-        service = self.service
-
-        async def handle(request: web.Request) -> web.Response:
-            execution_id = request.headers.get(EXECUTION_HEADER)
-            if execution_id is not None and not _valid_execution_id(execution_id):
-                return _json(400, error_body("invalid_request", f"bad {EXECUTION_HEADER} header"))
-            purpose = request.headers.get(PURPOSE_HEADER) or (
-                "candidate" if kind == "responses" else "embedding"
-            )
-            if purpose not in ("candidate", "judge", "embedding"):
-                return _json(
-                    400,
-                    error_body(
-                        "invalid_request",
-                        f"{PURPOSE_HEADER} must be candidate, judge or embedding",
-                    ),
-                )
-            answer = await service.model_call(
-                kind, await request.read(), execution_id, purpose, budgeted=False
-            )
-            return _json(answer.status, answer.body)
-
-        return handle
-
-    async def _usage_take(self, request: web.Request) -> web.Response:
         try:
-            body = USAGE_TAKE.parse(await request.read())
+            return await handler(request)
         except BodyError as exc:
             return _json(400, error_body("invalid_request", str(exc)))
+
+    async def _usage_take(self, request: web.Request) -> web.Response:
+        body = USAGE_TAKE.parse(await request.read())
         ids = None if body.execution_ids == "*" else body.execution_ids
         return _json(200, json.dumps(self.service.take_usage(ids)).encode())
 
     async def _executions_open(self, request: web.Request) -> web.Response:
+        tokens = EXECUTIONS_OPEN.parse(await request.read()).tokens
         try:
-            tokens = EXECUTIONS_OPEN.parse(await request.read()).tokens
             self.service.budgets.open(tokens)
-        except BodyError as exc:
-            return _json(400, error_body("invalid_request", str(exc)))
         except ValueError as exc:
             return _json(409, error_body("invalid_request", str(exc)))
         return _json(200, json.dumps({"opened": len(tokens)}).encode())
@@ -441,10 +430,7 @@ class ProxyApps:
         return _json(200, json.dumps(self.service.budgets.snapshot()).encode())
 
     async def _budget_put(self, request: web.Request) -> web.Response:
-        try:
-            body = UNIT_BUDGET.parse(await request.read())
-        except BodyError as exc:
-            return _json(400, error_body("invalid_request", str(exc)))
+        body = UNIT_BUDGET.parse(await request.read())
         self.service.budgets.configure_unit(
             body.unit_id, body.max_calls_per_execution, body.planned_executions
         )
@@ -494,7 +480,6 @@ class ProxyServer:
         self.endpoint: str | None = None
         self.control_endpoint: str | None = None
         self._runners: list[web.AppRunner] = []
-        self._paths: list[Path] = []
 
     async def start(self) -> None:
         if self.listen:
@@ -512,38 +497,16 @@ class ProxyServer:
         site = web.SockSite(runner, sock, backlog=LISTEN_BACKLOG)
         await site.start()
         self._runners.append(runner)
-        if endpoint.startswith("unix:"):
-            self._paths.append(Path(endpoint[len("unix:") :]))
         return endpoint
 
     async def stop(self) -> None:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
-        for path in self._paths:
-            path.unlink(missing_ok=True)
+        for endpoint in (self.endpoint, self.control_endpoint):
+            if endpoint is not None and endpoint.startswith("unix:"):
+                Path(endpoint.removeprefix("unix:")).unlink(missing_ok=True)
         await self.service.aclose()
-
-
-def build_service(
-    upstream: Upstream,
-    *,
-    judge_model: str | None,
-    embedding_model: str | None,
-    registry: CollectorRegistry | None = None,
-    max_calls_per_execution: int,
-    planned_executions: int | None,
-    unit_id: str = "default",
-) -> ProxyService:
-    """A :class:`ProxyService` with fresh budgets, usage and metrics (on ``registry``)."""
-    budgets = Budgets(max_calls_per_execution, planned_executions, unit_id)
-    return ProxyService(
-        upstream,
-        judge_model=judge_model,
-        embedding_model=embedding_model,
-        budgets=budgets,
-        metrics=ProxyMetrics(registry if registry is not None else CollectorRegistry()),
-    )
 
 
 #: ``asyncio`` forces the standard library's event loop even where uvloop is installed.
@@ -555,11 +518,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     transport work: 16% fewer instructions per proxied call, counted with callgrind),
     else asyncio's."""
     if os.environ.get(EVENT_LOOP_ENV, "").lower() != "asyncio":
-        try:
+        with contextlib.suppress(ImportError):
             import uvloop
-        except ImportError:
-            pass
-        else:
+
             return uvloop.new_event_loop()
     return asyncio.new_event_loop()
 
@@ -576,11 +537,9 @@ async def run_until_stopped(server: ProxyServer, stop: asyncio.Event | None = No
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
-        try:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, stop.set)
             installed.append(signum)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
     await server.start()
     log.info(
         "model bridge proxy listening: graders %s, control %s",
@@ -639,25 +598,19 @@ def serve_forever(settings: ProxySettings, registry: CollectorRegistry | None = 
             ),
         )
 
-    async def main() -> None:
-        service = build_service(
-            Upstream(providers, retries=retries, egress=settings.egress()),
-            judge_model=judge_model,
-            embedding_model=embedding_model,
-            registry=registry,
-            max_calls_per_execution=settings.max_calls,
-            planned_executions=settings.planned_executions,
-            unit_id=settings.unit_id,
-        )
-        server = ProxyServer(
-            service,
-            listen=settings.listen,
-            control_listen=settings.control_listen,
-            control_token=token,
-        )
-        await run_until_stopped(server)
-
-    run(main())
+    service = ProxyService(
+        Upstream(providers, retries=retries, egress=settings.egress()),
+        judge_model=judge_model,
+        embedding_model=embedding_model,
+        registry=registry,
+        max_calls_per_execution=settings.max_calls,
+        planned_executions=settings.planned_executions,
+        unit_id=settings.unit_id,
+    )
+    server = ProxyServer(
+        service, listen=settings.listen, control_listen=settings.control_listen, control_token=token
+    )
+    run(run_until_stopped(server))
 
 
 def _native_engine(engine: str, judge_model: str | None, embedding_model: str | None) -> str | None:

@@ -16,6 +16,7 @@ Measured on this project's 2-core machines (``docs/proxy.md``), httpx's client c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import os
@@ -43,6 +44,8 @@ REDACTED = "[redacted]"
 RESPONSES_API = "responses"
 CHAT_COMPLETIONS_API = "chat_completions"
 RESPONSES_PATH = "/responses"
+#: Connections one :class:`Upstream` keeps open at most (all of them may go to one host).
+MAX_CONNECTIONS = 128
 
 
 class UpstreamError(RuntimeError):
@@ -167,10 +170,8 @@ def retry_after_seconds(value: str | None, now: Callable[[], float] = time.time)
     if not value:
         return None
     value = value.strip()
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(value))
-    except ValueError:
-        pass
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -191,10 +192,6 @@ class UpstreamReply:
 class Upstream:
     """Calls providers' Responses and Embeddings APIs with retries and safe errors.
 
-    Responses calls go through :meth:`responses_call` / :meth:`post_call` (or
-    :meth:`responses_create`), which speak Chat Completions to ``api: chat_completions``
-    providers.
-
     Create it inside a running event loop (or use ``async with``); close it with
     :meth:`aclose`. ``on_retry(provider, reason)`` is called before each retry (metrics).
     """
@@ -206,7 +203,6 @@ class Upstream:
         retries: int = 4,
         backoff_base: float = 0.5,
         backoff_max: float = 30.0,
-        max_connections: int = 128,
         on_retry: Callable[[str, str], None] | None = None,
         egress: EgressGateway | None = None,
     ) -> None:
@@ -216,7 +212,6 @@ class Upstream:
         self.retries = retries
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
-        self.max_connections = max_connections
         self.on_retry = on_retry
         self.egress = egress
         self._session: aiohttp.ClientSession | None = None
@@ -229,9 +224,7 @@ class Upstream:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self.max_connections, limit_per_host=self.max_connections
-                ),
+                connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS),
                 auto_decompress=True,
                 skip_auto_headers=("User-Agent",),
                 cookie_jar=aiohttp.DummyCookieJar(),
@@ -263,8 +256,7 @@ class Upstream:
 
     async def call(self, provider_name: str, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST ``body`` to ``provider``'s ``path``; retry transient failures; return JSON."""
-        reply = await self.post(provider_name, path, json.dumps(body).encode("utf-8"))
-        return reply.data
+        return (await self.post(provider_name, path, json.dumps(body).encode("utf-8"))).data
 
     def responses_call(self, provider_name: str, body: Mapping[str, Any]) -> tuple[str, bytes]:
         """Path and payload of the Responses request ``body`` for the provider: as is, or
@@ -382,7 +374,7 @@ class Upstream:
                 reason = response.reason or ""
                 refused = refusal(response.headers, status, reason)
         except EgressUnavailable as exc:
-            raise _egress_failure(name, provider.base_url, str(exc)) from None
+            raise _unreachable(name, provider.base_url, f"connection failed ({exc})") from None
         except TimeoutError:
             raise UpstreamError(
                 f"provider {name} timed out after {provider.timeout:g} s",
@@ -390,14 +382,9 @@ class Upstream:
                 kind="timeout",
             ) from None
         except aiohttp.ClientError as exc:
-            raise UpstreamError(
-                f"provider {name} is unreachable at {_origin(provider.base_url)}: "
-                f"{_transport_reason(exc)}",
-                provider=name,
-                kind="unreachable",
-            ) from None
+            raise _unreachable(name, provider.base_url, _transport_reason(exc)) from None
         if refused is not None:
-            raise _egress_failure(name, provider.base_url, refused)
+            raise _unreachable(name, provider.base_url, f"connection failed ({refused})")
         if status < 400:
             return raw, _decode(raw, name, status)
         if status in (401, 403):
@@ -417,33 +404,22 @@ class Upstream:
         )
 
 
-def _transient(failure: BaseException) -> bool:
+def _transient(failure: UpstreamError) -> bool:
     """Worth another attempt: a timeout, an unreachable provider or refusing gateway (a rotated
     grant or key may be mounted meanwhile), HTTP 429 or 5xx; never 401/403 nor other 4xx."""
-    if not isinstance(failure, UpstreamError):
-        return False
     if failure.kind in ("timeout", "unreachable"):
         return True
-    return (
-        failure.kind == "http"
-        and failure.status is not None
-        and (failure.status == 429 or failure.status >= 500)
-    )
+    return failure.kind == "http" and (failure.status == 429 or (failure.status or 0) >= 500)
 
 
 def _decode(raw: bytes, provider_name: str, status: int) -> dict[str, Any]:
     try:
-        data = json.loads(raw)
+        data, problem = json.loads(raw), "a non-object"
     except ValueError:
-        raise UpstreamError(
-            f"provider {provider_name} answered with invalid JSON",
-            status=status,
-            provider=provider_name,
-            kind="invalid_response",
-        ) from None
+        data, problem = None, "invalid JSON"
     if not isinstance(data, dict):
         raise UpstreamError(
-            f"provider {provider_name} answered with a non-object",
+            f"provider {provider_name} answered with {problem}",
             status=status,
             provider=provider_name,
             kind="invalid_response",
@@ -451,12 +427,11 @@ def _decode(raw: bytes, provider_name: str, status: int) -> dict[str, Any]:
     return data
 
 
-def _egress_failure(provider_name: str, base_url: str, reason: str) -> UpstreamError:
-    """The gateway refused the call or the grant is unreadable: unreachable, retried (a
-    rotated grant or key may be mounted by the next attempt)."""
+def _unreachable(provider_name: str, base_url: str, reason: str) -> UpstreamError:
+    """A transport failure, a refusing egress gateway or an unreadable grant: unreachable,
+    hence retried (a rotated grant or key may be mounted by the next attempt)."""
     return UpstreamError(
-        f"provider {provider_name} is unreachable at {_origin(base_url)}: "
-        f"connection failed ({reason})",
+        f"provider {provider_name} is unreachable at {_origin(base_url)}: {reason}",
         provider=provider_name,
         kind="unreachable",
     )
@@ -481,20 +456,19 @@ def _transport_reason(exc: aiohttp.ClientError) -> str:
 
 
 def _error_message(raw: bytes, reason: str) -> str:
+    """The provider's own explanation: ``error.message``, ``error``, or ``message`` (vLLM's
+    ``{"object": "error", "message": ...}``); a body that is not JSON as text."""
     try:
         data = json.loads(raw)
     except ValueError:
         text = raw.decode("utf-8", "replace").strip()
         return (text or reason or "error")[: limits.PROVIDER_ERROR_CHARS]
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])[: limits.PROVIDER_ERROR_CHARS]
-        if isinstance(error, str):
-            return error[: limits.PROVIDER_ERROR_CHARS]
-        if isinstance(data.get("message"), str):  # vLLM: {"object": "error", "message": ...}
-            return str(data["message"])[: limits.PROVIDER_ERROR_CHARS]
-    return reason or "error"
+    message = data.get("error") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        message = message.get("message")
+    if isinstance(data, dict) and not isinstance(message, str):
+        message = data.get("message")
+    return message[: limits.PROVIDER_ERROR_CHARS] if isinstance(message, str) else reason or "error"
 
 
 def response_output_text(response: Mapping[str, Any]) -> str:

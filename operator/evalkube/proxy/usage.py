@@ -8,8 +8,9 @@ its event loop only (the in-process bridge hops onto that loop to take usage).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 #: Token usage fields summed per execution (Responses and Embeddings APIs).
@@ -26,16 +27,6 @@ class ExecutionUsage:
     usage: dict[str, int] = field(default_factory=dict)
     latency_ms: list[float] = field(default_factory=list)
     by_purpose: dict[str, int] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "calls": self.calls,
-            "errors": self.errors,
-            "response_ids": list(self.response_ids),
-            "usage": dict(self.usage),
-            "latency_ms": list(self.latency_ms),
-            "by_purpose": dict(self.by_purpose),
-        }
 
 
 def token_usage(answer: Mapping[str, Any]) -> dict[str, int]:
@@ -54,7 +45,7 @@ class UsageLedger:
     """Usage by execution id, until the runner takes it."""
 
     def __init__(self) -> None:
-        self._executions: dict[str, ExecutionUsage] = {}
+        self._executions: defaultdict[str, ExecutionUsage] = defaultdict(ExecutionUsage)
 
     def record(
         self,
@@ -66,9 +57,7 @@ class UsageLedger:
         tokens: Mapping[str, int] | None = None,
         ok: bool = True,
     ) -> None:
-        entry = self._executions.get(execution_id)
-        if entry is None:
-            entry = self._executions[execution_id] = ExecutionUsage()
+        entry = self._executions[execution_id]
         entry.calls += 1
         if not ok:
             entry.errors += 1
@@ -76,22 +65,18 @@ class UsageLedger:
         entry.latency_ms.append(round(latency_ms, 3))
         if response_id:
             entry.response_ids.append(response_id)
-        if tokens:
-            for name, value in tokens.items():
-                entry.usage[name] = entry.usage.get(name, 0) + value
+        for name, value in (tokens or {}).items():
+            entry.usage[name] = entry.usage.get(name, 0) + value
 
-    def take(self, execution_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """Remove and return the usage of ``execution_ids`` (ids without calls are absent)."""
+    def take(self, execution_ids: Iterable[str] | None) -> dict[str, dict[str, Any]]:
+        """Remove and return the usage of ``execution_ids`` (ids without calls are absent;
+        ``None``: of every execution)."""
         taken: dict[str, dict[str, Any]] = {}
-        for execution_id in execution_ids:
+        for execution_id in list(self._executions) if execution_ids is None else execution_ids:
             entry = self._executions.pop(execution_id, None)
             if entry is not None:
-                taken[execution_id] = entry.to_json()
+                taken[execution_id] = asdict(entry)
         return taken
-
-    def take_all(self) -> dict[str, dict[str, Any]]:
-        """Remove and return everything recorded."""
-        return self.take(list(self._executions))
 
     def __len__(self) -> int:
         return len(self._executions)

@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from evalkube.proxy.server import ProxyApps, build_service
+from evalkube.proxy.server import ProxyApps, ProxyService
 from evalkube.proxy.upstream import Provider, Upstream
 
 pytestmark = pytest.mark.timeout(20)
@@ -21,7 +21,7 @@ Body = Callable[[TestClient[Any, Any]], Awaitable[None]]
 
 def serve(body: Body) -> None:
     async def main() -> None:
-        service = build_service(
+        service = ProxyService(
             Upstream({"openai": Provider("openai", "http://127.0.0.1:9")}),
             judge_model="openai:judge",
             embedding_model=None,

@@ -13,7 +13,7 @@ from evalkube.models.run import EvalRunSpec
 from evalkube.proxy.budgets import BudgetExhausted, Budgets, UnknownExecution
 from evalkube.proxy.metrics import ProxyMetrics
 from evalkube.proxy.providers import key_file_env, load_run_spec, providers_from_spec
-from evalkube.proxy.server import build_service
+from evalkube.proxy.server import ProxyService
 from evalkube.proxy.upstream import (
     Provider,
     ProviderAuth,
@@ -206,7 +206,7 @@ def test_load_run_spec_forms(tmp_path: Path) -> None:
 def test_model_resolution_rules() -> None:
     async def check() -> None:
         upstream = Upstream({"openai": Provider("openai", "http://x")})
-        service = build_service(
+        service = ProxyService(
             upstream,
             judge_model="openai:gpt-judge",
             embedding_model=None,
