@@ -46,10 +46,8 @@ from evalkube.store.wire import ANSWER_LOOKUP, KEPT_ANSWERS, SAMPLE_UPDATES, SET
 PREFIX = "/api/v1/namespaces/{namespace}/evalruns/{name}"
 #: Looks a run up from durable state: ``(namespace, name) -> entry`` or ``None`` (no such run).
 RunResolver = Callable[[str, str], Awaitable[RunEntry | None]]
-Row = TypeVar("Row")
 #: Rows a streamed answer reads from the store per step (bounds the handler's memory).
 STREAM_BATCH = 2_000
-
 _T = TypeVar("_T")
 
 
@@ -165,10 +163,9 @@ class ApiServer:
         """The run from the registry, else from durable state (then remembered)."""
         entry = self.registry.get(namespace, name)
         if entry is None and self.resolve is not None:
-            resolved = await self.resolve(namespace, name)
-            if resolved is not None:
-                self.registry.register(resolved)
-                entry = resolved
+            entry = await self.resolve(namespace, name)
+            if entry is not None:
+                self.registry.register(entry)
         return entry
 
     @staticmethod
@@ -349,7 +346,7 @@ async def _task_model_ids(
 
 
 async def _stream_ndjson(
-    request: web.Request, source: Callable[[], Iterator[Row]], shape: Callable[[Row], Any]
+    request: web.Request, source: Callable[[], Iterator[_T]], shape: Callable[[_T], Any]
 ) -> web.StreamResponse:
     """Write ``shape(row)`` for each row of ``source`` as NDJSON. The store is read a batch at
     a time on one thread of its own (a store cursor stays on the thread that opened it, and is

@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import difflib
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -111,9 +110,7 @@ class _Converter:
         self.defs = defs
 
     def convert(self, node: Schema) -> Schema:
-        node = dict(node)
-        if "$ref" in node:
-            node = self._merge_ref(node)
+        node = dict(self._branch(node))
         if "allOf" in node and len(node["allOf"]) == 1:
             inner = node.pop("allOf")[0]
             node = _combine(self._branch(inner), node)
@@ -132,10 +129,8 @@ class _Converter:
                 out[key] = {name: self.convert(sub) for name, sub in value.items()}
             elif key == "items":
                 out[key] = self.convert(value)
-            elif key == "exclusiveMinimum" and not isinstance(value, bool):
-                out["minimum"], out["exclusiveMinimum"] = value, True
-            elif key == "exclusiveMaximum" and not isinstance(value, bool):
-                out["maximum"], out["exclusiveMaximum"] = value, True
+            elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+                out[key.removeprefix("exclusive").lower()], out[key] = value, True
             elif key == "uniqueItems":
                 raise ValueError("uniqueItems is not allowed in a CRD; use a CEL rule")
             else:
@@ -166,24 +161,27 @@ class _Converter:
         rest = {k: v for k, v in node.items() if k != "anyOf"}
         if len(branches) == 1:
             out = self.convert(_combine(self._branch(branches[0]), rest))
-            if nullable:
-                out["nullable"] = True
-            return out
-        # A union of different shapes (string | list) cannot be structural: the value is kept
-        # as given. CEL cannot check it either (the API server gives untyped fields no CEL
-        # type: "undefined field"), so its shape is checked by the operator (pydantic) and
-        # reported on the EvalSuite's Ready condition.
-        if CLUSTER_KEY in rest or RULES_KEY in rest:
-            raise ValueError("a field of several shapes can carry no CRD bound or CEL rule")
-        out = {}
-        for key in ("description", "default"):
-            if key in rest and rest[key] is not None:
-                out[key] = _clean_text(rest[key]) if key == "description" else rest[key]
-        forms = " or ".join(sorted({_FORMS[self._branch(b)["type"]] for b in branches}))
-        out["description"] = f"{out.get('description', '')} One of: {forms}.".strip()
-        out["x-kubernetes-preserve-unknown-fields"] = True
+        else:
+            out = self._any_shape(rest, branches)
         if nullable:
             out["nullable"] = True
+        return out
+
+    def _any_shape(self, field: Schema, branches: list[Schema]) -> Schema:
+        """A union of different shapes (string | list) cannot be structural: the value is kept
+        as given. CEL cannot check it either (the API server gives untyped fields no CEL type:
+        "undefined field"), so its shape is checked by the operator (pydantic) and reported on
+        the EvalSuite's Ready condition."""
+        if CLUSTER_KEY in field or RULES_KEY in field:
+            raise ValueError("a field of several shapes can carry no CRD bound or CEL rule")
+        forms = " or ".join(sorted({_FORMS[self._branch(b)["type"]] for b in branches}))
+        description = _clean_text(field.get("description") or "")
+        out: Schema = {
+            "description": f"{description} One of: {forms}.".strip(),
+            "x-kubernetes-preserve-unknown-fields": True,
+        }
+        if field.get("default") is not None:
+            out["default"] = field["default"]
         return out
 
     def _branch(self, branch: Schema) -> Schema:
@@ -224,8 +222,8 @@ _AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"
 
 @dataclass(frozen=True)
 class _Kind:
-    """A kind's short name and printer columns; its description is the top-level model's
-    docstring, its plural the lower-case kind with an ``s``."""
+    """A kind's short name and printer columns (``Age`` follows); its description is the
+    top-level model's docstring, its plural the lower-case kind with an ``s``."""
 
     model: type[BaseModel]
     short_name: str
@@ -251,13 +249,11 @@ _SUITE_COLUMNS = (
         '.status.conditions[?(@.type=="Ready")].status',
         "Whether the graders compile and every reference resolves.",
     ),
-    _AGE,
 )
 _RUN_COLUMNS = (
     _column("Phase", ".status.phase", "Pending, Running, Succeeded or Failed."),
     _column("Suite", ".spec.suiteRef.name", "The EvalSuite this run evaluates."),
     _column("Score", ".status.summary", "Score summary written by the operator."),
-    _AGE,
 )
 _SCHEDULE_COLUMNS = (
     _column("Schedule", ".spec.schedule", "Cron expression (in the time zone)."),
@@ -269,7 +265,6 @@ _SCHEDULE_COLUMNS = (
         "The latest scheduled time a run was created for.",
         "date",
     ),
-    _AGE,
 )
 _KINDS: Final = {
     kind.kind: kind
@@ -327,7 +322,7 @@ def crd(name: str) -> Schema:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": list(kind.columns),
+                    "additionalPrinterColumns": [*kind.columns, _AGE],
                     "schema": {"openAPIV3Schema": _openapi(kind)},
                 }
             ],
@@ -358,8 +353,8 @@ def render_crd(crd: Schema) -> str:
     return HEADER + body
 
 
-def _expected(crds: Iterable[Schema] | None = None) -> dict[str, str]:
-    return {crd_filename(c): render_crd(c) for c in (all_crds() if crds is None else crds)}
+def _expected() -> dict[str, str]:
+    return {crd_filename(c): render_crd(c) for c in all_crds()}
 
 
 def write_crds(directory: Path | str) -> list[Path]:

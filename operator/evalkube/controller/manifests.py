@@ -40,20 +40,16 @@ EGRESS_GRANT_DIR = "/var/run/secrets/evalkube/egress"
 EGRESS_GRANT_KEY = "grant"
 #: Where the sandbox image keeps ``evalkube_sandbox`` (isolated mode ignores PYTHONPATH).
 SANDBOX_PACKAGE_DIR = "/opt/evalkube"
-SANDBOX_BOOTSTRAP = (
-    f"import sys, runpy; sys.path.insert(0, {SANDBOX_PACKAGE_DIR!r}); "
-    "runpy.run_module('evalkube_sandbox', run_name='__main__')"
-)
 
 
 def sandbox_bootstrap(environment: str | None) -> str:
     """The grader container's bootstrap: the worker package first; the image's grader
     environment (:data:`INSIDE_ENVIRONMENT`) after the standard library, unless the task asks
     for ``stdlib``."""
-    if environment == STDLIB:
-        return SANDBOX_BOOTSTRAP
-    return SANDBOX_BOOTSTRAP.replace(
-        "; runpy.", f"; sys.path.append({INSIDE_ENVIRONMENT!r}); runpy.", 1
+    inside = "" if environment == STDLIB else f"sys.path.append({INSIDE_ENVIRONMENT!r}); "
+    return (
+        f"import sys, runpy; sys.path.insert(0, {SANDBOX_PACKAGE_DIR!r}); {inside}"
+        "runpy.run_module('evalkube_sandbox', run_name='__main__')"
     )
 
 
