@@ -58,14 +58,17 @@ NOBODY = 65534
 GVISOR_MOUNT_ANNOTATION = "dev.gvisor.spec.mount"
 
 
+def _labels(run_name: str, component: str) -> dict[str, str]:
+    """What the run's objects are labelled with, and the run's policy selects its pods by."""
+    return {names.LABEL_RUN: names.run_label(run_name), names.LABEL_COMPONENT: component}
+
+
 def _meta(owner: Mapping[str, Any], name: str, component: str) -> dict[str, Any]:
-    run_name = owner["metadata"]["name"]
     return {
         "name": name,
         "namespace": owner["metadata"]["namespace"],
         "labels": {
-            names.LABEL_RUN: names.run_label(run_name),
-            names.LABEL_COMPONENT: component,
+            **_labels(owner["metadata"]["name"], component),
             names.LABEL_MANAGED_BY: names.MANAGED_BY,
         },
         # deleting the EvalRun deletes what it owns
@@ -166,12 +169,7 @@ def network_policy(
         "kind": "NetworkPolicy",
         "metadata": _meta(owner, names.network_policy_name(run_name), "network-policy"),
         "spec": {
-            "podSelector": {
-                "matchLabels": {
-                    names.LABEL_RUN: names.run_label(run_name),
-                    names.LABEL_COMPONENT: "work-unit",
-                }
-            },
+            "podSelector": {"matchLabels": _labels(run_name, "work-unit")},
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [],
             "egress": egress,

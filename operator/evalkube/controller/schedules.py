@@ -94,7 +94,10 @@ class ScheduleReconciler:
         scheduled: list[Condition] = []
         if due.time is not None:
             reason, active = await self._fire(body, spec, due, active)
-            scheduled = [_scheduled_condition(reason, due.time, generation)]
+            message = _MESSAGES[reason].format(format_time(due.time))
+            scheduled = [
+                condition("Scheduled", reason == "RunCreated", reason, message, generation)
+            ]
             if reason == "RunCreated":
                 last_scheduled = due.time
         succeeded = [
@@ -168,14 +171,10 @@ def _scheduled(run: Mapping[str, Any]) -> ScheduledRun:
     )
 
 
+#: The Scheduled condition's message by its reason.
 _MESSAGES = {
     "RunCreated": "created the run of {}",
     "Suspended": "suspended: no run for {}",
     "MissedStartingDeadline": "{} was missed by more than startingDeadlineSeconds; skipped",
     "ConcurrencyForbidden": "a run is still active: {} waits (concurrencyPolicy Forbid)",
 }
-
-
-def _scheduled_condition(reason: str, when: datetime, generation: int | None) -> Condition:
-    message = _MESSAGES[reason].format(format_time(when))
-    return condition("Scheduled", reason == "RunCreated", reason, message, generation)
