@@ -118,13 +118,10 @@ class _Converter:
             return self._union(node)
         out: Schema = {}
         for key, value in node.items():
-            if key in _DROPPED:
+            if key in _DROPPED or (key == "default" and value is None):
                 continue
             if key == "description":
                 out[key] = _clean_text(value)
-            elif key == "default":
-                if value is not None:
-                    out[key] = value
             elif key == "properties":
                 out[key] = {name: self.convert(sub) for name, sub in value.items()}
             elif key == "items":
@@ -201,10 +198,7 @@ def _combine(model: Schema, field: Schema) -> Schema:
 
 def structural_schema(model: type[BaseModel] | Any) -> Schema:
     """The structural OpenAPI v3 schema of a pydantic model (or any type) as the CRD holds it."""
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        raw = model.model_json_schema(by_alias=True, mode="validation")
-    else:
-        raw = TypeAdapter(model).json_schema(by_alias=True, mode="validation")
+    raw = TypeAdapter(model).json_schema(by_alias=True, mode="validation")
     return _Converter(raw.get("$defs", {})).convert(raw)
 
 

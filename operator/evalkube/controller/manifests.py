@@ -177,15 +177,6 @@ def network_policy(
     }
 
 
-def active_deadline(
-    unit: Unit, timeout_seconds: int, preprocess_timeout: int, settings: OperatorSettings
-) -> int:
-    """Worst case of the unit's executions plus slack, capped at a day."""
-    rows = max(1, unit.stop - unit.start) if unit.kind == "shard" else 1
-    worst = rows * (timeout_seconds + preprocess_timeout)
-    return int(min(86_400, worst + settings.active_deadline_slack_seconds))
-
-
 def _mount(volume: str, path: str, read_only: bool = False) -> dict[str, Any]:
     return {"name": volume, "mountPath": path, **({"readOnly": True} if read_only else {})}
 
@@ -371,6 +362,9 @@ def unit_job(
     if settings.node_selector:
         pod_spec["nodeSelector"] = dict(settings.node_selector)
     annotations = {**gvisor_mount_hints(pod_spec), **settings.pod_annotations}
+    # the deadline: the worst case of the unit's executions plus slack, capped at a day
+    rows = max(1, unit.stop - unit.start) if unit.kind == "shard" else 1
+    worst = rows * (timeout_seconds + preprocess_timeout) + settings.active_deadline_slack_seconds
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -379,9 +373,7 @@ def unit_job(
             **({"suspend": True} if spec.queue_name else {}),
             "backoffLimit": settings.job_backoff_limit,
             "ttlSecondsAfterFinished": settings.job_ttl_seconds,
-            "activeDeadlineSeconds": active_deadline(
-                unit, timeout_seconds, preprocess_timeout, settings
-            ),
+            "activeDeadlineSeconds": min(86_400, worst),
             "template": {
                 "metadata": {"labels": pod_labels, "annotations": annotations},
                 "spec": pod_spec,
