@@ -27,23 +27,13 @@ import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 import yaml
 from pydantic import BaseModel, TypeAdapter
 
-from evalkube.models import (
-    EvalRun,
-    EvalRunSpec,
-    EvalRunStatus,
-    EvalSchedule,
-    EvalScheduleSpec,
-    EvalScheduleStatus,
-    EvalSuite,
-    EvalSuiteSpec,
-)
+from evalkube.models import EvalRun, EvalSchedule, EvalSuite
 from evalkube.models.crd import CLUSTER_KEY, RULES_KEY
-from evalkube.models.suite import EvalSuiteStatus
 
 __all__ = [
     "CATEGORY",
@@ -217,12 +207,11 @@ _AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"
 @dataclass(frozen=True)
 class _Kind:
     """A kind's short name and printer columns (``Age`` follows); its description is the
-    top-level model's docstring, its plural the lower-case kind with an ``s``."""
+    top-level model's docstring, its plural the lower-case kind with an ``s``, its spec and
+    status the models of the top-level model's fields."""
 
     model: type[BaseModel]
     short_name: str
-    spec: type[BaseModel]
-    status: type[BaseModel]
     columns: tuple[Schema, ...]
 
     @property
@@ -263,15 +252,17 @@ _SCHEDULE_COLUMNS = (
 _KINDS: Final = {
     kind.kind: kind
     for kind in (
-        _Kind(EvalSuite, "evs", EvalSuiteSpec, EvalSuiteStatus, _SUITE_COLUMNS),
-        _Kind(EvalRun, "evr", EvalRunSpec, EvalRunStatus, _RUN_COLUMNS),
-        _Kind(EvalSchedule, "evsc", EvalScheduleSpec, EvalScheduleStatus, _SCHEDULE_COLUMNS),
+        _Kind(EvalSuite, "evs", _SUITE_COLUMNS),
+        _Kind(EvalRun, "evr", _RUN_COLUMNS),
+        _Kind(EvalSchedule, "evsc", _SCHEDULE_COLUMNS),
     )
 }
 
 
 def _openapi(kind: _Kind) -> Schema:
-    status = structural_schema(kind.status)
+    fields = kind.model.model_fields
+    status_model, _none = get_args(fields["status"].annotation)  # `Status | None`
+    status = structural_schema(status_model)
     # kopf keeps its own bookkeeping (handler progress, returned values) under status unless
     # told otherwise; keep unknown status fields instead of pruning them. Known ones are typed.
     status["x-kubernetes-preserve-unknown-fields"] = True
@@ -283,7 +274,7 @@ def _openapi(kind: _Kind) -> Schema:
             "apiVersion": {"type": "string", "description": _TOP_LEVEL_DESCRIPTIONS["apiVersion"]},
             "kind": {"type": "string", "description": _TOP_LEVEL_DESCRIPTIONS["kind"]},
             "metadata": {"type": "object"},
-            "spec": structural_schema(kind.spec),
+            "spec": structural_schema(fields["spec"].annotation),
             "status": status,
         },
     }
