@@ -11,9 +11,9 @@ ingest port only; ``docs/security.md``):
   (``?status=&task=&model=&min_score=M=V&max_score=M=V&search=&limit=&cursor=``, as
   ``evalkube samples`` shows it; ``next_cursor`` pages on; ``metrics=true`` adds the run's
   metric names), and ``GET .../scores``, every sample's scores keyed by dataset row as NDJSON
-  (what ``evalkube compare --api`` pairs), both of which
-  always need a token: the operator's read token (``EVALKUBE_API_TOKEN``) or that run's own
-  token; plus ``/metrics`` and ``/healthz``.
+  (what ``evalkube compare --api`` pairs), both of which always need a token: the operator's
+  read token (``EVALKUBE_API_TOKEN``) or that run's own token; plus ``/metrics`` and
+  ``/healthz``.
 
 Store calls run in threads so the event loop (shared with kopf) never blocks.
 """

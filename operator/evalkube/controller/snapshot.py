@@ -123,8 +123,7 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
                 check.problems.append(str(exc))
                 continue
             check.sources[f"{task.id}/{kind}"] = (source, filename)
-            digest.update(f"{task.id}/{kind}".encode())
-            digest.update(source.encode())
+            digest.update(f"{task.id}/{kind}{source}".encode())
         dataset = task.dataset
         if dataset.rows is not None:
             check.datasets[task.id] = SnapshotDataset(rows=len(dataset.rows))
