@@ -100,10 +100,9 @@ class _Converter:
         self.defs = defs
 
     def convert(self, node: Schema) -> Schema:
-        node = dict(self._branch(node))
+        node = dict(self._resolve(node))
         if "allOf" in node and len(node["allOf"]) == 1:
-            inner = node.pop("allOf")[0]
-            node = _combine(self._branch(inner), node)
+            node = _combine(self._resolve(node.pop("allOf")[0]), node)
         if "anyOf" in node:
             return self._union(node)
         out: Schema = {}
@@ -137,17 +136,12 @@ class _Converter:
                 out.setdefault(key, copy.deepcopy(value))
         return out
 
-    def _merge_ref(self, node: Schema) -> Schema:
-        node = dict(node)
-        name = node.pop("$ref").rsplit("/", 1)[-1]
-        return _combine(copy.deepcopy(self.defs[name]), node)
-
     def _union(self, node: Schema) -> Schema:
         branches = [b for b in node["anyOf"] if b.get("type") != "null"]
         nullable = len(branches) < len(node["anyOf"])
         rest = {k: v for k, v in node.items() if k != "anyOf"}
         if len(branches) == 1:
-            out = self.convert(_combine(self._branch(branches[0]), rest))
+            out = self.convert(_combine(self._resolve(branches[0]), rest))
         else:
             out = self._any_shape(rest, branches)
         if nullable:
@@ -161,7 +155,7 @@ class _Converter:
         the EvalSuite's Ready condition."""
         if CLUSTER_KEY in field or RULES_KEY in field:
             raise ValueError("a field of several shapes can carry no CRD bound or CEL rule")
-        forms = " or ".join(sorted({_FORMS[self._branch(b)["type"]] for b in branches}))
+        forms = " or ".join(sorted({_FORMS[self._resolve(b)["type"]] for b in branches}))
         description = _clean_text(field.get("description") or "")
         out: Schema = {
             "description": f"{description} One of: {forms}.".strip(),
@@ -171,8 +165,13 @@ class _Converter:
             out["default"] = field["default"]
         return out
 
-    def _branch(self, branch: Schema) -> Schema:
-        return self._merge_ref(branch) if "$ref" in branch else branch
+    def _resolve(self, node: Schema) -> Schema:
+        """``node`` with its ``$ref`` (if any) replaced by the model it names."""
+        if "$ref" not in node:
+            return node
+        node = dict(node)
+        name = node.pop("$ref").rsplit("/", 1)[-1]
+        return _combine(copy.deepcopy(self.defs[name]), node)
 
 
 def _combine(model: Schema, field: Schema) -> Schema:
