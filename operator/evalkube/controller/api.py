@@ -11,9 +11,9 @@ ingest port only; ``docs/security.md``):
   (``?status=&task=&model=&min_score=M=V&max_score=M=V&search=&limit=&cursor=``, as
   ``evalkube samples`` shows it; ``next_cursor`` pages on; ``metrics=true`` adds the run's
   metric names), and ``GET .../scores``, every sample's scores keyed by dataset row as NDJSON
-  (what ``evalkube compare --api`` pairs), both of which
-  always need a token: the operator's read token (``EVALKUBE_API_TOKEN``) or that run's own
-  token; plus ``/metrics`` and ``/healthz``.
+  (what ``evalkube compare --api`` pairs), both of which always need a token: the operator's
+  read token (``EVALKUBE_API_TOKEN``) or that run's own token; plus ``/metrics`` and
+  ``/healthz``.
 
 Store calls run in threads so the event loop (shared with kopf) never blocks.
 """
@@ -46,10 +46,8 @@ from evalkube.store.wire import ANSWER_LOOKUP, KEPT_ANSWERS, SAMPLE_UPDATES, SET
 PREFIX = "/api/v1/namespaces/{namespace}/evalruns/{name}"
 #: Looks a run up from durable state: ``(namespace, name) -> entry`` or ``None`` (no such run).
 RunResolver = Callable[[str, str], Awaitable[RunEntry | None]]
-Row = TypeVar("Row")
 #: Rows a streamed answer reads from the store per step (bounds the handler's memory).
 STREAM_BATCH = 2_000
-
 _T = TypeVar("_T")
 
 
@@ -73,42 +71,39 @@ async def _parse(request: web.Request, shape: Shape[_T]) -> _T:
 
 
 RunRoute = Callable[["ApiServer", web.Request, RunEntry], Awaitable[web.StreamResponse]]
+Route = Callable[["ApiServer", web.Request], Awaitable[web.StreamResponse]]
 
 
-def _ingest(route: RunRoute) -> Callable[[ApiServer, web.Request], Awaitable[web.StreamResponse]]:
-    """A route of a run's pods: it needs the run's token, and acts on that run only."""
+def _run_route(reading: bool) -> Callable[[RunRoute], Route]:
+    """A route of one run. Its pods call a route with the run's token, and the route acts on
+    that run only; people and tools ``reading`` a run may also use the operator's read token,
+    and learn without a token not even whether the run exists."""
 
-    @functools.wraps(route)
-    async def authorized(self: ApiServer, request: web.Request) -> web.StreamResponse:
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
-        if await self._entry(namespace, name) is None:
-            return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
-        entry = self.registry.authorize(namespace, name, bearer_token(request.headers))
-        if entry is None:
-            return _error(401, "missing or wrong ingest token for this EvalRun")
-        return await route(self, request, entry)
+    def decorate(route: RunRoute) -> Route:
+        @functools.wraps(route)
+        async def authorized(self: ApiServer, request: web.Request) -> web.StreamResponse:
+            namespace, name = request.match_info["namespace"], request.match_info["name"]
+            entry = await self._entry(namespace, name)
+            token = bearer_token(request.headers)
+            own_token = self.registry.authorize(namespace, name, token) is not None
+            if reading and not (own_token or self._is_read_token(token)):
+                return _error(
+                    401,
+                    "reading a run needs a token: the operator's read token (the chart's "
+                    "api-token Secret, EVALKUBE_API_TOKEN) as 'Authorization: Bearer <token>'",
+                )
+            if entry is None:
+                return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
+            if not reading and not own_token:
+                return _error(401, "missing or wrong ingest token for this EvalRun")
+            return await route(self, request, entry)
 
-    return authorized
+        return authorized
+
+    return decorate
 
 
-def _reading(route: RunRoute) -> Callable[[ApiServer, web.Request], Awaitable[web.StreamResponse]]:
-    """A route people and tools read a run through: the operator's read token or the run's."""
-
-    @functools.wraps(route)
-    async def authorized(self: ApiServer, request: web.Request) -> web.StreamResponse:
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
-        entry = await self._entry(namespace, name)
-        if not self._may_read(request):
-            return _error(
-                401,
-                "reading a run needs a token: the operator's read token (the chart's "
-                "api-token Secret, EVALKUBE_API_TOKEN) as 'Authorization: Bearer <token>'",
-            )
-        if entry is None:
-            return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
-        return await route(self, request, entry)
-
-    return authorized
+_ingest, _reading = _run_route(reading=False), _run_route(reading=True)
 
 
 class ApiServer:
@@ -165,10 +160,9 @@ class ApiServer:
         """The run from the registry, else from durable state (then remembered)."""
         entry = self.registry.get(namespace, name)
         if entry is None and self.resolve is not None:
-            resolved = await self.resolve(namespace, name)
-            if resolved is not None:
-                self.registry.register(resolved)
-                entry = resolved
+            entry = await self.resolve(namespace, name)
+            if entry is not None:
+                self.registry.register(entry)
         return entry
 
     @staticmethod
@@ -195,15 +189,10 @@ class ApiServer:
         await asyncio.to_thread(self.store.record_samples, records)
         return _json({"recorded": len(records)})
 
-    def _may_read(self, request: web.Request) -> bool:
-        """The samples view needs the operator's read token or this run's own token."""
-        token = bearer_token(request.headers)
-        if not token:
-            return False
-        if self.read_token and hmac.compare_digest(token.encode(), self.read_token.encode()):
-            return True
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
-        return self.registry.authorize(namespace, name, token) is not None
+    def _is_read_token(self, token: str | None) -> bool:
+        """The operator's read token (constant-time compare) opens every run to reading."""
+        read = self.read_token
+        return bool(token and read and hmac.compare_digest(token.encode(), read.encode()))
 
     @_reading
     async def list_samples(self, request: web.Request, entry: RunEntry) -> web.Response:
@@ -349,7 +338,7 @@ async def _task_model_ids(
 
 
 async def _stream_ndjson(
-    request: web.Request, source: Callable[[], Iterator[Row]], shape: Callable[[Row], Any]
+    request: web.Request, source: Callable[[], Iterator[_T]], shape: Callable[[_T], Any]
 ) -> web.StreamResponse:
     """Write ``shape(row)`` for each row of ``source`` as NDJSON. The store is read a batch at
     a time on one thread of its own (a store cursor stays on the thread that opened it, and is

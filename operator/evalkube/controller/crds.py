@@ -25,26 +25,15 @@ from __future__ import annotations
 import copy
 import difflib
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 import yaml
 from pydantic import BaseModel, TypeAdapter
 
-from evalkube.models import (
-    EvalRun,
-    EvalRunSpec,
-    EvalRunStatus,
-    EvalSchedule,
-    EvalScheduleSpec,
-    EvalScheduleStatus,
-    EvalSuite,
-    EvalSuiteSpec,
-)
+from evalkube.models import EvalRun, EvalSchedule, EvalSuite
 from evalkube.models.crd import CLUSTER_KEY, RULES_KEY
-from evalkube.models.suite import EvalSuiteStatus
 
 __all__ = [
     "CATEGORY",
@@ -111,31 +100,23 @@ class _Converter:
         self.defs = defs
 
     def convert(self, node: Schema) -> Schema:
-        node = dict(node)
-        if "$ref" in node:
-            node = self._merge_ref(node)
+        node = dict(self._resolve(node))
         if "allOf" in node and len(node["allOf"]) == 1:
-            inner = node.pop("allOf")[0]
-            node = _combine(self._branch(inner), node)
+            node = _combine(self._resolve(node.pop("allOf")[0]), node)
         if "anyOf" in node:
             return self._union(node)
         out: Schema = {}
         for key, value in node.items():
-            if key in _DROPPED:
+            if key in _DROPPED or (key == "default" and value is None):
                 continue
             if key == "description":
                 out[key] = _clean_text(value)
-            elif key == "default":
-                if value is not None:
-                    out[key] = value
             elif key == "properties":
                 out[key] = {name: self.convert(sub) for name, sub in value.items()}
             elif key == "items":
                 out[key] = self.convert(value)
-            elif key == "exclusiveMinimum" and not isinstance(value, bool):
-                out["minimum"], out["exclusiveMinimum"] = value, True
-            elif key == "exclusiveMaximum" and not isinstance(value, bool):
-                out["maximum"], out["exclusiveMaximum"] = value, True
+            elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+                out[key.removeprefix("exclusive").lower()], out[key] = value, True
             elif key == "uniqueItems":
                 raise ValueError("uniqueItems is not allowed in a CRD; use a CEL rule")
             else:
@@ -155,39 +136,42 @@ class _Converter:
                 out.setdefault(key, copy.deepcopy(value))
         return out
 
-    def _merge_ref(self, node: Schema) -> Schema:
-        node = dict(node)
-        name = node.pop("$ref").rsplit("/", 1)[-1]
-        return _combine(copy.deepcopy(self.defs[name]), node)
-
     def _union(self, node: Schema) -> Schema:
         branches = [b for b in node["anyOf"] if b.get("type") != "null"]
         nullable = len(branches) < len(node["anyOf"])
         rest = {k: v for k, v in node.items() if k != "anyOf"}
         if len(branches) == 1:
-            out = self.convert(_combine(self._branch(branches[0]), rest))
-            if nullable:
-                out["nullable"] = True
-            return out
-        # A union of different shapes (string | list) cannot be structural: the value is kept
-        # as given. CEL cannot check it either (the API server gives untyped fields no CEL
-        # type: "undefined field"), so its shape is checked by the operator (pydantic) and
-        # reported on the EvalSuite's Ready condition.
-        if CLUSTER_KEY in rest or RULES_KEY in rest:
-            raise ValueError("a field of several shapes can carry no CRD bound or CEL rule")
-        out = {}
-        for key in ("description", "default"):
-            if key in rest and rest[key] is not None:
-                out[key] = _clean_text(rest[key]) if key == "description" else rest[key]
-        forms = " or ".join(sorted({_FORMS[self._branch(b)["type"]] for b in branches}))
-        out["description"] = f"{out.get('description', '')} One of: {forms}.".strip()
-        out["x-kubernetes-preserve-unknown-fields"] = True
+            out = self.convert(_combine(self._resolve(branches[0]), rest))
+        else:
+            out = self._any_shape(rest, branches)
         if nullable:
             out["nullable"] = True
         return out
 
-    def _branch(self, branch: Schema) -> Schema:
-        return self._merge_ref(branch) if "$ref" in branch else branch
+    def _any_shape(self, field: Schema, branches: list[Schema]) -> Schema:
+        """A union of different shapes (string | list) cannot be structural: the value is kept
+        as given. CEL cannot check it either (the API server gives untyped fields no CEL type:
+        "undefined field"), so its shape is checked by the operator (pydantic) and reported on
+        the EvalSuite's Ready condition."""
+        if CLUSTER_KEY in field or RULES_KEY in field:
+            raise ValueError("a field of several shapes can carry no CRD bound or CEL rule")
+        forms = " or ".join(sorted({_FORMS[self._resolve(b)["type"]] for b in branches}))
+        description = _clean_text(field.get("description") or "")
+        out: Schema = {
+            "description": f"{description} One of: {forms}.".strip(),
+            "x-kubernetes-preserve-unknown-fields": True,
+        }
+        if field.get("default") is not None:
+            out["default"] = field["default"]
+        return out
+
+    def _resolve(self, node: Schema) -> Schema:
+        """``node`` with its ``$ref`` (if any) replaced by the model it names."""
+        if "$ref" not in node:
+            return node
+        node = dict(node)
+        name = node.pop("$ref").rsplit("/", 1)[-1]
+        return _combine(copy.deepcopy(self.defs[name]), node)
 
 
 def _combine(model: Schema, field: Schema) -> Schema:
@@ -203,10 +187,7 @@ def _combine(model: Schema, field: Schema) -> Schema:
 
 def structural_schema(model: type[BaseModel] | Any) -> Schema:
     """The structural OpenAPI v3 schema of a pydantic model (or any type) as the CRD holds it."""
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        raw = model.model_json_schema(by_alias=True, mode="validation")
-    else:
-        raw = TypeAdapter(model).json_schema(by_alias=True, mode="validation")
+    raw = TypeAdapter(model).json_schema(by_alias=True, mode="validation")
     return _Converter(raw.get("$defs", {})).convert(raw)
 
 
@@ -224,13 +205,12 @@ _AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"
 
 @dataclass(frozen=True)
 class _Kind:
-    """A kind's short name and printer columns; its description is the top-level model's
-    docstring, its plural the lower-case kind with an ``s``."""
+    """A kind's short name and printer columns (``Age`` follows); its description is the
+    top-level model's docstring, its plural the lower-case kind with an ``s``, its spec and
+    status the models of the top-level model's fields."""
 
     model: type[BaseModel]
     short_name: str
-    spec: type[BaseModel]
-    status: type[BaseModel]
     columns: tuple[Schema, ...]
 
     @property
@@ -251,13 +231,11 @@ _SUITE_COLUMNS = (
         '.status.conditions[?(@.type=="Ready")].status',
         "Whether the graders compile and every reference resolves.",
     ),
-    _AGE,
 )
 _RUN_COLUMNS = (
     _column("Phase", ".status.phase", "Pending, Running, Succeeded or Failed."),
     _column("Suite", ".spec.suiteRef.name", "The EvalSuite this run evaluates."),
     _column("Score", ".status.summary", "Score summary written by the operator."),
-    _AGE,
 )
 _SCHEDULE_COLUMNS = (
     _column("Schedule", ".spec.schedule", "Cron expression (in the time zone)."),
@@ -269,20 +247,21 @@ _SCHEDULE_COLUMNS = (
         "The latest scheduled time a run was created for.",
         "date",
     ),
-    _AGE,
 )
 _KINDS: Final = {
     kind.kind: kind
     for kind in (
-        _Kind(EvalSuite, "evs", EvalSuiteSpec, EvalSuiteStatus, _SUITE_COLUMNS),
-        _Kind(EvalRun, "evr", EvalRunSpec, EvalRunStatus, _RUN_COLUMNS),
-        _Kind(EvalSchedule, "evsc", EvalScheduleSpec, EvalScheduleStatus, _SCHEDULE_COLUMNS),
+        _Kind(EvalSuite, "evs", _SUITE_COLUMNS),
+        _Kind(EvalRun, "evr", _RUN_COLUMNS),
+        _Kind(EvalSchedule, "evsc", _SCHEDULE_COLUMNS),
     )
 }
 
 
 def _openapi(kind: _Kind) -> Schema:
-    status = structural_schema(kind.status)
+    fields = kind.model.model_fields
+    status_model, _none = get_args(fields["status"].annotation)  # `Status | None`
+    status = structural_schema(status_model)
     # kopf keeps its own bookkeeping (handler progress, returned values) under status unless
     # told otherwise; keep unknown status fields instead of pruning them. Known ones are typed.
     status["x-kubernetes-preserve-unknown-fields"] = True
@@ -294,7 +273,7 @@ def _openapi(kind: _Kind) -> Schema:
             "apiVersion": {"type": "string", "description": _TOP_LEVEL_DESCRIPTIONS["apiVersion"]},
             "kind": {"type": "string", "description": _TOP_LEVEL_DESCRIPTIONS["kind"]},
             "metadata": {"type": "object"},
-            "spec": structural_schema(kind.spec),
+            "spec": structural_schema(fields["spec"].annotation),
             "status": status,
         },
     }
@@ -327,7 +306,7 @@ def crd(name: str) -> Schema:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": list(kind.columns),
+                    "additionalPrinterColumns": [*kind.columns, _AGE],
                     "schema": {"openAPIV3Schema": _openapi(kind)},
                 }
             ],
@@ -358,8 +337,8 @@ def render_crd(crd: Schema) -> str:
     return HEADER + body
 
 
-def _expected(crds: Iterable[Schema] | None = None) -> dict[str, str]:
-    return {crd_filename(c): render_crd(c) for c in (all_crds() if crds is None else crds)}
+def _expected() -> dict[str, str]:
+    return {crd_filename(c): render_crd(c) for c in all_crds()}
 
 
 def write_crds(directory: Path | str) -> list[Path]:

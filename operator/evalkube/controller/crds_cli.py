@@ -1,9 +1,8 @@
 """``evalkube crds``: write the CRDs generated from the models, or check them for drift.
 
-The lead's CLI registers it with ``app.command("crds")(crds)``. CI runs ``evalkube crds
---check``, which exits 1 and names each stale file when the models changed without
-regenerating. By default both copies are handled: ``crds/`` (``kubectl apply -f crds/``) and
-``charts/evalkube/crds/`` (Helm installs CRDs from there).
+CI runs ``evalkube crds --check``, which exits 1 and names each stale file when the models
+changed without regenerating. By default both copies are handled: ``crds/`` (``kubectl apply
+-f crds/``) and ``charts/evalkube/crds/`` (Helm installs CRDs from there).
 """
 
 from __future__ import annotations
@@ -35,8 +34,8 @@ def crds(
         ),
     ] = None,
 ) -> None:
-    """Generate the EvalSuite and EvalRun CustomResourceDefinitions from the models."""
-    directories = list(output_dir) if output_dir else list(DEFAULT_OUTPUT_DIRS)
+    """Generate the CustomResourceDefinitions (EvalSuite, EvalRun, EvalSchedule) from the models."""
+    directories = output_dir or list(DEFAULT_OUTPUT_DIRS)
     if check:
         problems = [p for d in directories for p in check_crds(d)]
         for problem in problems:

@@ -11,7 +11,9 @@ container, so the Pod completes when it exits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
+from itertools import chain
 from typing import Any, cast
 
 import kopf
@@ -38,20 +40,16 @@ EGRESS_GRANT_DIR = "/var/run/secrets/evalkube/egress"
 EGRESS_GRANT_KEY = "grant"
 #: Where the sandbox image keeps ``evalkube_sandbox`` (isolated mode ignores PYTHONPATH).
 SANDBOX_PACKAGE_DIR = "/opt/evalkube"
-SANDBOX_BOOTSTRAP = (
-    f"import sys, runpy; sys.path.insert(0, {SANDBOX_PACKAGE_DIR!r}); "
-    "runpy.run_module('evalkube_sandbox', run_name='__main__')"
-)
 
 
 def sandbox_bootstrap(environment: str | None) -> str:
     """The grader container's bootstrap: the worker package first; the image's grader
     environment (:data:`INSIDE_ENVIRONMENT`) after the standard library, unless the task asks
     for ``stdlib``."""
-    if environment == STDLIB:
-        return SANDBOX_BOOTSTRAP
-    return SANDBOX_BOOTSTRAP.replace(
-        "; runpy.", f"; sys.path.append({INSIDE_ENVIRONMENT!r}); runpy.", 1
+    inside = "" if environment == STDLIB else f"sys.path.append({INSIDE_ENVIRONMENT!r}); "
+    return (
+        f"import sys, runpy; sys.path.insert(0, {SANDBOX_PACKAGE_DIR!r}); {inside}"
+        "runpy.run_module('evalkube_sandbox', run_name='__main__')"
     )
 
 
@@ -60,14 +58,17 @@ NOBODY = 65534
 GVISOR_MOUNT_ANNOTATION = "dev.gvisor.spec.mount"
 
 
+def _labels(run_name: str, component: str) -> dict[str, str]:
+    """What the run's objects are labelled with, and the run's policy selects its pods by."""
+    return {names.LABEL_RUN: names.run_label(run_name), names.LABEL_COMPONENT: component}
+
+
 def _meta(owner: Mapping[str, Any], name: str, component: str) -> dict[str, Any]:
-    run_name = owner["metadata"]["name"]
     return {
         "name": name,
         "namespace": owner["metadata"]["namespace"],
         "labels": {
-            names.LABEL_RUN: names.run_label(run_name),
-            names.LABEL_COMPONENT: component,
+            **_labels(owner["metadata"]["name"], component),
             names.LABEL_MANAGED_BY: names.MANAGED_BY,
         },
         # deleting the EvalRun deletes what it owns
@@ -75,15 +76,14 @@ def _meta(owner: Mapping[str, Any], name: str, component: str) -> dict[str, Any]
     }
 
 
-def _restricted(read_only_root: bool = True) -> dict[str, Any]:
+def _restricted(**extra: Any) -> dict[str, Any]:
+    """Pod Security "restricted": the pod's securityContext, a container's with ``extra``."""
     return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": read_only_root,
         "runAsNonRoot": True,
         "runAsUser": NOBODY,
         "runAsGroup": NOBODY,
-        "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
+        **extra,
     }
 
 
@@ -98,31 +98,43 @@ def snapshot_config_map(owner: Mapping[str, Any], snapshot: RunSnapshot) -> dict
     }
 
 
-def token_secret(owner: Mapping[str, Any], token: str) -> dict[str, Any]:
-    """The run's ingest bearer token (only the runner container reads it)."""
+def _secret(
+    owner: Mapping[str, Any], name_of: Callable[[str], str], component: str, data: dict[str, str]
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _meta(
-            owner, names.token_secret_name(owner["metadata"]["name"]), "ingest-token"
-        ),
+        "metadata": _meta(owner, name_of(owner["metadata"]["name"]), component),
         "type": "Opaque",
-        "stringData": {TOKEN_KEY: token},
+        "stringData": data,
     }
+
+
+def token_secret(owner: Mapping[str, Any], token: str) -> dict[str, Any]:
+    """The run's ingest bearer token (only the runner container reads it)."""
+    return _secret(owner, names.token_secret_name, "ingest-token", {TOKEN_KEY: token})
 
 
 def egress_grant_secret(owner: Mapping[str, Any], grant: str) -> dict[str, Any]:
     """The run's egress grant (:mod:`evalkube.controller.egress`): only the proxy container
     mounts it, so only the proxy gets through the egress gateway."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": _meta(
-            owner, names.egress_grant_secret_name(owner["metadata"]["name"]), "egress-grant"
-        ),
-        "type": "Opaque",
-        "stringData": {EGRESS_GRANT_KEY: grant},
+    return _secret(owner, names.egress_grant_secret_name, "egress-grant", {EGRESS_GRANT_KEY: grant})
+
+
+def _tcp(port: int) -> dict[str, Any]:
+    return {"protocol": "TCP", "port": port}
+
+
+def _to_operator_pods(
+    settings: OperatorSettings, pod_labels: Mapping[str, str], port: int
+) -> dict[str, Any]:
+    """An egress rule to the pods labelled ``pod_labels`` in the operator's namespace."""
+    namespace = {"kubernetes.io/metadata.name": settings.operator_namespace}
+    pods = {
+        "namespaceSelector": {"matchLabels": namespace},
+        "podSelector": {"matchLabels": dict(pod_labels)},
     }
+    return {"to": [pods], "ports": [_tcp(port)]}
 
 
 def network_policy(
@@ -136,75 +148,28 @@ def network_policy(
     Without the gateway (direct egress): DNS, the ingest port, and TCP 443/80 (the providers'
     ports) outside the cluster's private ranges, which the grader inherits as well.
     """
-    ingest_rule = {
-        "to": [
-            {
-                "namespaceSelector": {
-                    "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
-                },
-                "podSelector": {"matchLabels": dict(settings.operator_pod_labels)},
-            }
-        ],
-        "ports": [{"protocol": "TCP", "port": settings.ingest_port}],
-    }
+    ingest = _to_operator_pods(settings, settings.operator_pod_labels, settings.ingest_port)
     if settings.egress_via_gateway:
-        gateway_rule = {
-            "to": [
-                {
-                    "namespaceSelector": {
-                        "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
-                    },
-                    "podSelector": {"matchLabels": dict(settings.egress_gateway_pod_labels)},
-                }
-            ],
-            "ports": [{"protocol": "TCP", "port": url_port(settings.egress_gateway_url)}],
-        }
-        return _work_unit_policy(owner, [gateway_rule, ingest_rule])
-    egress: list[dict[str, Any]] = [
-        {
-            "to": [
-                {"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
-            ],
-            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-        },
-        ingest_rule,
-    ]
-    ports = sorted({url_port(p.base_url) for p in spec.providers.values()})
-    if ports:
-        egress.append(
-            {
-                "to": [
-                    {
-                        "ipBlock": {
-                            "cidr": "0.0.0.0/0",
-                            "except": [
-                                "10.0.0.0/8",
-                                "172.16.0.0/12",
-                                "192.168.0.0/16",
-                                "169.254.0.0/16",
-                            ],
-                        }
-                    }
-                ],
-                "ports": [{"protocol": "TCP", "port": port} for port in ports],
-            }
-        )
-    return _work_unit_policy(owner, egress)
-
-
-def _work_unit_policy(owner: Mapping[str, Any], egress: list[dict[str, Any]]) -> dict[str, Any]:
+        gateway_port = url_port(settings.egress_gateway_url)
+        egress = [
+            _to_operator_pods(settings, settings.egress_gateway_pod_labels, gateway_port),
+            ingest,
+        ]
+    else:
+        dns = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+        egress = [{"to": [dns], "ports": [{"protocol": "UDP", "port": 53}, _tcp(53)]}, ingest]
+        ports = sorted({url_port(p.base_url) for p in spec.providers.values()})
+        if ports:
+            private = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"]
+            public = {"ipBlock": {"cidr": "0.0.0.0/0", "except": private}}
+            egress.append({"to": [public], "ports": [_tcp(port) for port in ports]})
     run_name = owner["metadata"]["name"]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _meta(owner, names.network_policy_name(run_name), "network-policy"),
         "spec": {
-            "podSelector": {
-                "matchLabels": {
-                    names.LABEL_RUN: names.run_label(run_name),
-                    names.LABEL_COMPONENT: "work-unit",
-                }
-            },
+            "podSelector": {"matchLabels": _labels(run_name, "work-unit")},
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [],
             "egress": egress,
@@ -212,13 +177,49 @@ def _work_unit_policy(owner: Mapping[str, Any], egress: list[dict[str, Any]]) ->
     }
 
 
-def active_deadline(
-    unit: Unit, timeout_seconds: int, preprocess_timeout: int, settings: OperatorSettings
-) -> int:
-    """Worst case of the unit's executions plus slack, capped at a day."""
-    rows = max(1, unit.stop - unit.start) if unit.kind == "shard" else 1
-    worst = rows * timeout_seconds + preprocess_timeout * (rows if preprocess_timeout else 0)
-    return int(min(86_400, worst + settings.active_deadline_slack_seconds))
+def _mount(volume: str, path: str, read_only: bool = False) -> dict[str, Any]:
+    return {"name": volume, "mountPath": path, **({"readOnly": True} if read_only else {})}
+
+
+def _read_only_volume(
+    volumes: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+    name: str,
+    path: str,
+    source: dict[str, Any],
+) -> None:
+    """A ConfigMap or Secret volume that one container mounts read-only at ``path``."""
+    volumes.append({"name": name, **source})
+    mounts.append(_mount(name, path, read_only=True))
+
+
+def _container(
+    name: str,
+    *,
+    image: str,
+    command: list[str],
+    env: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+    limits: dict[str, str],
+    requests: tuple[str, str] = ("100m", "128Mi"),
+    sidecar: bool = False,
+) -> dict[str, Any]:
+    """A container under Pod Security "restricted", with a read-only root; a ``sidecar`` is a
+    native one (an init container that keeps running)."""
+    return {
+        "name": name,
+        "image": image,
+        **({"restartPolicy": "Always"} if sidecar else {}),
+        "command": command,
+        "env": env,
+        "volumeMounts": mounts,
+        "resources": {"limits": limits, "requests": {"cpu": requests[0], "memory": requests[1]}},
+        "securityContext": _restricted(
+            allowPrivilegeEscalation=False,
+            readOnlyRootFilesystem=True,
+            capabilities={"drop": ["ALL"]},
+        ),
+    }
 
 
 def unit_job(
@@ -246,12 +247,11 @@ def unit_job(
     """
     run_name = owner["metadata"]["name"]
     meta = _meta(owner, names.job_name(run_name, unit.unit_id), "work-unit")
-    meta["labels"][names.LABEL_UNIT] = names.job_name(run_name, unit.unit_id)[-11:]
+    meta["labels"][names.LABEL_UNIT] = meta["name"][-11:]
     meta["annotations"] = {names.ANNOTATION_UNIT_ID: unit.unit_id, names.ANNOTATION_RUN: run_name}
     pod_labels = dict(meta["labels"])
     if spec.queue_name:  # Kueue admits the Job by unsuspending it
         meta["labels"][names.LABEL_KUEUE_QUEUE] = spec.queue_name
-    provider_mounts, provider_volumes, provider_env = _provider_credentials(spec)
     volumes: list[dict[str, Any]] = [
         {"name": "snapshot", "configMap": {"name": names.snapshot_name(run_name)}},
         {"name": "bridge", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
@@ -259,167 +259,112 @@ def unit_job(
         {"name": "worker", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": settings.tmp_size}},
         {"name": "runner-tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-        *provider_volumes,
     ]
+    proxy_mounts = [
+        _mount("snapshot", SNAPSHOT_DIR, read_only=True),
+        _mount("bridge", BRIDGE_DIR),
+        _mount("control", CONTROL_DIR),
+    ]
+    proxy_env = _provider_credentials(spec, volumes, proxy_mounts)
     runner_mounts = [
-        {"name": "snapshot", "mountPath": SNAPSHOT_DIR, "readOnly": True},
-        {"name": "control", "mountPath": CONTROL_DIR},
-        {"name": "worker", "mountPath": WORKER_DIR},
-        {"name": "runner-tmp", "mountPath": "/tmp"},
+        _mount("snapshot", SNAPSHOT_DIR, read_only=True),
+        _mount("control", CONTROL_DIR),
+        _mount("worker", WORKER_DIR),
+        _mount("runner-tmp", "/tmp"),
     ]
+    grader_mounts = [_mount("tmp", "/tmp"), _mount("worker", WORKER_DIR)]
     if runner_model_access:
-        runner_mounts.append({"name": "bridge", "mountPath": BRIDGE_DIR, "readOnly": True})
+        runner_mounts.append(_mount("bridge", BRIDGE_DIR, read_only=True))
+    if model_access:
+        grader_mounts.append(_mount("bridge", BRIDGE_DIR, read_only=True))
     for index, (cm_name, _key) in enumerate(dataset_config_maps):
-        volume = f"dataset-{index}"
-        volumes.append({"name": volume, "configMap": {"name": cm_name}})
-        runner_mounts.append(
-            {"name": volume, "mountPath": f"{DATASETS_DIR}/{cm_name}", "readOnly": True}
-        )
-    proxy = {
-        "name": "proxy",
-        "image": settings.runner_image,
-        "restartPolicy": "Always",  # a native sidecar: starts first, stops after the runner
-        "command": [
-            "evalkube",
-            "proxy",
-            "--listen",
-            f"unix:{BRIDGE_SOCKET}",
-            "--control-listen",
-            f"unix:{CONTROL_SOCKET}",
-            "--run-spec",
-            f"{SNAPSHOT_DIR}/snapshot.json",
-            "--engine",
-            settings.proxy_engine,
-            "--unit-id",
-            unit.unit_id,
-            "--max-calls",
-            "0",
-            "--planned-executions",
-            "0",
-        ],
-        "env": [
-            *provider_env,
-            # The native proxy's garbage collector works harder as it nears the container's
-            # memory limit instead of being OOM-killed (the Python proxy ignores it).
-            {
-                "name": "GOMEMLIMIT",
-                "valueFrom": {
-                    "resourceFieldRef": {"containerName": "proxy", "resource": "limits.memory"}
-                },
-            },
-        ],
-        "volumeMounts": [
-            {"name": "snapshot", "mountPath": SNAPSHOT_DIR, "readOnly": True},
-            {"name": "bridge", "mountPath": BRIDGE_DIR},
-            {"name": "control", "mountPath": CONTROL_DIR},
-            *provider_mounts,
-        ],
-        "resources": {
-            "limits": {"memory": settings.proxy_memory},
-            "requests": {"cpu": "50m", "memory": "64Mi"},
-        },
-        "securityContext": _restricted(),
+        dataset = {"configMap": {"name": cm_name}}
+        path = f"{DATASETS_DIR}/{cm_name}"
+        _read_only_volume(volumes, runner_mounts, f"dataset-{index}", path, dataset)
+    proxy_flags = {
+        "--listen": f"unix:{BRIDGE_SOCKET}",
+        "--control-listen": f"unix:{CONTROL_SOCKET}",
+        "--run-spec": f"{SNAPSHOT_DIR}/snapshot.json",
+        "--engine": settings.proxy_engine,
+        "--unit-id": unit.unit_id,
+        "--max-calls": "0",
+        "--planned-executions": "0",
     }
-    runner: dict[str, Any] = {
-        "name": "runner",
-        "image": settings.runner_image,
-        "command": [
-            "evalkube",
-            "unit",
-            "--snapshot",
-            f"{SNAPSHOT_DIR}/snapshot.json",
-            "--unit",
-            unit.unit_id,
-            "--ingest-url",
-            settings.ingest_url,
-            "--worker",
-            f"unix:{WORKER_SOCKET}",
-            "--bridge",
-            f"unix:{BRIDGE_SOCKET}",
-            "--bridge-control",
-            f"unix:{CONTROL_SOCKET}",
-            "--datasets",
-            DATASETS_DIR,
-        ],
-        "env": [
-            {
-                "name": "EVALKUBE_INGEST_TOKEN",
-                "valueFrom": {
-                    "secretKeyRef": {"name": names.token_secret_name(run_name), "key": TOKEN_KEY}
-                },
-            },
+    runner_flags = {
+        "--snapshot": f"{SNAPSHOT_DIR}/snapshot.json",
+        "--unit": unit.unit_id,
+        "--ingest-url": settings.ingest_url,
+        "--worker": f"unix:{WORKER_SOCKET}",
+        "--bridge": f"unix:{BRIDGE_SOCKET}",
+        "--bridge-control": f"unix:{CONTROL_SOCKET}",
+        "--datasets": DATASETS_DIR,
+    }
+    if settings.egress_via_gateway:
+        # the proxy sends upstream calls through the gateway with the run's grant, which it
+        # alone mounts
+        proxy_flags["--egress-proxy"] = settings.egress_gateway_url
+        proxy_flags["--egress-grant-file"] = f"{EGRESS_GRANT_DIR}/{EGRESS_GRANT_KEY}"
+        items = [{"key": EGRESS_GRANT_KEY, "path": EGRESS_GRANT_KEY}]
+        grant = {"secret": {"secretName": names.egress_grant_secret_name(run_name), "items": items}}
+        _read_only_volume(volumes, proxy_mounts, "egress-grant", EGRESS_GRANT_DIR, grant)
+        if settings.policy_canary_url:
+            # grader code runs only once the CNI enforces the policy (engine/policy_gate.py)
+            runner_flags["--policy-canary"] = settings.policy_canary_url
+    # The native proxy's garbage collector works harder as it nears the container's memory
+    # limit instead of being OOM-killed (the Python proxy ignores it).
+    memory_limit = {"resourceFieldRef": {"containerName": "proxy", "resource": "limits.memory"}}
+    proxy = _container(
+        "proxy",
+        image=settings.runner_image,
+        command=["evalkube", "proxy", *chain.from_iterable(proxy_flags.items())],
+        env=[*proxy_env, {"name": "GOMEMLIMIT", "valueFrom": memory_limit}],
+        mounts=proxy_mounts,
+        limits={"memory": settings.proxy_memory},
+        requests=("50m", "64Mi"),
+        sidecar=True,  # starts first, stops after the runner
+    )
+    token = {"secretKeyRef": {"name": names.token_secret_name(run_name), "key": TOKEN_KEY}}
+    runner = _container(
+        "runner",
+        image=settings.runner_image,
+        command=["evalkube", "unit", *chain.from_iterable(runner_flags.items())],
+        env=[
+            {"name": "EVALKUBE_INGEST_TOKEN", "valueFrom": token},
             {"name": "EVALKUBE_RUN", "value": f"{owner['metadata']['namespace']}/{run_name}"},
         ],
-        "volumeMounts": runner_mounts,
-        "resources": {
-            "limits": {"memory": settings.runner_memory},
-            "requests": {"cpu": "100m", "memory": "128Mi"},
-        },
-        "securityContext": _restricted(),
-    }
-    grader = {
-        "name": "grader",
-        "image": cluster_image(
-            grader_environment,
-            settings.sandbox_image,
-            field=f"tasks[{unit.task_id}].grader.environment",
-        ),
-        # a native sidecar too: it serves until the runner is done, then the kubelet stops it
-        # (as a regular container it kept every finished pod, and its Job, running)
-        "restartPolicy": "Always",
-        "command": [
-            "python3",
-            "-I",
-            "-S",
-            "-c",
-            sandbox_bootstrap(grader_environment),
-            "--listen",
-            WORKER_SOCKET,
-        ],
-        "env": [],
-        "volumeMounts": [
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "worker", "mountPath": WORKER_DIR},
-            *(
-                [{"name": "bridge", "mountPath": BRIDGE_DIR, "readOnly": True}]
-                if model_access
-                else []
-            ),
-        ],
-        "resources": {
-            "limits": {"memory": settings.grader_memory, "cpu": settings.grader_cpu},
-            "requests": {"cpu": "100m", "memory": "128Mi"},
-        },
-        "securityContext": _restricted(),
-    }
+        mounts=runner_mounts,
+        limits={"memory": settings.runner_memory},
+    )
+    environment_field = f"tasks[{unit.task_id}].grader.environment"
+    bootstrap = sandbox_bootstrap(grader_environment)
+    grader = _container(
+        "grader",
+        image=cluster_image(grader_environment, settings.sandbox_image, field=environment_field),
+        command=["python3", "-I", "-S", "-c", bootstrap, "--listen", WORKER_SOCKET],
+        env=[],
+        mounts=grader_mounts,
+        limits={"memory": settings.grader_memory, "cpu": settings.grader_cpu},
+        # it serves until the runner is done, then the kubelet stops it (as a regular
+        # container it kept every finished pod, and its Job, running)
+        sidecar=True,
+    )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": NOBODY,
-            "runAsGroup": NOBODY,
-            "fsGroup": NOBODY,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _restricted(fsGroup=NOBODY),
         "initContainers": [proxy, grader],
         "containers": [runner],
         "volumes": volumes,
     }
-    if settings.egress_via_gateway:
-        _through_egress_gateway(proxy, volumes, run_name, settings)
-        if settings.policy_canary_url:
-            # grader code runs only once the CNI enforces the policy (engine/policy_gate.py)
-            runner["command"] += ["--policy-canary", settings.policy_canary_url]
     if settings.runtime_class:
         pod_spec["runtimeClassName"] = settings.runtime_class
     if settings.node_selector:
         pod_spec["nodeSelector"] = dict(settings.node_selector)
-    template_meta: dict[str, Any] = {
-        "labels": pod_labels,
-        "annotations": {**gvisor_mount_hints(pod_spec), **settings.pod_annotations},
-    }
+    annotations = {**gvisor_mount_hints(pod_spec), **settings.pod_annotations}
+    # the deadline: the worst case of the unit's executions plus slack, capped at a day
+    rows = max(1, unit.stop - unit.start) if unit.kind == "shard" else 1
+    worst = rows * (timeout_seconds + preprocess_timeout) + settings.active_deadline_slack_seconds
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -428,37 +373,13 @@ def unit_job(
             **({"suspend": True} if spec.queue_name else {}),
             "backoffLimit": settings.job_backoff_limit,
             "ttlSecondsAfterFinished": settings.job_ttl_seconds,
-            "activeDeadlineSeconds": active_deadline(
-                unit, timeout_seconds, preprocess_timeout, settings
-            ),
-            "template": {"metadata": template_meta, "spec": pod_spec},
+            "activeDeadlineSeconds": min(86_400, worst),
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": annotations},
+                "spec": pod_spec,
+            },
         },
     }
-
-
-def _through_egress_gateway(
-    proxy: dict[str, Any], volumes: list[dict[str, Any]], run_name: str, settings: OperatorSettings
-) -> None:
-    """The proxy container sends upstream calls through the gateway with the run's grant,
-    which it alone mounts."""
-    proxy["command"] += [
-        "--egress-proxy",
-        settings.egress_gateway_url,
-        "--egress-grant-file",
-        f"{EGRESS_GRANT_DIR}/{EGRESS_GRANT_KEY}",
-    ]
-    volumes.append(
-        {
-            "name": "egress-grant",
-            "secret": {
-                "secretName": names.egress_grant_secret_name(run_name),
-                "items": [{"key": EGRESS_GRANT_KEY, "path": EGRESS_GRANT_KEY}],
-            },
-        }
-    )
-    proxy["volumeMounts"].append(
-        {"name": "egress-grant", "mountPath": EGRESS_GRANT_DIR, "readOnly": True}
-    )
 
 
 def gvisor_mount_hints(pod_spec: Mapping[str, Any]) -> dict[str, str]:
@@ -471,16 +392,12 @@ def gvisor_mount_hints(pod_spec: Mapping[str, Any]) -> dict[str, str]:
     the runsc runtime, docs/install.md); other runtimes ignore them.
     """
     containers = [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]
-    users: dict[str, int] = {}
-    for c in containers:
-        for mount in {m["name"] for m in c.get("volumeMounts", [])}:
-            users[mount] = users.get(mount, 0) + 1
+    users = Counter(
+        name for c in containers for name in {m["name"] for m in c.get("volumeMounts", [])}
+    )
     hints: dict[str, str] = {}
     for volume in pod_spec.get("volumes", []):
-        empty_dir = volume.get("emptyDir")
-        if empty_dir is None or empty_dir.get("medium") != "Memory":
-            continue
-        if users.get(volume["name"], 0) > 1:
+        if (volume.get("emptyDir") or {}).get("medium") == "Memory" and users[volume["name"]] > 1:
             prefix = f"{GVISOR_MOUNT_ANNOTATION}.{volume['name']}"
             hints[f"{prefix}.share"] = "pod"
             hints[f"{prefix}.type"] = "tmpfs"
@@ -488,28 +405,19 @@ def gvisor_mount_hints(pod_spec: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _provider_credentials(
-    spec: EvalRunSpec,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Secret volumes and key-file variables for the proxy container only."""
-    mounts, volumes, env = [], [], []
+    spec: EvalRunSpec, volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Adds the providers' Secret volumes, for the proxy container only; returns the variables
+    naming their key files."""
+    env = []
     for name, provider in sorted(spec.providers.items()):
         ref = provider.credentials_secret_ref
-        if ref is None:
-            continue
-        volume = f"provider-{name}"
-        volumes.append(
-            {
-                "name": volume,
-                "secret": {"secretName": ref.name, "items": [{"key": ref.key, "path": "key"}]},
+        if ref is not None:
+            secret = {
+                "secret": {"secretName": ref.name, "items": [{"key": ref.key, "path": "key"}]}
             }
-        )
-        mounts.append(
-            {"name": volume, "mountPath": f"{PROVIDER_KEYS_DIR}/{name}", "readOnly": True}
-        )
-        env.append(
-            {
-                "name": f"EVALKUBE_PROVIDER_{name.upper().replace('-', '_')}_KEY_FILE",
-                "value": f"{PROVIDER_KEYS_DIR}/{name}/key",
-            }
-        )
-    return mounts, volumes, env
+            path = f"{PROVIDER_KEYS_DIR}/{name}"
+            _read_only_volume(volumes, mounts, f"provider-{name}", path, secret)
+            variable = f"EVALKUBE_PROVIDER_{name.upper().replace('-', '_')}_KEY_FILE"
+            env.append({"name": variable, "value": f"{path}/key"})
+    return env

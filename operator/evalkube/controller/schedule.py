@@ -39,10 +39,6 @@ class Due:
     """The first scheduled time after ``now`` (UTC)."""
 
 
-def _times(expression: str, zone: ZoneInfo, after: datetime) -> CronSim:
-    return CronSim(expression, after.astimezone(zone))
-
-
 def next_due(
     schedule: str,
     tz: ZoneInfo,
@@ -59,7 +55,7 @@ def next_due(
     upcoming: datetime | None = None
     start = max(last, now - _RECENT)
     for begin in (start, last) if start > last else (last,):
-        for value in _times(expression, tz, begin):
+        for value in CronSim(expression, begin.astimezone(tz)):
             when = value.astimezone(UTC)
             if when > now:
                 upcoming = when
@@ -123,7 +119,7 @@ def parse_time(text: str | None) -> datetime | None:
     """A Kubernetes timestamp (RFC 3339), or None."""
     if not text:
         return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    return datetime.fromisoformat(text).astimezone(UTC)
 
 
 def run_manifest(schedule: Mapping[str, Any], scheduled: datetime) -> dict[str, Any]:

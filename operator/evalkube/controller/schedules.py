@@ -70,31 +70,19 @@ class ScheduleReconciler:
             invalid = condition("Ready", False, "InvalidSpec", message, generation)
             new.conditions = merge_conditions(old.conditions, [invalid])
             return None if same_status(new, old) else new
+        labelled = await self.kube.labelled_runs(namespace, {LABEL_SCHEDULE: schedule_label(name)})
         runs = [
             r
-            for r in await self.kube.labelled_runs(
-                namespace, {LABEL_SCHEDULE: schedule_label(name)}
-            )
+            for r in labelled
             if any(o.get("uid") == meta["uid"] for o in r["metadata"].get("ownerReferences") or [])
         ]
-        active = [r for r in runs if (r.get("status") or {}).get("phase") not in FINAL_PHASES]
-        for gone in runs_to_prune(
-            [_scheduled(r) for r in runs],
-            spec.successful_runs_history_limit,
-            spec.failed_runs_history_limit,
-        ):
+        active = [r for r in runs if _status(r).get("phase") not in FINAL_PHASES]
+        history = [_scheduled(r) for r in runs]
+        limits = spec.successful_runs_history_limit, spec.failed_runs_history_limit
+        for gone in runs_to_prune(history, *limits):
             await self.kube.delete_run(namespace, gone)
-
-        last_scheduled = max(
-            filter(
-                None,
-                [
-                    parse_time(old.last_schedule_time),
-                    *(_scheduled(r).scheduled for r in runs),
-                ],
-            ),
-            default=None,
-        )
+        times = [parse_time(old.last_schedule_time), *(r.scheduled for r in history)]
+        last_scheduled = max(filter(None, times), default=None)
         created = parse_time(meta.get("creationTimestamp")) or self.clock()
         due = next_due(
             spec.schedule,
@@ -106,17 +94,17 @@ class ScheduleReconciler:
         scheduled: list[Condition] = []
         if due.time is not None:
             reason, active = await self._fire(body, spec, due, active)
-            scheduled = [_scheduled_condition(reason, due.time, generation)]
+            message = _MESSAGES[reason].format(format_time(due.time))
+            scheduled = [
+                condition("Scheduled", reason == "RunCreated", reason, message, generation)
+            ]
             if reason == "RunCreated":
                 last_scheduled = due.time
         succeeded = [
-            parse_time((r.get("status") or {}).get("completedAt"))
-            for r in runs
-            if (r.get("status") or {}).get("phase") == "Succeeded"
+            _status(r).get("completedAt") for r in runs if _status(r).get("phase") == "Succeeded"
         ]
-        last_success = max(
-            filter(None, [*succeeded, parse_time(old.last_successful_time)]), default=None
-        )
+        successes = [*map(parse_time, succeeded), parse_time(old.last_successful_time)]
+        last_success = max(filter(None, successes), default=None)
         new.last_schedule_time = format_time(last_scheduled) if last_scheduled else None
         new.last_successful_time = format_time(last_success) if last_success else None
         new.next_schedule_time = format_time(due.next)
@@ -138,8 +126,8 @@ class ScheduleReconciler:
         active: list[dict[str, Any]],
     ) -> tuple[str, list[dict[str, Any]]]:
         """Act on a due time: the Scheduled condition's reason and the active runs after."""
-        assert due.time is not None
         when = due.time
+        assert when is not None
         if spec.suspend:
             return "Suspended", active
         if due.too_late:
@@ -165,6 +153,10 @@ class ScheduleReconciler:
         return "RunCreated", [*active, manifest]
 
 
+def _status(run: Mapping[str, Any]) -> Mapping[str, Any]:
+    return run.get("status") or {}
+
+
 def _reference(run: Mapping[str, Any]) -> RunReference:
     return RunReference(name=run["metadata"]["name"], uid=run["metadata"].get("uid"))
 
@@ -174,19 +166,15 @@ def _scheduled(run: Mapping[str, Any]) -> ScheduledRun:
     at = parse_time((meta.get("annotations") or {}).get(ANNOTATION_SCHEDULED_AT))
     return ScheduledRun(
         meta["name"],
-        (run.get("status") or {}).get("phase") or "Pending",
+        _status(run).get("phase") or "Pending",
         at or parse_time(meta.get("creationTimestamp")) or datetime.min.replace(tzinfo=UTC),
     )
 
 
+#: The Scheduled condition's message by its reason.
 _MESSAGES = {
     "RunCreated": "created the run of {}",
     "Suspended": "suspended: no run for {}",
     "MissedStartingDeadline": "{} was missed by more than startingDeadlineSeconds; skipped",
     "ConcurrencyForbidden": "a run is still active: {} waits (concurrencyPolicy Forbid)",
 }
-
-
-def _scheduled_condition(reason: str, when: datetime, generation: int | None) -> Condition:
-    message = _MESSAGES[reason].format(format_time(when))
-    return condition("Scheduled", reason == "RunCreated", reason, message, generation)

@@ -89,28 +89,32 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
         return check
     check.spec = spec
     digest = hashlib.sha256(json.dumps(spec.to_wire(), sort_keys=True).encode())
+
+    def config_map_value(field: str, name: str, key: str) -> str | None:
+        text = read(namespace, name, key)
+        if text is None:
+            check.problems.append(
+                f"{field}: ConfigMap {name!r} has no key {key!r} (or does not exist) in "
+                f"namespace {namespace}"
+            )
+        return text
+
     for index, task in enumerate(spec.tasks):
         where = f"spec.tasks[{index}]"
         codes: list[tuple[str, Any]] = [*task.grader_programs(), ("preprocess", task.preprocess)]
         for kind, code in codes:
             if code is None:
                 continue
-            if code.source is not None:
-                source, filename = code.source, f"<{task.id}.{kind}>"
-            else:
+            source, filename = code.source, f"<{task.id}.{kind}>"
+            if source is None:
                 ref = _split_ref(code.file or "")
                 if ref is None:
                     check.problems.append(f"{where}.{kind}.file: use `configmap-name/key`")
                     continue
-                found = read(namespace, *ref)
                 filename = f"configmap/{ref[0]}/{ref[1]}"
-                if found is None:
-                    check.problems.append(
-                        f"{where}.{kind}.file: ConfigMap {ref[0]!r} has no key {ref[1]!r} "
-                        f"(or does not exist) in namespace {namespace}"
-                    )
+                source = config_map_value(f"{where}.{kind}.file", *ref)
+                if source is None:
                     continue
-                source = found
             try:
                 check_source(
                     source, filename, code.entrypoint, f"{where}.{kind} (task {task.id!r})"
@@ -119,22 +123,16 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
                 check.problems.append(str(exc))
                 continue
             check.sources[f"{task.id}/{kind}"] = (source, filename)
-            digest.update(f"{task.id}/{kind}".encode())
-            digest.update(source.encode())
+            digest.update(f"{task.id}/{kind}{source}".encode())
         dataset = task.dataset
         if dataset.rows is not None:
             check.datasets[task.id] = SnapshotDataset(rows=len(dataset.rows))
-        elif dataset.config_map_ref is not None:
-            ref_name, ref_key = dataset.config_map_ref.name, dataset.config_map_ref.key
-            text = read(namespace, ref_name, ref_key)
+        elif (cm := dataset.config_map_ref) is not None:
+            text = config_map_value(f"{where}.dataset.configMapRef", cm.name, cm.key)
             if text is None:
-                check.problems.append(
-                    f"{where}.dataset.configMapRef: ConfigMap {ref_name!r} has no key "
-                    f"{ref_key!r} (or does not exist) in namespace {namespace}"
-                )
                 continue
             rows = sum(1 for line in text.splitlines() if line.strip())
-            check.datasets[task.id] = SnapshotDataset(rows=rows, config_map=ref_name, key=ref_key)
+            check.datasets[task.id] = SnapshotDataset(rows=rows, config_map=cm.name, key=cm.key)
             digest.update(text.encode())
         else:
             check.problems.append(

@@ -140,7 +140,8 @@ def test_ingest_needs_this_runs_token(harness: Harness, headers: dict[str, str])
 )
 def test_every_runner_route_needs_the_token(harness: Harness, method: str, path: str) -> None:
     async def body(client: TestClient[Any, Any]) -> None:
-        for headers in ({}, {"Authorization": "Bearer wrong"}):
+        # the operator's read token opens runs to reading only, never to a runner's routes
+        for headers in ({}, {"Authorization": "Bearer wrong"}, READ):
             response = await client.request(method, BASE + path, json={}, headers=headers)
             assert response.status == 401, (path, headers)
 
@@ -672,6 +673,8 @@ def test_scores_stream_every_sample_keyed_by_row_in_batches(
         assert (await client.get(f"{BASE}/scores", headers=other_run)).status == 401
         unknown = f"/api/v1/namespaces/{NS}/evalruns/nope/scores"
         assert (await client.get(unknown, headers=READ)).status == 404
+        # without a token a reader does not learn whether a run exists
+        assert (await client.get(unknown)).status == 401
         for headers in (READ, AUTH):
             response = await client.get(f"{BASE}/scores", headers=headers)
             assert response.status == 200

@@ -25,3 +25,33 @@ def test_model_graders_pass_the_cluster_suite_check() -> None:
     check = check_suite("ns", {"tasks": [task]}, lambda ns, cm, key: None)
     assert check.problems == []
     assert {t: d.rows for t, d in check.datasets.items()} == {"t": 1}
+
+
+def test_missing_config_map_keys_name_the_field_and_the_key() -> None:
+    """A grader file and a dataset in ConfigMaps that do not exist are reported per field;
+    present ones are read, counted and recorded as the snapshot's sources."""
+    stored = {("ns", "code", "grade.py"): "def grade(sample, item):\n    return 1\n"}
+    missing = {
+        "id": "m",
+        "dataset": {"configMapRef": {"name": "rows", "key": "rows.jsonl"}},
+        "prompt": "x",
+        "grader": {"type": "python", "file": "code/absent.py"},
+    }
+    present = {
+        **missing,
+        "id": "p",
+        "dataset": {"configMapRef": {"name": "code", "key": "grade.py"}},
+        "grader": {"type": "python", "file": "code/grade.py"},
+    }
+    check = check_suite("ns", {"tasks": [missing, present]}, lambda *ref: stored.get(ref))
+    assert check.problems == [
+        "spec.tasks[0].grader.file: ConfigMap 'code' has no key 'absent.py' (or does not exist) "
+        "in namespace ns",
+        "spec.tasks[0].dataset.configMapRef: ConfigMap 'rows' has no key 'rows.jsonl' (or does "
+        "not exist) in namespace ns",
+    ]
+    assert check.sources == {
+        "p/grader": (stored["ns", "code", "grade.py"], "configmap/code/grade.py")
+    }
+    assert check.datasets["p"].rows == 2
+    assert (check.datasets["p"].config_map, check.datasets["p"].key) == ("code", "grade.py")
