@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from yarl import URL
+
 from evalkube.models import EvalRunSpec
 
 __all__ = [
@@ -109,10 +111,7 @@ def service_of(url: str) -> tuple[str, str] | None:
 
 def with_host(url: str, ip: str) -> str:
     """``url`` with its host replaced by ``ip`` (the port and path kept)."""
-    parts = urlsplit(url)
-    host = f"[{ip}]" if ":" in ip else ip
-    netloc = host if parts.port is None else f"{host}:{parts.port}"
-    return parts._replace(netloc=netloc).geturl()
+    return str(URL(url).with_host(ip))
 
 
 def read_signing_key(path: Path) -> bytes:

@@ -129,7 +129,6 @@ async def unit_job_changed(
 
 @kopf.on.delete(GROUP, VERSION, "evalruns", optional=True)
 async def run_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    memo.state.registry.forget(namespace or "", name)
     memo.state.reconciler.forget(namespace or "", name)
 
 
