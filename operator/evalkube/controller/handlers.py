@@ -55,11 +55,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.create(GROUP, VERSION, "evalsuites")
 @kopf.on.update(GROUP, VERSION, "evalsuites", field="spec")
 @kopf.on.resume(GROUP, VERSION, "evalsuites")
-async def suite_changed(
-    spec: Any, namespace: str | None, meta: Any, status: Any, patch: kopf.Patch, memo: Any, **_: Any
-) -> None:
+async def suite_changed(body: kopf.Body, patch: kopf.Patch, memo: Any, **_: Any) -> None:
     state: OperatorState = memo.state
-    patch.status.update(await state.suite_status(namespace or "", spec, meta, status))
+    patch.status.update(await state.suite_status(body))
 
 
 @kopf.index(GROUP, VERSION, "evalsuites")

@@ -206,12 +206,15 @@ class RunReconciler:
         return new
 
     async def _reconcile(self, body: Mapping[str, Any], old: EvalRunStatus) -> EvalRunStatus | None:
+        meta = body["metadata"]
         if old.phase in FINAL_PHASES:
-            self._register_finished(body)
+            # serve a finished run's samples after a restart (read-only: no token is accepted)
+            if self.registry.get(meta["namespace"], meta["name"]) is None:
+                self.registry.register(_spec_entry(body, token_digest=""))
             return None
-        generation = body["metadata"].get("generation")
+        generation = meta.get("generation")
         try:
-            setup = await self._setup(body)
+            setup = self._setups.get(meta["uid"]) or await self._setup(body)
             await self._refresh_grant(body, setup)
             unit_settings = await self._unit_settings()
         except _Blocked as blocked:
@@ -258,19 +261,8 @@ class RunReconciler:
         return _spec_entry(body, status.ingest_token_sha256)
 
     # -- setup: suite snapshot, token, network policy, store record ----------------------------
-    def _register_finished(self, body: Mapping[str, Any]) -> None:
-        """Serve a finished run's samples after a restart (read-only: no token is accepted)."""
-        meta = body["metadata"]
-        if self.registry.get(meta["namespace"], meta["name"]) is None:
-            self.registry.register(_spec_entry(body, token_digest=""))
-
     async def _setup(self, body: Mapping[str, Any]) -> _Setup:
-        uid = body["metadata"]["uid"]
-        if uid not in self._setups:
-            self._setups[uid] = await self._first_setup(body)
-        return self._setups[uid]
-
-    async def _first_setup(self, body: Mapping[str, Any]) -> _Setup:
+        """Set the run up, or find what an earlier pass or operator set up; cached."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         try:
@@ -326,7 +318,8 @@ class RunReconciler:
                 if await asyncio.to_thread(self.store.get_run, run_id) is None:
                     raise
         parsed = parse_snapshot(snapshot)
-        return _Setup(snapshot, entry, parsed, parsed.units())
+        setup = self._setups[meta["uid"]] = _Setup(snapshot, entry, parsed, parsed.units())
+        return setup
 
     async def _ingest_token_digest(self, body: Mapping[str, Any]) -> str:
         """The digest of the run's ingest token, recorded in its status.
@@ -437,12 +430,8 @@ class RunReconciler:
             setup.unseen.add(unit.unit_id)
             if await self.kube.create(job):
                 self.metrics.jobs_created.inc()
-                self.event(
-                    body,
-                    "Normal",
-                    "UnitStarted",
-                    f"started unit {unit.unit_id} ({job['metadata']['name']})",
-                )
+                started = f"started unit {unit.unit_id} ({job['metadata']['name']})"
+                self.event(body, "Normal", "UnitStarted", started)
 
     async def _status(
         self, body: Mapping[str, Any], old: EvalRunStatus, setup: _Setup, decision: Decision

@@ -57,12 +57,11 @@ class OperatorState:
         schedules = ScheduleReconciler(kube, settings, event)
         return cls(store, kube, reconciler, runners, schedules)
 
-    async def suite_status(
-        self, namespace: str, spec: Mapping[str, Any], meta: Mapping[str, Any], old: Any
-    ) -> dict[str, Any]:
+    async def suite_status(self, suite: Mapping[str, Any]) -> dict[str, Any]:
         """The EvalSuite's status (as patched) after checking its spec and the ConfigMaps it
         reads."""
-        check = await check_cluster_suite(self.kube, namespace, spec)
+        meta = suite["metadata"]
+        check = await check_cluster_suite(self.kube, meta["namespace"], suite.get("spec") or {})
         generation = meta.get("generation")
         if check.ok:
             message = f"{len(check.sources)} programs checked"
@@ -75,7 +74,9 @@ class OperatorState:
             phase="Ready" if check.ok else "Invalid",
             observed_generation=generation,
             suite_version=check.version if check.ok else None,
-            conditions=merge_conditions(read_status(EvalSuiteStatus, old).conditions, [cond]),
+            conditions=merge_conditions(
+                read_status(EvalSuiteStatus, suite.get("status")).conditions, [cond]
+            ),
         )
         # a suite that turns Invalid must lose its old version, not keep it: null deletes it
         return {**status.to_wire(), "suiteVersion": status.suite_version}
@@ -84,9 +85,7 @@ class OperatorState:
         """Check the suite again (a ConfigMap it reads changed) and patch its status."""
         suite = await self.kube.suite(namespace, name)
         if suite is not None:
-            new = await self.suite_status(
-                namespace, suite.get("spec") or {}, suite["metadata"], suite.get("status")
-            )
+            new = await self.suite_status(suite)
             await self.kube.patch_status(EvalSuiteResource, namespace, name, new)
 
     async def close(self) -> None:
