@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from evalkube.controller import names
-from evalkube.controller.reconcile import JobIndex, job_index_entry
+from evalkube.controller.reconcile import job_index_entry
 from evalkube.controller.runs import FINAL_PHASES, RunReconciler
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import config_map_refs
@@ -92,8 +92,7 @@ def unit_jobs(
 
 def _runs(memo: Any, kwargs: dict[str, Any]) -> RunReconciler:
     reconciler: RunReconciler = memo.state.reconciler
-    index: JobIndex = kwargs["unit_jobs"]
-    reconciler.jobs = index  # the same live index every time; kopf keeps it current
+    reconciler.jobs = kwargs["unit_jobs"]  # the same live index every time; kopf keeps it current
     return reconciler
 
 

@@ -17,9 +17,6 @@ from lightkube.types import CascadeType, PatchType
 
 EvalSuiteResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalSuite", "evalsuites")
 EvalRunResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalRun", "evalruns")
-EvalScheduleResource = create_namespaced_resource(
-    "evalkube.io", "v1alpha1", "EvalSchedule", "evalschedules"
-)
 
 
 class Kube:

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
 from dataclasses import dataclass
-
-
-def new_token() -> str:
-    return secrets.token_urlsafe(32)
 
 
 def digest(token: str) -> str:

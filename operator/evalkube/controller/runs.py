@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -26,7 +27,7 @@ from evalkube.controller import egress, manifests, names
 from evalkube.controller.kube import Kube
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.reconcile import Decision, JobIndex, JobState, decide, summary_line
-from evalkube.controller.registry import RunEntry, RunRegistry, digest, new_token
+from evalkube.controller.registry import RunEntry, RunRegistry, digest
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import build_snapshot, check_cluster_suite
 from evalkube.engine.driver import grader_calls_models, judges_call_models
@@ -332,7 +333,7 @@ class RunReconciler:
         recorded = read_status(EvalRunStatus, body.get("status")).ingest_token_sha256
         if recorded:
             return recorded
-        token = new_token()
+        token = secrets.token_urlsafe(32)
         await self.kube.create_or_update_secret(manifests.token_secret(body, token))
         meta = body["metadata"]
         await self.kube.patch_run_status(

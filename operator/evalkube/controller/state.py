@@ -38,14 +38,12 @@ class OperatorState:
         cls, settings: OperatorSettings, event: EventSink | None = None
     ) -> OperatorState:
         store = await asyncio.to_thread(ResultStore.open, settings.store_url)
-        registry = RunRegistry()
-        metrics = OperatorMetrics()
         kube = Kube()
-        reconciler = RunReconciler(kube, store, registry, metrics, settings, event)
+        reconciler = RunReconciler(kube, store, RunRegistry(), OperatorMetrics(), settings, event)
         api = ApiServer(
             store,
-            registry,
-            metrics,
+            reconciler.registry,
+            reconciler.metrics,
             read_token=settings.api_token,
             resolve=reconciler.resolve_run,
             on_unit_done=reconciler.unit_done,
