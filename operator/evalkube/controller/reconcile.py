@@ -98,20 +98,14 @@ def decide(
         else:
             decision.active += 1
             decision.queued += job.phase == "queued"
-    room = max(0, parallelism - decision.active)
     for unit in waiting:
         group = (unit.task_id, unit.model)
-        if unit.kind == "aggregate":
-            if group in failed_groups:
-                decision.failed[unit.unit_id] = "not run: shard units of this task and model failed"
-                continue
-            if group in pending_groups:
-                continue
-        if room > 0:
+        if unit.kind == "aggregate" and group in failed_groups:
+            decision.failed[unit.unit_id] = "not run: shard units of this task and model failed"
+        elif unit.kind != "aggregate" or group not in pending_groups:
             decision.create.append(unit)
-            room -= 1
-    unfinished = decision.total - decision.done - len(decision.failed)
-    if unfinished == 0:
+    del decision.create[max(0, parallelism - decision.active) :]  # the room left
+    if decision.done + len(decision.failed) == decision.total:
         decision.phase = "Failed" if decision.failed else "Succeeded"
     return decision
 
