@@ -12,7 +12,6 @@ never with samples).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 import secrets
@@ -171,10 +170,9 @@ class RunReconciler:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
+        for task in self._tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted run from the registry, the ``evalkube_runs`` gauge and the caches."""
@@ -272,27 +270,21 @@ class RunReconciler:
             raise _Blocked("Failed", "InvalidSpec", "; ".join(exc.problems)) from None
         if spec.suite_ref is None:
             raise _Blocked("Failed", "InvalidSpec", "spec.suiteRef.name is required in a cluster")
+        suite_name = spec.suite_ref.name
         run_id = names.run_id(namespace, name, meta["uid"])
         snapshot_data = await self.kube.config_map_data(namespace, names.snapshot_name(name))
         if snapshot_data is None:
-            suite = await self.kube.suite(namespace, spec.suite_ref.name)
+            suite = await self.kube.suite(namespace, suite_name)
             if suite is None:
-                raise _Blocked(
-                    "Pending",
-                    "SuiteNotFound",
-                    f"EvalSuite {spec.suite_ref.name!r} does not exist in {namespace}",
-                )
+                missing = f"EvalSuite {suite_name!r} does not exist in {namespace}"
+                raise _Blocked("Pending", "SuiteNotFound", missing)
             check = await check_cluster_suite(self.kube, namespace, suite["spec"])
             if not check.ok:
                 raise _Blocked("Failed", "InvalidSuite", "; ".join(check.problems))
-            snapshot = build_snapshot(body, run_id, spec.suite_ref.name, check)
+            snapshot = build_snapshot(body, run_id, suite_name, check)
             await self.kube.create(manifests.snapshot_config_map(body, snapshot))
-            self.event(
-                body,
-                "Normal",
-                "Snapshot",
-                f"snapshot of suite {spec.suite_ref.name} at {check.version[:19]}",
-            )
+            taken = f"snapshot of suite {suite_name} at {check.version[:19]}"
+            self.event(body, "Normal", "Snapshot", taken)
         else:
             # the run is pinned to its snapshot: runners plan units from the snapshot's spec,
             # so an edit of the EvalRun's spec mid-run must not change the operator's plan
