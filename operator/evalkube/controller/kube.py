@@ -104,13 +104,8 @@ class Kube:
         self, namespace: str, labels: Mapping[str, str]
     ) -> list[dict[str, Any]]:
         """The EvalRuns of ``namespace`` carrying ``labels``."""
-        found: list[Any] = [
-            run
-            async for run in self.client.list(
-                EvalRunResource, namespace=namespace, labels=dict(labels)
-            )
-        ]
-        return [dict(run.to_dict()) for run in found]
+        runs: Any = self.client.list(EvalRunResource, namespace=namespace, labels=dict(labels))
+        return [dict(run.to_dict()) async for run in runs]
 
     async def delete_run(self, namespace: str, name: str) -> None:
         """Delete an EvalRun and, in the background, what it owns; gone already is fine."""
