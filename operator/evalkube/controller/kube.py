@@ -57,11 +57,6 @@ class Kube:
             patch_type=PatchType.MERGE,
         )
 
-    async def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge ``status`` into the EvalRun's status subresource now (not at a handler's end),
-        so a restart finds it even if this pass stops early."""
-        await self.patch_status(EvalRunResource, namespace, name, status)
-
     async def patch_status(
         self, kind: Any, namespace: str, name: str, status: dict[str, Any]
     ) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from evalkube.controller import egress, manifests, names
-from evalkube.controller.kube import Kube
+from evalkube.controller.kube import EvalRunResource, Kube
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.reconcile import Decision, JobIndex, JobState, decide, summary_line
 from evalkube.controller.registry import RunEntry, RunRegistry, digest
@@ -137,7 +137,7 @@ class RunReconciler:
                 return
             new = await self.reconcile(body)
             if new is not None:
-                await self.kube.patch_run_status(namespace, name, new.to_wire())
+                await self.kube.patch_status(EvalRunResource, namespace, name, new.to_wire())
             self.metrics.passes.inc()
         if self._phases.get(key) == "Pending" and key not in self._retrying:
             self._retrying.add(key)
@@ -328,8 +328,9 @@ class RunReconciler:
         token = secrets.token_urlsafe(32)
         await self.kube.create_or_update_secret(manifests.token_secret(body, token))
         meta = body["metadata"]
-        await self.kube.patch_run_status(
-            meta["namespace"], meta["name"], {TOKEN_DIGEST_FIELD: digest(token)}
+        # patched now, not with the pass's status: a restart finds it even if the pass stops early
+        await self.kube.patch_status(
+            EvalRunResource, meta["namespace"], meta["name"], {TOKEN_DIGEST_FIELD: digest(token)}
         )
         return digest(token)
 
