@@ -335,42 +335,36 @@ class RunReconciler:
         return digest(token)
 
     # -- egress: the run's grant and the URLs pods use without DNS ------------------------------
-    async def _issue_grant(self, body: Mapping[str, Any], spec: EvalRunSpec) -> int:
-        """Mint the run's egress grant into its Secret (created, or updated in place: running
-        pods' proxies re-read the mounted file); when it expires."""
-        meta = body["metadata"]
-        try:
-            hosts = egress.grant_hosts(spec)
-        except ValueError as exc:
-            raise _Blocked("Failed", "InvalidSpec", f"spec.providers: {exc}") from None
-        path = Path(self.settings.egress_grant_key_file)
-        try:
-            key = await asyncio.to_thread(egress.read_signing_key, path)
-        except (OSError, ValueError) as exc:
-            raise _Blocked(
-                "Pending",
-                "EgressKeyUnavailable",
-                f"cannot sign the run's egress grant: {exc}; the operator needs the grant key "
-                f"Secret mounted at {path} (Helm: egress.*)",
-            ) from None
-        expires = int(time.time()) + self.settings.egress_grant_ttl_seconds
-        grant = egress.mint_grant(key, meta["namespace"], meta["name"], meta["uid"], hosts, expires)
-        await self.kube.create_or_update_secret(manifests.egress_grant_secret(body, grant))
-        return expires
-
     async def _refresh_grant(self, body: Mapping[str, Any], setup: _Setup) -> None:
-        """The run's first grant, and a fresh one once half of its lifetime has passed."""
+        """Mint the run's egress grant into its Secret (created, or updated in place: running
+        pods' proxies re-read the mounted file): the first one, and a fresh one once half of
+        the current one's lifetime has passed (which still serves until it expires)."""
         if not self.settings.egress_via_gateway:
             return
         left = setup.grant_expires - time.time()
         if left > self.settings.egress_grant_ttl_seconds / 2:
             return
         try:
-            setup.grant_expires = await self._issue_grant(body, setup.spec)
-        except _Blocked as blocked:  # the current grant still serves until it expires
+            hosts = egress.grant_hosts(setup.spec)
+        except ValueError as exc:
+            raise _Blocked("Failed", "InvalidSpec", f"spec.providers: {exc}") from None
+        path = Path(self.settings.egress_grant_key_file)
+        try:
+            key = await asyncio.to_thread(egress.read_signing_key, path)
+        except (OSError, ValueError) as exc:
+            message = (
+                f"cannot sign the run's egress grant: {exc}; the operator needs the grant key "
+                f"Secret mounted at {path} (Helm: egress.*)"
+            )
             if left <= 0:
-                raise
-            self.event(body, "Warning", blocked.reason, blocked.message[:1000])
+                raise _Blocked("Pending", "EgressKeyUnavailable", message) from None
+            self.event(body, "Warning", "EgressKeyUnavailable", message[:1000])
+            return
+        meta = body["metadata"]
+        expires = int(time.time()) + self.settings.egress_grant_ttl_seconds
+        grant = egress.mint_grant(key, meta["namespace"], meta["name"], meta["uid"], hosts, expires)
+        await self.kube.create_or_update_secret(manifests.egress_grant_secret(body, grant))
+        setup.grant_expires = expires
 
     async def _unit_settings(self) -> OperatorSettings:
         """The settings work-unit Jobs are built with: with the egress gateway, the ingest and
