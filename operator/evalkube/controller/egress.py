@@ -87,11 +87,9 @@ def url_authority(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
         raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
+    host = parts.hostname  # lower-cased by urlsplit
     port = parts.port or _DEFAULT_PORTS[parts.scheme]
-    host = parts.hostname.lower()
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def grant_hosts(spec: EvalRunSpec) -> list[str]:
