@@ -236,7 +236,28 @@ class RunReconciler:
         done = await asyncio.to_thread(self.store.done_units, setup.entry.run_id)
         decision = decide(setup.units, self._observed_jobs(setup), done, self.settings.parallelism)
         await self._create_jobs(body, setup, decision, unit_settings)
-        return await self._status(body, old, setup, decision)
+        new = old.model_copy(
+            update={
+                "phase": decision.phase,
+                "observed_generation": generation,
+                "suite_version": setup.snapshot.suite.version,
+                "units": decision.counts(),
+                "started_at": old.started_at or now_rfc3339(),
+            }
+        )
+        conditions = [condition("Ready", True, "Running", "work units are running", generation)]
+        if decision.queued:
+            queue = setup.spec.queue_name
+            message = f"{decision.queued} of {decision.total} work-unit Jobs are suspended, " + (
+                f"waiting for Kueue to admit them from LocalQueue {queue!r}"
+                if queue
+                else "not by evalkube; set their spec.suspend to false to go on"
+            )
+            conditions = [condition("Ready", False, "Queued", message, generation)]
+        if decision.complete:
+            conditions = await self._finish(body, new, setup, decision)
+        new.conditions = merge_conditions(old.conditions, conditions)
+        return new
 
     def _observed_jobs(self, setup: _Setup) -> dict[str, JobState]:
         """The run's Jobs as the Job index shows them, plus those created here that it has not
@@ -420,33 +441,6 @@ class RunReconciler:
                 self.metrics.jobs_created.inc()
                 started = f"started unit {unit.unit_id} ({job['metadata']['name']})"
                 self.event(body, "Normal", "UnitStarted", started)
-
-    async def _status(
-        self, body: Mapping[str, Any], old: EvalRunStatus, setup: _Setup, decision: Decision
-    ) -> EvalRunStatus:
-        generation = body["metadata"].get("generation")
-        new = old.model_copy(
-            update={
-                "phase": decision.phase,
-                "observed_generation": generation,
-                "suite_version": setup.snapshot.suite.version,
-                "units": decision.counts(),
-                "started_at": old.started_at or now_rfc3339(),
-            }
-        )
-        conditions = [condition("Ready", True, "Running", "work units are running", generation)]
-        if decision.queued:
-            queue = setup.spec.queue_name
-            message = f"{decision.queued} of {decision.total} work-unit Jobs are suspended, " + (
-                f"waiting for Kueue to admit them from LocalQueue {queue!r}"
-                if queue
-                else "not by evalkube; set their spec.suspend to false to go on"
-            )
-            conditions = [condition("Ready", False, "Queued", message, generation)]
-        if decision.complete:
-            conditions = await self._finish(body, new, setup, decision)
-        new.conditions = merge_conditions(old.conditions, conditions)
-        return new
 
     async def _finish(
         self, body: Mapping[str, Any], new: EvalRunStatus, setup: _Setup, decision: Decision
