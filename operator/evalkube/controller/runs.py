@@ -106,8 +106,7 @@ class RunReconciler:
         self._setups: dict[str, _Setup] = {}
         self._gated_runs: dict[tuple[str, str], str] = {}
         """(namespace, suite) -> the run whose gate ``evalkube_gate_passed`` shows."""
-        #: Settings of work-unit Jobs: the ingest and gateway URLs with ClusterIPs (the pods
-        #: have no DNS), and when they were resolved.
+        #: What ``_unit_settings`` resolved, and when.
         self._unit_settings_cache: tuple[float, OperatorSettings] | None = None
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._waiting: set[tuple[str, str]] = set()
