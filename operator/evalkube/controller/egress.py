@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from yarl import URL
+
 from evalkube.models import EvalRunSpec
 
 __all__ = [
@@ -85,11 +87,9 @@ def url_authority(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
         raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
+    host = parts.hostname  # lower-cased by urlsplit
     port = parts.port or _DEFAULT_PORTS[parts.scheme]
-    host = parts.hostname.lower()
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def grant_hosts(spec: EvalRunSpec) -> list[str]:
@@ -109,10 +109,7 @@ def service_of(url: str) -> tuple[str, str] | None:
 
 def with_host(url: str, ip: str) -> str:
     """``url`` with its host replaced by ``ip`` (the port and path kept)."""
-    parts = urlsplit(url)
-    host = f"[{ip}]" if ":" in ip else ip
-    netloc = host if parts.port is None else f"{host}:{parts.port}"
-    return parts._replace(netloc=netloc).geturl()
+    return str(URL(url).with_host(ip))
 
 
 def read_signing_key(path: Path) -> bytes:

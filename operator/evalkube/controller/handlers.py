@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from evalkube.controller import names
-from evalkube.controller.reconcile import JobIndex, job_index_entry
+from evalkube.controller.reconcile import job_index_entry
 from evalkube.controller.runs import FINAL_PHASES, RunReconciler
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import config_map_refs
@@ -55,11 +55,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.create(GROUP, VERSION, "evalsuites")
 @kopf.on.update(GROUP, VERSION, "evalsuites", field="spec")
 @kopf.on.resume(GROUP, VERSION, "evalsuites")
-async def suite_changed(
-    spec: Any, namespace: str | None, meta: Any, status: Any, patch: kopf.Patch, memo: Any, **_: Any
-) -> None:
+async def suite_changed(body: kopf.Body, patch: kopf.Patch, memo: Any, **_: Any) -> None:
     state: OperatorState = memo.state
-    patch.status.update(await state.suite_status(namespace or "", spec, meta, status))
+    patch.status.update(await state.suite_status(body))
 
 
 @kopf.index(GROUP, VERSION, "evalsuites")
@@ -94,8 +92,7 @@ def unit_jobs(
 
 def _runs(memo: Any, kwargs: dict[str, Any]) -> RunReconciler:
     reconciler: RunReconciler = memo.state.reconciler
-    index: JobIndex = kwargs["unit_jobs"]
-    reconciler.jobs = index  # the same live index every time; kopf keeps it current
+    reconciler.jobs = kwargs["unit_jobs"]  # the same live index every time; kopf keeps it current
     return reconciler
 
 
@@ -129,7 +126,6 @@ async def unit_job_changed(
 
 @kopf.on.delete(GROUP, VERSION, "evalruns", optional=True)
 async def run_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    memo.state.registry.forget(namespace or "", name)
     memo.state.reconciler.forget(namespace or "", name)
 
 

@@ -17,9 +17,6 @@ from lightkube.types import CascadeType, PatchType
 
 EvalSuiteResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalSuite", "evalsuites")
 EvalRunResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalRun", "evalruns")
-EvalScheduleResource = create_namespaced_resource(
-    "evalkube.io", "v1alpha1", "EvalSchedule", "evalschedules"
-)
 
 
 class Kube:
@@ -47,13 +44,10 @@ class Kube:
         return dict(created.to_dict())
 
     async def create_or_update_secret(self, manifest: Mapping[str, Any]) -> None:
-        """Create the Secret ``manifest``, or merge its data into the existing one."""
-        if not await self.create(manifest):
-            await self.overwrite_secret(manifest)
-
-    async def overwrite_secret(self, manifest: Mapping[str, Any]) -> None:
-        """Merge ``manifest``'s data into the existing Secret (never read: the operator has
-        no ``get`` on Secrets)."""
+        """Create the Secret ``manifest``, or merge its data into the existing one (never read:
+        the operator has no ``get`` on Secrets)."""
+        if await self.create(manifest):
+            return
         meta = manifest["metadata"]
         await self.client.patch(
             Secret,
@@ -62,11 +56,6 @@ class Kube:
             namespace=meta["namespace"],
             patch_type=PatchType.MERGE,
         )
-
-    async def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge ``status`` into the EvalRun's status subresource now (not at a handler's end),
-        so a restart finds it even if this pass stops early."""
-        await self.patch_status(EvalRunResource, namespace, name, status)
 
     async def patch_status(
         self, kind: Any, namespace: str, name: str, status: dict[str, Any]
@@ -79,19 +68,18 @@ class Kube:
     async def service_cluster_ip(self, namespace: str, name: str) -> str | None:
         """The Service's ClusterIP, or ``None`` when it does not exist or has none."""
         service = await self._get(Service, namespace, name)
-        if service is None or service.spec is None:
-            return None
-        ip = service.spec.clusterIP
+        ip = ((service or {}).get("spec") or {}).get("clusterIP")
         return None if not ip or ip == "None" else str(ip)
 
-    async def _get(self, kind: Any, namespace: str, name: str) -> Any | None:
+    async def _get(self, kind: Any, namespace: str, name: str) -> dict[str, Any] | None:
         """The object, or ``None`` when it does not exist (404)."""
         try:
-            return await self.client.get(kind, name, namespace=namespace)
+            found: Any = await self.client.get(kind, name, namespace=namespace)
         except ApiError as exc:
             if exc.status.code == 404:
                 return None
             raise
+        return dict(found.to_dict())
 
     async def config_map_value(self, namespace: str, name: str, key: str) -> str | None:
         data = await self.config_map_data(namespace, name)
@@ -99,27 +87,20 @@ class Kube:
 
     async def config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         config_map = await self._get(ConfigMap, namespace, name)
-        return None if config_map is None else dict(config_map.data or {})
+        return None if config_map is None else dict(config_map.get("data") or {})
 
     async def suite(self, namespace: str, name: str) -> dict[str, Any] | None:
-        suite = await self._get(EvalSuiteResource, namespace, name)
-        return None if suite is None else dict(suite.to_dict())
+        return await self._get(EvalSuiteResource, namespace, name)
 
     async def run(self, namespace: str, name: str) -> dict[str, Any] | None:
-        found = await self._get(EvalRunResource, namespace, name)
-        return None if found is None else dict(found.to_dict())
+        return await self._get(EvalRunResource, namespace, name)
 
     async def labelled_runs(
         self, namespace: str, labels: Mapping[str, str]
     ) -> list[dict[str, Any]]:
         """The EvalRuns of ``namespace`` carrying ``labels``."""
-        found: list[Any] = [
-            run
-            async for run in self.client.list(
-                EvalRunResource, namespace=namespace, labels=dict(labels)
-            )
-        ]
-        return [dict(run.to_dict()) for run in found]
+        runs: Any = self.client.list(EvalRunResource, namespace=namespace, labels=dict(labels))
+        return [dict(run.to_dict()) async for run in runs]
 
     async def delete_run(self, namespace: str, name: str) -> None:
         """Delete an EvalRun and, in the background, what it owns; gone already is fine."""

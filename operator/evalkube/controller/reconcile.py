@@ -82,49 +82,38 @@ def decide(
         job = jobs.get(unit.unit_id)
         if unit.unit_id in done_units:
             decision.done += 1
-        elif job is not None and job.phase == "failed":
-            decision.failed[unit.unit_id] = job.reason or "the unit's Job failed"
-            failed_groups.add(group)
-        elif job is not None and job.phase == "succeeded":
+            continue
+        if job is not None and job.phase in ("failed", "succeeded"):
             decision.failed[unit.unit_id] = (
-                "the unit's Job completed but its runner never reported the unit done"
+                job.reason or "the unit's Job failed"
+                if job.phase == "failed"
+                else "the unit's Job completed but its runner never reported the unit done"
             )
             failed_groups.add(group)
-        elif job is not None:
+            continue
+        if unit.kind == "shard":
+            pending_groups.add(group)
+        if job is None:
+            waiting.append(unit)
+        else:
             decision.active += 1
             decision.queued += job.phase == "queued"
-            if unit.kind == "shard":
-                pending_groups.add(group)
-        else:
-            if unit.kind == "shard":
-                pending_groups.add(group)
-            waiting.append(unit)
-    room = max(0, parallelism - decision.active)
     for unit in waiting:
         group = (unit.task_id, unit.model)
-        if unit.kind == "aggregate":
-            if group in failed_groups:
-                decision.failed[unit.unit_id] = "not run: shard units of this task and model failed"
-                continue
-            if group in pending_groups:
-                continue
-        if room > 0:
+        if unit.kind == "aggregate" and group in failed_groups:
+            decision.failed[unit.unit_id] = "not run: shard units of this task and model failed"
+        elif unit.kind != "aggregate" or group not in pending_groups:
             decision.create.append(unit)
-            room -= 1
-    unfinished = decision.total - decision.done - len(decision.failed)
-    if unfinished == 0:
+    del decision.create[max(0, parallelism - decision.active) :]  # the room left
+    if decision.done + len(decision.failed) == decision.total:
         decision.phase = "Failed" if decision.failed else "Succeeded"
     return decision
 
 
-def job_state(job: Mapping[str, object]) -> JobState:
+def job_state(job: Mapping[str, Any]) -> JobState:
     """Read a Job's state from its status conditions; an unfinished Job that is suspended
     (created so for Kueue, not admitted yet, or preempted) is ``queued``."""
-    status = job.get("status") or {}
-    spec = job.get("spec") or {}
-    assert isinstance(status, dict)
-    assert isinstance(spec, dict)
-    for condition in status.get("conditions") or []:
+    for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("status") != "True":
             continue
         if condition.get("type") == "Complete":
@@ -133,7 +122,7 @@ def job_state(job: Mapping[str, object]) -> JobState:
             reason = condition.get("reason", "")
             message = condition.get("message", "")
             return JobState("failed", f"{reason}: {message}".strip(": "))
-    return JobState("queued" if spec.get("suspend") else "active")
+    return JobState("queued" if (job.get("spec") or {}).get("suspend") else "active")
 
 
 def job_index_entry(

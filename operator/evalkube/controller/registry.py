@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
 from dataclasses import dataclass
-
-
-def new_token() -> str:
-    return secrets.token_urlsafe(32)
 
 
 def digest(token: str) -> str:
@@ -45,8 +40,6 @@ class RunRegistry:
     def authorize(self, namespace: str, name: str, token: str | None) -> RunEntry | None:
         """The run when ``token`` is its ingest token (constant-time compare), else None."""
         entry = self._runs.get((namespace, name))
-        if entry is None or not token:
-            return None
-        if hmac.compare_digest(entry.token_digest, digest(token)):
+        if entry is not None and token and hmac.compare_digest(entry.token_digest, digest(token)):
             return entry
         return None

@@ -12,21 +12,21 @@ never with samples).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
-import functools
 import logging
+import secrets
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from evalkube.controller import egress, manifests, names
-from evalkube.controller.kube import Kube
+from evalkube.controller.kube import EvalRunResource, Kube
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.reconcile import Decision, JobIndex, JobState, decide, summary_line
-from evalkube.controller.registry import RunEntry, RunRegistry, digest, new_token
+from evalkube.controller.registry import RunEntry, RunRegistry, digest
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import build_snapshot, check_cluster_suite
 from evalkube.engine.driver import grader_calls_models, judges_call_models
@@ -39,11 +39,13 @@ from evalkube.models import (
     Condition,
     EvalRunSpec,
     EvalRunStatus,
+    GateSpec,
     GateStatus,
     SpecError,
     TaskModelResult,
     validate_spec,
 )
+from evalkube.models.run import Phase
 from evalkube.models.snapshot import RunSnapshot
 from evalkube.models.status import (
     condition,
@@ -63,12 +65,6 @@ EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 _log = logging.getLogger(__name__)
 
 
-def gate_condition(gate: GateStatus, generation: int | None) -> Condition:
-    """The ``Passed`` condition of a gated run (Argo CD's health check reads it)."""
-    reason = "GatePassed" if gate.passed else "GateFailed"
-    return condition("Passed", gate.passed, reason, gate_message(gate), generation)
-
-
 @dataclass
 class _Setup:
     snapshot: RunSnapshot
@@ -77,7 +73,7 @@ class _Setup:
     units: list[Unit]
     """The run's plan: the very list the pod's runner plans from the same snapshot."""
     grant_expires: int = 0
-    """When the run's egress grant expires (unix seconds; 0 without the egress gateway)."""
+    """When the run's egress grant expires (unix seconds; 0 until one is issued)."""
     unseen: set[str] = field(default_factory=set)
     """Units whose Job this operator created and the Job index has not shown yet."""
 
@@ -104,14 +100,13 @@ class RunReconciler:
         self.metrics = metrics
         self.settings = settings
         self.event = event or (lambda body, kind, reason, message: None)
-        self._phases: dict[tuple[str, str], str] = {}
+        self._phases: dict[tuple[str, str], Phase] = {}
         #: What ``_setup`` found per EvalRun uid: the snapshot and the token never change, so
         #: timer passes skip re-reading them (rebuilt from the cluster after a restart).
         self._setups: dict[str, _Setup] = {}
         self._gated_runs: dict[tuple[str, str], str] = {}
         """(namespace, suite) -> the run whose gate ``evalkube_gate_passed`` shows."""
-        #: Settings of work-unit Jobs: the ingest and gateway URLs with ClusterIPs (the pods
-        #: have no DNS), and when they were resolved.
+        #: What ``_unit_settings`` resolved, and when.
         self._unit_settings_cache: tuple[float, OperatorSettings] | None = None
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._waiting: set[tuple[str, str]] = set()
@@ -141,7 +136,7 @@ class RunReconciler:
                 return
             new = await self.reconcile(body)
             if new is not None:
-                await self.kube.patch_run_status(namespace, name, new.to_wire())
+                await self.kube.patch_status(EvalRunResource, namespace, name, new.to_wire())
             self.metrics.passes.inc()
         if self._phases.get(key) == "Pending" and key not in self._retrying:
             self._retrying.add(key)
@@ -174,13 +169,13 @@ class RunReconciler:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
+        for task in self._tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop a deleted run from the ``evalkube_runs`` gauge and the setup cache."""
+        """Drop a deleted run from the registry, the ``evalkube_runs`` gauge and the caches."""
+        self.registry.forget(namespace, name)
         self._phases.pop((namespace, name), None)
         self._locks.pop((namespace, name), None)
         self._export_phases()
@@ -188,43 +183,48 @@ class RunReconciler:
             if (setup.entry.namespace, setup.entry.name) == (namespace, name):
                 del self._setups[uid]
 
-    def _track_phase(self, body: Mapping[str, Any], phase: str | None) -> None:
-        meta = body["metadata"]
-        self._phases[(meta["namespace"], meta["name"])] = phase or "Pending"
-        self._export_phases()
-
     def _export_phases(self) -> None:
-        counts: dict[str, int] = dict.fromkeys(("Pending", "Running", *FINAL_PHASES), 0)
-        for phase in self._phases.values():
-            counts[phase] = counts.get(phase, 0) + 1
-        for phase, count in counts.items():
-            self.metrics.runs.labels(phase).set(count)
+        counts = Counter(self._phases.values())
+        for phase in get_args(Phase):
+            self.metrics.runs.labels(phase).set(counts[phase])
 
     async def reconcile(self, body: Mapping[str, Any]) -> EvalRunStatus | None:
-        """One pass; returns the status to patch, or ``None`` when it is unchanged."""
+        """One pass; returns the status to patch, or ``None`` when it is unchanged (ignoring
+        condition timestamps)."""
+        meta = body["metadata"]
         old = read_status(EvalRunStatus, body.get("status"))
         new = await self._reconcile(body, old)
-        self._track_phase(body, (new or old).phase)
+        phase = self._phases[(meta["namespace"], meta["name"])] = (new or old).phase
+        self._export_phases()
+        if phase in FINAL_PHASES:  # a finished run is never set up again
+            self._setups.pop(meta["uid"], None)
+        if new is None or same_status(new, old):
+            return None
+        self.metrics.status_patches.inc()
         return new
 
     async def _reconcile(self, body: Mapping[str, Any], old: EvalRunStatus) -> EvalRunStatus | None:
-        if old.phase in FINAL_PHASES:
-            self._register_finished(body)
-            return None
         meta = body["metadata"]
+        if old.phase in FINAL_PHASES:
+            # serve a finished run's samples after a restart (read-only: no token is accepted)
+            if self.registry.get(meta["namespace"], meta["name"]) is None:
+                self.registry.register(_spec_entry(body, token_digest=""))
+            return None
         generation = meta.get("generation")
         try:
-            setup = await self._setup(body)
+            setup = self._setups.get(meta["uid"]) or await self._setup(body)
             await self._refresh_grant(body, setup)
             unit_settings = await self._unit_settings()
         except _Blocked as blocked:
             failed = blocked.phase == "Failed"
-            conditions = [condition("Ready", False, blocked.reason, blocked.message, generation)]
-            if failed:
-                conditions.append(
-                    condition("Succeeded", False, blocked.reason, blocked.message, generation)
-                )
-            new = old.model_copy(
+            if old.phase != blocked.phase:
+                kind = "Warning" if failed else "Normal"
+                self.event(body, kind, blocked.reason, blocked.message[:1000])
+            conditions = [
+                condition(type_, False, blocked.reason, blocked.message, generation)
+                for type_ in (("Ready", "Succeeded") if failed else ("Ready",))
+            ]
+            return old.model_copy(
                 update={
                     "phase": blocked.phase,
                     "observed_generation": generation,
@@ -232,18 +232,36 @@ class RunReconciler:
                     "completed_at": now_rfc3339() if failed else old.completed_at,
                 }
             )
-            return self._changed(body, old, new, blocked)
         done = await asyncio.to_thread(self.store.done_units, setup.entry.run_id)
-        decision = decide(
-            setup.units, self._observed_jobs(meta, setup), done, self.settings.parallelism
-        )
+        decision = decide(setup.units, self._observed_jobs(setup), done, self.settings.parallelism)
         await self._create_jobs(body, setup, decision, unit_settings)
-        return await self._status(body, old, setup, decision)
+        new = old.model_copy(
+            update={
+                "phase": decision.phase,
+                "observed_generation": generation,
+                "suite_version": setup.snapshot.suite.version,
+                "units": decision.counts(),
+                "started_at": old.started_at or now_rfc3339(),
+            }
+        )
+        conditions = [condition("Ready", True, "Running", "work units are running", generation)]
+        if decision.queued:
+            queue = setup.spec.queue_name
+            message = f"{decision.queued} of {decision.total} work-unit Jobs are suspended, " + (
+                f"waiting for Kueue to admit them from LocalQueue {queue!r}"
+                if queue
+                else "not by evalkube; set their spec.suspend to false to go on"
+            )
+            conditions = [condition("Ready", False, "Queued", message, generation)]
+        if decision.complete:
+            conditions = await self._finish(body, new, setup, decision)
+        new.conditions = merge_conditions(old.conditions, conditions)
+        return new
 
-    def _observed_jobs(self, meta: Mapping[str, Any], setup: _Setup) -> dict[str, JobState]:
+    def _observed_jobs(self, setup: _Setup) -> dict[str, JobState]:
         """The run's Jobs as the Job index shows them, plus those created here that it has not
         shown yet (a pass right after a create must not create them again)."""
-        jobs = dict(self.jobs.get((meta["namespace"], meta["name"]), ()))
+        jobs = dict(self.jobs.get((setup.entry.namespace, setup.entry.name), ()))
         setup.unseen -= jobs.keys()
         return {**dict.fromkeys(setup.unseen, JobState("active")), **jobs}
 
@@ -254,35 +272,16 @@ class RunReconciler:
         body = await self.kube.run(namespace, name)
         if body is None:
             return None
-        meta = body["metadata"]
-        run_id = names.run_id(namespace, name, meta["uid"])
-        suite = ((body.get("spec") or {}).get("suiteRef") or {}).get("name", "")
         status = read_status(EvalRunStatus, body.get("status"))
         if status.phase in FINAL_PHASES:
-            return RunEntry(namespace, name, run_id, suite, token_digest="")
+            return _spec_entry(body, token_digest="")
         if not status.ingest_token_sha256:
             return None
-        return RunEntry(namespace, name, run_id, suite, status.ingest_token_sha256)
+        return _spec_entry(body, status.ingest_token_sha256)
 
     # -- setup: suite snapshot, token, network policy, store record ----------------------------
-    def _register_finished(self, body: Mapping[str, Any]) -> None:
-        """Serve a finished run's samples after a restart (read-only: no token is accepted)."""
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        if self.registry.get(namespace, name) is None:
-            suite = ((body.get("spec") or {}).get("suiteRef") or {}).get("name", "")
-            run_id = names.run_id(namespace, name, meta["uid"])
-            self.registry.register(RunEntry(namespace, name, run_id, suite, token_digest=""))
-
     async def _setup(self, body: Mapping[str, Any]) -> _Setup:
-        cached = self._setups.get(body["metadata"]["uid"])
-        if cached is not None:
-            return cached
-        setup = await self._first_setup(body)
-        self._setups[body["metadata"]["uid"]] = setup
-        return setup
-
-    async def _first_setup(self, body: Mapping[str, Any]) -> _Setup:
+        """Set the run up, or find what an earlier pass or operator set up; cached."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         try:
@@ -291,27 +290,21 @@ class RunReconciler:
             raise _Blocked("Failed", "InvalidSpec", "; ".join(exc.problems)) from None
         if spec.suite_ref is None:
             raise _Blocked("Failed", "InvalidSpec", "spec.suiteRef.name is required in a cluster")
+        suite_name = spec.suite_ref.name
         run_id = names.run_id(namespace, name, meta["uid"])
         snapshot_data = await self.kube.config_map_data(namespace, names.snapshot_name(name))
         if snapshot_data is None:
-            suite = await self.kube.suite(namespace, spec.suite_ref.name)
+            suite = await self.kube.suite(namespace, suite_name)
             if suite is None:
-                raise _Blocked(
-                    "Pending",
-                    "SuiteNotFound",
-                    f"EvalSuite {spec.suite_ref.name!r} does not exist in {namespace}",
-                )
+                missing = f"EvalSuite {suite_name!r} does not exist in {namespace}"
+                raise _Blocked("Pending", "SuiteNotFound", missing)
             check = await check_cluster_suite(self.kube, namespace, suite["spec"])
             if not check.ok:
                 raise _Blocked("Failed", "InvalidSuite", "; ".join(check.problems))
-            snapshot = build_snapshot(body, run_id, spec.suite_ref.name, check)
+            snapshot = build_snapshot(body, run_id, suite_name, check)
             await self.kube.create(manifests.snapshot_config_map(body, snapshot))
-            self.event(
-                body,
-                "Normal",
-                "Snapshot",
-                f"snapshot of suite {spec.suite_ref.name} at {check.version[:19]}",
-            )
+            taken = f"snapshot of suite {suite_name} at {check.version[:19]}"
+            self.event(body, "Normal", "Snapshot", taken)
         else:
             # the run is pinned to its snapshot: runners plan units from the snapshot's spec,
             # so an edit of the EvalRun's spec mid-run must not change the operator's plan
@@ -319,11 +312,7 @@ class RunReconciler:
         token_digest = await self._ingest_token_digest(body)
         entry = RunEntry(namespace, name, run_id, snapshot.suite.name, token_digest)
         self.registry.register(entry)
-        spec = snapshot.run_spec
-        grant_expires = (
-            await self._issue_grant(body, spec) if self.settings.egress_via_gateway else 0
-        )
-        await self.kube.create(manifests.network_policy(body, spec, self.settings))
+        await self.kube.create(manifests.network_policy(body, snapshot.run_spec, self.settings))
         if await asyncio.to_thread(self.store.get_run, run_id) is None:
             record = RunRecord(
                 run_id,
@@ -342,7 +331,8 @@ class RunReconciler:
                 if await asyncio.to_thread(self.store.get_run, run_id) is None:
                     raise
         parsed = parse_snapshot(snapshot)
-        return _Setup(snapshot, entry, parsed, parsed.units(), grant_expires)
+        setup = self._setups[meta["uid"]] = _Setup(snapshot, entry, parsed, parsed.units())
+        return setup
 
     async def _ingest_token_digest(self, body: Mapping[str, Any]) -> str:
         """The digest of the run's ingest token, recorded in its status.
@@ -352,57 +342,49 @@ class RunReconciler:
         Without one (a new run, or a pass that stopped between the Secret and the status), it
         makes a token and writes it into the Secret, created or overwritten: no Job exists yet.
         """
-        meta = body["metadata"]
         recorded = read_status(EvalRunStatus, body.get("status")).ingest_token_sha256
         if recorded:
             return recorded
-        token = new_token()
-        secret = manifests.token_secret(body, token)
-        if not await self.kube.create(secret):
-            await self.kube.overwrite_secret(secret)
-        token_digest = digest(token)
-        await self.kube.patch_run_status(
-            meta["namespace"], meta["name"], {TOKEN_DIGEST_FIELD: token_digest}
+        token = secrets.token_urlsafe(32)
+        await self.kube.create_or_update_secret(manifests.token_secret(body, token))
+        meta = body["metadata"]
+        # patched now, not with the pass's status: a restart finds it even if the pass stops early
+        await self.kube.patch_status(
+            EvalRunResource, meta["namespace"], meta["name"], {TOKEN_DIGEST_FIELD: digest(token)}
         )
-        return token_digest
+        return digest(token)
 
     # -- egress: the run's grant and the URLs pods use without DNS ------------------------------
-    async def _issue_grant(self, body: Mapping[str, Any], spec: EvalRunSpec) -> int:
-        """Mint the run's egress grant into its Secret (created, or updated in place: running
-        pods' proxies re-read the mounted file); when it expires."""
-        meta = body["metadata"]
-        try:
-            hosts = egress.grant_hosts(spec)
-        except ValueError as exc:
-            raise _Blocked("Failed", "InvalidSpec", f"spec.providers: {exc}") from None
-        path = Path(self.settings.egress_grant_key_file)
-        try:
-            key = await asyncio.to_thread(egress.read_signing_key, path)
-        except (OSError, ValueError) as exc:
-            raise _Blocked(
-                "Pending",
-                "EgressKeyUnavailable",
-                f"cannot sign the run's egress grant: {exc}; the operator needs the grant key "
-                f"Secret mounted at {path} (Helm: egress.*)",
-            ) from None
-        expires = int(time.time()) + self.settings.egress_grant_ttl_seconds
-        grant = egress.mint_grant(key, meta["namespace"], meta["name"], meta["uid"], hosts, expires)
-        await self.kube.create_or_update_secret(manifests.egress_grant_secret(body, grant))
-        return expires
-
     async def _refresh_grant(self, body: Mapping[str, Any], setup: _Setup) -> None:
-        """A fresh grant once half of the current one's lifetime has passed."""
+        """Mint the run's egress grant into its Secret (created, or updated in place: running
+        pods' proxies re-read the mounted file): the first one, and a fresh one once half of
+        the current one's lifetime has passed (which still serves until it expires)."""
         if not self.settings.egress_via_gateway:
             return
         left = setup.grant_expires - time.time()
         if left > self.settings.egress_grant_ttl_seconds / 2:
             return
         try:
-            setup.grant_expires = await self._issue_grant(body, setup.spec)
-        except _Blocked as blocked:  # the current grant still serves until it expires
+            hosts = egress.grant_hosts(setup.spec)
+        except ValueError as exc:
+            raise _Blocked("Failed", "InvalidSpec", f"spec.providers: {exc}") from None
+        path = Path(self.settings.egress_grant_key_file)
+        try:
+            key = await asyncio.to_thread(egress.read_signing_key, path)
+        except (OSError, ValueError) as exc:
+            message = (
+                f"cannot sign the run's egress grant: {exc}; the operator needs the grant key "
+                f"Secret mounted at {path} (Helm: egress.*)"
+            )
             if left <= 0:
-                raise
-            self.event(body, "Warning", blocked.reason, blocked.message[:1000])
+                raise _Blocked("Pending", "EgressKeyUnavailable", message) from None
+            self.event(body, "Warning", "EgressKeyUnavailable", message[:1000])
+            return
+        meta = body["metadata"]
+        expires = int(time.time()) + self.settings.egress_grant_ttl_seconds
+        grant = egress.mint_grant(key, meta["namespace"], meta["name"], meta["uid"], hosts, expires)
+        await self.kube.create_or_update_secret(manifests.egress_grant_secret(body, grant))
+        setup.grant_expires = expires
 
     async def _unit_settings(self) -> OperatorSettings:
         """The settings work-unit Jobs are built with: with the egress gateway, the ingest and
@@ -415,11 +397,9 @@ class RunReconciler:
         update: dict[str, str] = {}
         for setting in ("ingest_url", "egress_gateway_url", "policy_canary_url"):
             url = getattr(self.settings, setting)
-            if url is None:
-                continue
-            service = egress.service_of(url)
+            service = egress.service_of(url) if url else None
             if service is None:
-                continue  # an IP already (or a name the pods cannot resolve: documented)
+                continue  # unset, an IP already (or a name the pods cannot resolve: documented)
             ip = await self.kube.service_cluster_ip(*service)
             if ip is None:
                 raise _Blocked(
@@ -458,56 +438,19 @@ class RunReconciler:
             setup.unseen.add(unit.unit_id)
             if await self.kube.create(job):
                 self.metrics.jobs_created.inc()
-                self.event(
-                    body,
-                    "Normal",
-                    "UnitStarted",
-                    f"started unit {unit.unit_id} ({job['metadata']['name']})",
-                )
-
-    async def _status(
-        self, body: Mapping[str, Any], old: EvalRunStatus, setup: _Setup, decision: Decision
-    ) -> EvalRunStatus | None:
-        generation = body["metadata"].get("generation")
-        new = old.model_copy(
-            update={
-                "phase": decision.phase,
-                "observed_generation": generation,
-                "suite_version": setup.snapshot.suite.version,
-                "units": decision.counts(),
-                "started_at": old.started_at or now_rfc3339(),
-            }
-        )
-        conditions = [condition("Ready", True, "Running", "work units are running", generation)]
-        if decision.queued:
-            queue = setup.spec.queue_name
-            message = f"{decision.queued} of {decision.total} work-unit Jobs are suspended, " + (
-                f"waiting for Kueue to admit them from LocalQueue {queue!r}"
-                if queue
-                else "not by evalkube; set their spec.suspend to false to go on"
-            )
-            conditions = [condition("Ready", False, "Queued", message, generation)]
-        if decision.complete:
-            conditions = await self._finish(body, new, setup, decision)
-        new.conditions = merge_conditions(old.conditions, conditions)
-        return self._changed(body, old, new, None)
+                started = f"started unit {unit.unit_id} ({job['metadata']['name']})"
+                self.event(body, "Normal", "UnitStarted", started)
 
     async def _finish(
         self, body: Mapping[str, Any], new: EvalRunStatus, setup: _Setup, decision: Decision
     ) -> list[Condition]:
         """Every unit is over: aggregate, gate, record and export the run; its conditions."""
         generation = body["metadata"].get("generation")
-        suite_spec = setup.snapshot.suite.spec
+        run_id, suite_spec = setup.entry.run_id, setup.snapshot.suite.spec
         criteria_of = suite_criteria(suite_spec)
+        expected = expected_metrics(suite_spec, criteria_of)
         results = await asyncio.to_thread(
-            functools.partial(
-                aggregate_results,
-                self.store,
-                setup.entry.run_id,
-                None,
-                expected_metrics(suite_spec, criteria_of),
-                criteria_of=criteria_of,
-            )
+            aggregate_results, self.store, run_id, None, expected, criteria_of=criteria_of
         )
         new.results = results
         new.summary = summary_line({f"{r.task}/{r.model}": r.metrics for r in results})
@@ -515,8 +458,8 @@ class RunReconciler:
         if decision.failed:
             message = "; ".join(f"unit {u}: {why}" for u, why in sorted(decision.failed.items()))
             conditions = [
-                condition("Ready", False, "UnitsFailed", message, generation),
-                condition("Succeeded", False, "UnitsFailed", message, generation),
+                condition(type_, False, "UnitsFailed", message, generation)
+                for type_ in ("Ready", "Succeeded")
             ]
             self.event(body, "Warning", "RunFailed", message[:1000])
         else:
@@ -527,28 +470,27 @@ class RunReconciler:
             ]
             self.event(body, "Normal", "RunSucceeded", f"{completed}; {new.summary}")
             if setup.spec.gate is not None:
-                new.gate = await self._gate(body, setup, results)
-                conditions.append(gate_condition(new.gate, generation))
+                new.gate = await self._gate(setup.spec.gate, setup.entry, results)
+                message = gate_message(new.gate)
+                reason = "GatePassed" if new.gate.passed else "GateFailed"
+                # the Passed condition is what Argo CD's health check reads
+                conditions.append(condition("Passed", new.gate.passed, reason, message, generation))
                 if not new.gate.passed:
-                    self.event(body, "Warning", "GateFailed", gate_message(new.gate)[:1000])
+                    self.event(body, "Warning", "GateFailed", message[:1000])
         wire = [r.to_wire() for r in results]
-        run_id = setup.entry.run_id
         await asyncio.to_thread(self.store.finish_run, run_id, decision.phase, {"results": wire})
         # every unit is over: its samples hold the answers pods kept for a retried Job
         await asyncio.to_thread(self.store.forget_answers, run_id)
         infos = await asyncio.to_thread(self.store.done_unit_infos, run_id)
-        self._export_metrics(body, setup, results, budget_refusals(infos.values()))
-        self._setups.pop(body["metadata"]["uid"], None)
+        self._export_metrics(setup.entry, results, budget_refusals(infos.values()))
         return conditions
 
     async def _gate(
-        self, body: Mapping[str, Any], setup: _Setup, results: list[TaskModelResult]
+        self, gate: GateSpec, entry: RunEntry, results: list[TaskModelResult]
     ) -> GateStatus:
         """The gate of a run that succeeded: a named baseline is an EvalRun of the same
         namespace; ``lastSucceeded`` the latest earlier Succeeded run of the suite there."""
-        gate = setup.spec.gate
-        assert gate is not None
-        namespace = body["metadata"]["namespace"]
+        namespace, suite = entry.namespace, entry.suite
         baseline_id, problem = None, None
         if gate.baseline is not None and gate.baseline.run is not None:
             other = await self.kube.run(namespace, gate.baseline.run)
@@ -560,21 +502,19 @@ class RunReconciler:
             gate_run,
             self.store,
             gate,
-            setup.entry.run_id,
+            entry.run_id,
             results,
-            suite=setup.entry.suite,
+            suite=suite,
             baseline_id=baseline_id,
             baseline_problem=problem,
             id_prefix=f"{namespace}.",
         )
-        suite = setup.entry.suite
-        name = body["metadata"]["name"]
-        previous = self._gated_runs.get((namespace, suite))
-        if previous is not None and previous != name:
+        previous = self._gated_runs.get((namespace, suite), entry.name)
+        if previous != entry.name:
             # one series per suite: an alert on an old failed run must clear when a newer passes
             self.metrics.gate_passed.remove(namespace, suite, previous)
-        self._gated_runs[(namespace, suite)] = name
-        self.metrics.gate_passed.labels(namespace, suite, name).set(1 if status.passed else 0)
+        self._gated_runs[(namespace, suite)] = entry.name
+        self.metrics.gate_passed.labels(namespace, suite, entry.name).set(1 if status.passed else 0)
         for check in status.checks:
             if check.kind == "baseline" and check.metric and check.value is not None:
                 self.metrics.baseline_delta.labels(
@@ -582,46 +522,22 @@ class RunReconciler:
                 ).set(check.value)
         return status
 
-    def _changed(
-        self,
-        body: Mapping[str, Any],
-        old: EvalRunStatus,
-        new: EvalRunStatus,
-        blocked: _Blocked | None,
-    ) -> EvalRunStatus | None:
-        """``new`` when it differs from ``old`` (ignoring condition timestamps), else None."""
-        if same_status(new, old):
-            return None
-        if blocked is not None and old.phase != blocked.phase:
-            kind = "Warning" if blocked.phase == "Failed" else "Normal"
-            self.event(body, kind, blocked.reason, blocked.message[:1000])
-        self.metrics.status_patches.inc()
-        return new
-
     def _export_metrics(
-        self,
-        body: Mapping[str, Any],
-        setup: _Setup,
-        results: list[TaskModelResult],
-        refused: Mapping[str, int],
+        self, entry: RunEntry, results: list[TaskModelResult], refused: Mapping[str, int]
     ) -> None:
-        namespace = body["metadata"]["namespace"]
+        namespace, suite = entry.namespace, entry.suite
         for scope, count in refused.items():
-            self.metrics.budget_refusals.labels(namespace, setup.entry.suite, scope).inc(count)
+            self.metrics.budget_refusals.labels(namespace, suite, scope).inc(count)
         for result in results:
             for metric, value in result.metrics.items():
-                self.metrics.score.labels(
-                    namespace, setup.entry.suite, result.task, result.model, metric
-                ).set(value)
-            counts = result.counts
+                self.metrics.score.labels(namespace, suite, result.task, result.model, metric).set(
+                    value
+                )
             for status_name in ("valid", "invalid", "errored"):
-                amount = getattr(counts, status_name)
-                if amount:
-                    self.metrics.samples.labels(namespace, setup.entry.suite, status_name).inc(
-                        amount
-                    )
+                if amount := getattr(result.counts, status_name):
+                    self.metrics.samples.labels(namespace, suite, status_name).inc(amount)
             for purpose, count in result.model_calls.items():
-                self.metrics.model_calls.labels(namespace, setup.entry.suite, purpose).inc(count)
+                self.metrics.model_calls.labels(namespace, suite, purpose).inc(count)
 
 
 class _Blocked(Exception):
@@ -630,6 +546,14 @@ class _Blocked(Exception):
     def __init__(self, phase: str, reason: str, message: str) -> None:
         super().__init__(message)
         self.phase, self.reason, self.message = phase, reason, message
+
+
+def _spec_entry(body: Mapping[str, Any], token_digest: str) -> RunEntry:
+    """The registry entry of a run read back from the cluster, with the suite its spec names."""
+    meta = body["metadata"]
+    suite = ((body.get("spec") or {}).get("suiteRef") or {}).get("name", "")
+    run_id = names.run_id(meta["namespace"], meta["name"], meta["uid"])
+    return RunEntry(meta["namespace"], meta["name"], run_id, suite, token_digest)
 
 
 def budget_refusals(unit_infos: Iterable[Mapping[str, Any]]) -> dict[str, int]:

@@ -17,7 +17,7 @@ from evalkube.controller.registry import RunRegistry
 from evalkube.controller.runs import EventSink, RunReconciler
 from evalkube.controller.schedules import ScheduleReconciler
 from evalkube.controller.settings import OperatorSettings
-from evalkube.controller.snapshot import SuiteCheck, check_cluster_suite
+from evalkube.controller.snapshot import check_cluster_suite
 from evalkube.models.status import condition, merge_conditions, read_status
 from evalkube.models.suite import EvalSuiteStatus
 from evalkube.store import ResultStore
@@ -25,12 +25,9 @@ from evalkube.store import ResultStore
 
 @dataclass
 class OperatorState:
-    """Store, registry, metrics, API server and reconcilers of one operator process."""
+    """Store, API servers and reconcilers of one operator process."""
 
-    settings: OperatorSettings
     store: ResultStore
-    registry: RunRegistry
-    metrics: OperatorMetrics
     kube: Kube
     reconciler: RunReconciler
     runners: list[web.AppRunner]
@@ -41,14 +38,12 @@ class OperatorState:
         cls, settings: OperatorSettings, event: EventSink | None = None
     ) -> OperatorState:
         store = await asyncio.to_thread(ResultStore.open, settings.store_url)
-        registry = RunRegistry()
-        metrics = OperatorMetrics()
         kube = Kube()
-        reconciler = RunReconciler(kube, store, registry, metrics, settings, event)
+        reconciler = RunReconciler(kube, store, RunRegistry(), OperatorMetrics(), settings, event)
         api = ApiServer(
             store,
-            registry,
-            metrics,
+            reconciler.registry,
+            reconciler.metrics,
             read_token=settings.api_token,
             resolve=reconciler.resolve_run,
             on_unit_done=reconciler.unit_done,
@@ -58,22 +53,37 @@ class OperatorState:
             await _serve(api.api_app, settings.api_listen),
         ]
         schedules = ScheduleReconciler(kube, settings, event)
-        return cls(settings, store, registry, metrics, kube, reconciler, runners, schedules)
+        return cls(store, kube, reconciler, runners, schedules)
 
-    async def suite_status(
-        self, namespace: str, spec: Mapping[str, Any], meta: Mapping[str, Any], old: Any
-    ) -> dict[str, Any]:
-        """The EvalSuite's status after checking its spec and the ConfigMaps it reads."""
-        check = await check_cluster_suite(self.kube, namespace, spec)
-        return suite_status(check, meta.get("generation"), old)
+    async def suite_status(self, suite: Mapping[str, Any]) -> dict[str, Any]:
+        """The EvalSuite's status (as patched) after checking its spec and the ConfigMaps it
+        reads."""
+        meta = suite["metadata"]
+        check = await check_cluster_suite(self.kube, meta["namespace"], suite.get("spec") or {})
+        generation = meta.get("generation")
+        if check.ok:
+            message = f"{len(check.sources)} programs checked"
+            cond = condition("Ready", True, "Valid", message, generation)
+        else:
+            cond = condition(
+                "Ready", False, "Invalid", "; ".join(check.problems)[:4000], generation
+            )
+        status = EvalSuiteStatus(
+            phase="Ready" if check.ok else "Invalid",
+            observed_generation=generation,
+            suite_version=check.version if check.ok else None,
+            conditions=merge_conditions(
+                read_status(EvalSuiteStatus, suite.get("status")).conditions, [cond]
+            ),
+        )
+        # a suite that turns Invalid must lose its old version, not keep it: null deletes it
+        return {**status.to_wire(), "suiteVersion": status.suite_version}
 
     async def recheck_suite(self, namespace: str, name: str) -> None:
         """Check the suite again (a ConfigMap it reads changed) and patch its status."""
         suite = await self.kube.suite(namespace, name)
         if suite is not None:
-            new = await self.suite_status(
-                namespace, suite.get("spec") or {}, suite["metadata"], suite.get("status")
-            )
+            new = await self.suite_status(suite)
             await self.kube.patch_status(EvalSuiteResource, namespace, name, new)
 
     async def close(self) -> None:
@@ -92,23 +102,3 @@ async def _serve(app: web.Application, listen: str) -> web.AppRunner:
         raise ValueError(f"{listen!r}: the operator listens on host:port only")
     await web.TCPSite(runner, *address).start()
     return runner
-
-
-def suite_status(
-    check: SuiteCheck, generation: int | None, old: Mapping[str, Any] | None
-) -> dict[str, Any]:
-    """EvalSuite status (as patched) from a suite's check."""
-    if check.ok:
-        cond = condition(
-            "Ready", True, "Valid", f"{len(check.sources)} programs checked", generation
-        )
-    else:
-        cond = condition("Ready", False, "Invalid", "; ".join(check.problems)[:4000], generation)
-    status = EvalSuiteStatus(
-        phase="Ready" if check.ok else "Invalid",
-        observed_generation=generation,
-        suite_version=check.version if check.ok else None,
-        conditions=merge_conditions(read_status(EvalSuiteStatus, old).conditions, [cond]),
-    )
-    # a suite that turns Invalid must lose its old version, not keep it: null deletes it
-    return {**status.to_wire(), "suiteVersion": status.suite_version}

@@ -14,6 +14,7 @@ import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from evalkube.controller.kube import EvalRunResource
 from evalkube.controller.reconcile import JobState, job_index_entry
 
 Key = tuple[str, str, str]
@@ -59,7 +60,10 @@ class FakeKube:
         secret = self.objects[("Secret", meta["namespace"], meta["name"])]
         secret.setdefault("stringData", {}).update(manifest.get("stringData") or {})
 
-    async def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    async def patch_status(
+        self, kind: Any, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        assert kind is EvalRunResource, "the run reconciler patches EvalRun statuses only"
         self.status_patches.append((namespace, name, dict(status)))
         run = self.objects.get(("EvalRun", namespace, name))
         if run is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from pathlib import Path
 from typing import Any
 
@@ -461,3 +462,52 @@ def test_a_pass_a_unit_report_starts_posts_events_in_kopfs_context(harness: Harn
     asyncio.run(scenario())
     assert seen
     assert set(seen) == {"kopf"}
+
+
+def test_the_egress_grant_is_issued_first_and_refreshed_at_half_its_lifetime(
+    tmp_path: Path,
+) -> None:
+    """No key: the run waits ``Pending``. A grant past half its lifetime is minted again; a key
+    that went missing meanwhile only warns, as the current grant still serves."""
+    harness = Harness(tmp_path)
+    key = tmp_path / "grant-key"
+    harness.reconciler.settings = harness.reconciler.settings.model_copy(
+        update={
+            "egress_via_gateway": True,
+            "egress_grant_key_file": str(key),
+            "egress_grant_ttl_seconds": 600,
+            "ingest_url": "http://10.96.0.5:8080",
+            "egress_gateway_url": "http://10.96.0.6:3128",
+        }
+    )
+    harness.apply(suite())
+    harness.apply(run(providers={"openai": {"baseURL": "https://api.openai.com/v1"}}))
+    harness.step()
+    assert harness.status["phase"] == "Pending"
+    assert harness.condition("Ready")["reason"] == "EgressKeyUnavailable"
+    assert harness.jobs() == {}
+    key.write_text("k" * 32 + "\n")
+    harness.step()
+    assert harness.status["phase"] == "Running"
+    secret = ("Secret", NS, names.egress_grant_secret_name("nightly"))
+    assert harness.kube.objects[secret]["stringData"]["grant"].startswith("v1.")
+    setup = harness.reconciler._setups["uid-1"]
+    first_expiry = setup.grant_expires
+    assert first_expiry >= time.time() + 590
+
+    setup.grant_expires = first_expiry - 200  # not yet half its lifetime
+    harness.kube.objects[secret]["stringData"]["grant"] = "old"
+    harness.step()
+    assert harness.kube.objects[secret]["stringData"]["grant"] == "old"
+
+    setup.grant_expires = first_expiry - 400  # past half its lifetime
+    key.unlink()
+    harness.step()
+    assert harness.status["phase"] == "Running"
+    assert ("Warning", "EgressKeyUnavailable") in [e[:2] for e in harness.events]
+    assert harness.kube.objects[secret]["stringData"]["grant"] == "old"
+
+    key.write_text("k" * 32 + "\n")
+    harness.step()
+    assert harness.kube.objects[secret]["stringData"]["grant"].startswith("v1.")
+    assert setup.grant_expires >= first_expiry
