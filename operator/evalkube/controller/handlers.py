@@ -12,7 +12,7 @@ import kopf
 
 from evalkube.controller import names
 from evalkube.controller.reconcile import job_index_entry
-from evalkube.controller.runs import FINAL_PHASES, RunReconciler
+from evalkube.controller.runs import RunReconciler
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import config_map_refs
 from evalkube.controller.state import OperatorState
@@ -22,9 +22,9 @@ UNIT_JOBS: dict[str, Any] = {
     names.LABEL_MANAGED_BY: names.MANAGED_BY,
     names.LABEL_RUN: kopf.PRESENT,
 }
-#: Read at import only for the timers' intervals (kopf fixes it when the decorator runs);
-#: every other setting is read again at startup, so an operator restarted in the same
-#: process (tests with ``KopfRunner``) picks up its current environment.
+#: Read at import only for the EvalSchedule timer's interval (kopf fixes it when the
+#: decorator runs); every other setting is read again at startup, so an operator restarted in
+#: the same process (tests with ``KopfRunner``) picks up its current environment.
 _IMPORT_SETTINGS = OperatorSettings()
 
 
@@ -96,23 +96,15 @@ def _runs(memo: Any, kwargs: dict[str, Any]) -> RunReconciler:
     return reconciler
 
 
-@kopf.on.create(GROUP, VERSION, "evalruns")
-@kopf.on.resume(GROUP, VERSION, "evalruns")
-async def run_started(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
-    await _runs(memo, kwargs).advance(namespace or "", name)
+#: Seconds a stopping run daemon (run deleted, operator paused or exiting) gets before kopf
+#: cancels it: a pass in flight is cut short, and the next daemon starts with a fresh pass.
+RUN_DAEMON_CANCELLATION_SECONDS = 5.0
 
 
-@kopf.timer(
-    GROUP,
-    VERSION,
-    "evalruns",
-    interval=_IMPORT_SETTINGS.reconcile_interval,
-    initial_delay=_IMPORT_SETTINGS.reconcile_interval,
-    when=lambda status, **_: (status or {}).get("phase") not in FINAL_PHASES,
-)
-async def run_tick(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
-    """The safety pass, for a Job event or a unit report the operator missed."""
-    await _runs(memo, kwargs).advance(namespace or "", name)
+@kopf.daemon(GROUP, VERSION, "evalruns", cancellation_timeout=RUN_DAEMON_CANCELLATION_SECONDS)
+async def run_daemon(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Drives the run from creation (or the operator's start) until it is finished."""
+    await _runs(memo, kwargs).drive(namespace or "", name)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=UNIT_JOBS)
@@ -121,7 +113,7 @@ async def unit_job_changed(
 ) -> None:
     """A work-unit Job was created, admitted, suspended, finished or deleted."""
     run = annotations.get(names.ANNOTATION_RUN) or labels[names.LABEL_RUN]
-    await _runs(memo, kwargs).job_changed(namespace or "", run)
+    _runs(memo, kwargs).wake(namespace or "", run)
 
 
 @kopf.on.delete(GROUP, VERSION, "evalruns", optional=True)

@@ -1,18 +1,18 @@
 """Reconcile one EvalRun: observe the cluster and the store, decide, act, report status.
 
-:meth:`RunReconciler.advance` is the entry point: the kopf handlers call it when the run is
-created or resumed, when one of its Jobs changes, on a slow safety timer, and the ingest
-server when a unit reports done. Passes of one run are serialized and coalesced, and each
-reads the run afresh, so a pass never acts on a status an earlier pass already replaced. The
-decisions are :func:`evalkube.controller.reconcile.decide`; this module does the I/O around
-them and patches the status only when it changed (status patches grow with unit transitions,
-never with samples).
+Each unfinished run has a kopf daemon (``handlers.run_daemon``) that runs
+:meth:`RunReconciler.drive`: one pass at a time, each reading the run afresh, so a pass never
+acts on a status an earlier pass already replaced. Its Jobs' events and its units' done reports
+(through the ingest server) wake it. The decisions are
+:func:`evalkube.controller.reconcile.decide`; this module does the I/O around them and patches
+the status only when it changed (status patches grow with unit transitions, never with
+samples).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import contextlib
 import logging
 import secrets
 import time
@@ -108,76 +108,63 @@ class RunReconciler:
         """(namespace, suite) -> the run whose gate ``evalkube_gate_passed`` shows."""
         #: What ``_unit_settings`` resolved, and when.
         self._unit_settings_cache: tuple[float, OperatorSettings] | None = None
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._waiting: set[tuple[str, str]] = set()
-        """Runs with a pass waiting for the lock: a newer trigger needs no pass of its own."""
-        self._retrying: set[tuple[str, str]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        #: The context of the latest pass, a kopf handler's or a copy of one: passes started
-        #: outside kopf (the ingest server's) run in it, as kopf's event posting needs its
-        #: context variables.
-        self._context: contextvars.Context | None = None
+        self._wakeups: dict[tuple[str, str], asyncio.Event] = {}
+        """Runs whose kopf daemon is driving them: setting the event asks for a pass."""
         self.jobs: JobIndex = {}
         """``(namespace, run) -> (unit id, JobState)`` of every work-unit Job: kopf's index
         (``handlers.unit_jobs``), kept current by the Job watch, so a pass lists no Jobs."""
 
+    async def drive(self, namespace: str, name: str) -> None:
+        """Drive the run until it is finished: the body of its kopf daemon, so its passes are
+        serialized by construction and kopf stops it when the run is deleted.
+
+        A pass follows every :meth:`wake` (those during a pass coalesce into one after it);
+        without one, the next pass comes after ``retry_interval`` while the run is blocked
+        ``Pending`` and after ``reconcile_interval`` otherwise, for an event that was missed.
+        """
+        key = (namespace, name)
+        wakeup = self._wakeups[key] = asyncio.Event()
+        try:
+            while True:
+                wakeup.clear()
+                try:
+                    await self.advance(namespace, name)
+                except Exception:  # the daemon goes on: its next pass may succeed
+                    _log.exception("a pass over EvalRun %s/%s failed", namespace, name)
+                phase = self._phases.get(key)
+                if phase in FINAL_PHASES:
+                    return
+                pending = phase == "Pending"
+                wait = self.settings.retry_interval if pending else self.settings.reconcile_interval
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), wait)
+        finally:
+            if self._wakeups.get(key) is wakeup:
+                del self._wakeups[key]
+
+    def wake(self, namespace: str, name: str) -> None:
+        """Ask for a pass over the run (one of its Jobs changed, or a unit reported done)."""
+        if (wakeup := self._wakeups.get((namespace, name))) is not None:
+            wakeup.set()
+
+    def unit_done(self, entry: RunEntry, unit: str) -> None:
+        """A unit reported done (``ApiServer.on_unit_done``): its slot is free now."""
+        self.wake(entry.namespace, entry.name)
+
     async def advance(self, namespace: str, name: str) -> None:
         """One pass over the run as the API server holds it now; the status patched if it
-        changed. A run left blocked ``Pending`` (no suite yet, ...) is looked at again soon."""
-        key = (namespace, name)
-        self._context = contextvars.copy_context()
-        if key in self._waiting:
-            return
-        self._waiting.add(key)
-        async with self._locks.setdefault(key, asyncio.Lock()):
-            self._waiting.discard(key)
-            body = await self.kube.run(namespace, name)
-            if body is None:
-                return
+        changed."""
+        body = await self.kube.run(namespace, name)
+        if body is not None:
             new = await self.reconcile(body)
             if new is not None:
                 await self.kube.patch_status(EvalRunResource, namespace, name, new.to_wire())
             self.metrics.passes.inc()
-        if self._phases.get(key) == "Pending" and key not in self._retrying:
-            self._retrying.add(key)
-            self.later(self.settings.retry_interval, namespace, name)
-
-    async def job_changed(self, namespace: str, run: str) -> None:
-        """A Job of ``run`` changed: advance it, unless it is known to be finished."""
-        if self._phases.get((namespace, run)) not in FINAL_PHASES:
-            await self.advance(namespace, run)
-
-    def unit_done(self, entry: RunEntry, unit: str) -> None:
-        """A unit reported done (``ApiServer.on_unit_done``): its slot is free now."""
-        self.later(0, entry.namespace, entry.name)
-
-    def later(self, delay: float, namespace: str, name: str) -> None:
-        """Advance the run in ``delay`` seconds, outside the caller (a kopf handler or the
-        ingest server, which must not wait for a pass)."""
-
-        async def wait_and_advance() -> None:
-            await asyncio.sleep(delay)
-            self._retrying.discard((namespace, name))
-            try:
-                await self.advance(namespace, name)
-            except Exception:  # no handler to retry it: the safety timer will
-                _log.exception("a pass over EvalRun %s/%s failed", namespace, name)
-
-        context = self._context.copy() if self._context is not None else None
-        task = asyncio.get_running_loop().create_task(wait_and_advance(), context=context)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted run from the registry, the ``evalkube_runs`` gauge and the caches."""
         self.registry.forget(namespace, name)
         self._phases.pop((namespace, name), None)
-        self._locks.pop((namespace, name), None)
         self._export_phases()
         for uid, setup in list(self._setups.items()):
             if (setup.entry.namespace, setup.entry.name) == (namespace, name):

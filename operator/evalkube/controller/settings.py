@@ -100,9 +100,8 @@ class OperatorSettings(BaseSettings):
     active_deadline_slack_seconds: int = 300
     """Added to a unit's worst-case grading time for ``activeDeadlineSeconds``."""
     reconcile_interval: float = Field(default=60.0, gt=0)
-    """Seconds between safety passes over a running EvalRun (read once per process). Runs
-    advance on their Jobs' events and their units' reports; this timer only covers a missed
-    event."""
+    """Seconds a running EvalRun's daemon waits for an event before a pass of its own. Runs
+    advance on their Jobs' events and their units' reports; this only covers a missed event."""
     retry_interval: float = Field(default=2.0, gt=0)
     """Seconds before a run blocked ``Pending`` (its suite or a Service missing) is looked at
     again."""

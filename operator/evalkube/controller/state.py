@@ -87,7 +87,6 @@ class OperatorState:
             await self.kube.patch_status(EvalSuiteResource, namespace, name, new)
 
     async def close(self) -> None:
-        await self.reconciler.close()
         for runner in self.runners:
             await runner.cleanup()
         await self.kube.close()

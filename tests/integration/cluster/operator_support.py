@@ -275,7 +275,7 @@ def running_operator(
         "EVALKUBE_API_TOKEN": READ_TOKEN,
         "EVALKUBE_INGEST_URL": f"http://127.0.0.1:{port}",
         "EVALKUBE_POD_ANNOTATIONS": json.dumps({HOLD_ANNOTATION: "true"}),
-        # runs advance on events: the safety timer keeps its default (60 s), so a test that
+        # runs advance on events: the periodic pass keeps its default (60 s), so a test that
         # waited for it would time out; a blocked run is looked at again quickly
         "EVALKUBE_RETRY_INTERVAL": "0.5",
         **{f"EVALKUBE_{key.upper()}": value for key, value in settings.items()},

@@ -9,8 +9,10 @@ structure can change underneath them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -343,14 +345,31 @@ def test_a_missing_suite_keeps_the_run_pending_until_it_appears(tmp_path: Path) 
     assert sorted(harness.jobs()) == UNITS[:2]
 
 
-# -- event-driven passes: advance, job_changed, unit_done ----------------------------------------
+# -- the run's daemon: drive, wake, unit_done --------------------------------------------------
 async def _settle(until: Any) -> None:
-    """Let the reconciler's own tasks run until ``until()`` holds (awaited, with a bound)."""
+    """Let the daemon run until ``until()`` holds (awaited, with a bound)."""
     for _ in range(3000):
         if until():
             return
         await asyncio.sleep(0.01)
-    raise AssertionError("the reconciler's background pass never happened")
+    raise AssertionError("the daemon's pass never happened")
+
+
+@contextlib.asynccontextmanager
+async def _daemon(harness: Harness) -> AsyncIterator[asyncio.Task[None]]:
+    """The run's daemon, as kopf runs it; cancelled at the end as kopf cancels a stopped one."""
+    task = asyncio.create_task(harness.reconciler.drive(NS, "nightly"))
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert (NS, "nightly") not in harness.reconciler._wakeups
+
+
+def _passes(harness: Harness) -> float:
+    return harness.gauge("evalkube_reconcile_passes_total") or 0
 
 
 def test_advance_reads_the_run_afresh_and_patches_its_status(harness: Harness) -> None:
@@ -371,50 +390,62 @@ def test_a_unit_report_creates_the_next_job_without_waiting_for_a_timer(
     harness.apply(run())
 
     async def scenario() -> None:
-        await harness.reconciler.advance(NS, "nightly")
-        harness.store.mark_unit_done(harness.run_id(), UNITS[0], {})
-        entry = harness.reconciler.registry.get(NS, "nightly")
-        assert entry is not None
-        harness.reconciler.unit_done(entry, UNITS[0])  # what the ingest server calls
-        await _settle(lambda: len(harness.kube.of_kind("Job")) == 3)
+        async with _daemon(harness):
+            await _settle(lambda: len(harness.kube.of_kind("Job")) == 2)
+            harness.store.mark_unit_done(harness.run_id(), UNITS[0], {})
+            entry = harness.reconciler.registry.get(NS, "nightly")
+            assert entry is not None
+            harness.reconciler.unit_done(entry, UNITS[0])  # what the ingest server calls
+            await _settle(lambda: len(harness.kube.of_kind("Job")) == 3)
 
     asyncio.run(scenario())
     assert sorted(harness.jobs()) == UNITS
     assert harness.status["units"]["succeeded"] == 1
 
 
-def test_passes_of_one_run_are_serialized_and_coalesced(harness: Harness) -> None:
+def test_wake_ups_during_a_pass_add_up_to_one_more_pass(harness: Harness) -> None:
     harness.apply(run())
-    reads = 0
     original = harness.kube.run
+    release = asyncio.Event()
 
-    async def counting_run(namespace: str, name: str) -> dict[str, Any] | None:
-        nonlocal reads
-        reads += 1
+    async def held_run(namespace: str, name: str) -> dict[str, Any] | None:
+        await release.wait()
         return await original(namespace, name)
 
-    harness.kube.run = counting_run  # type: ignore[method-assign]
+    harness.kube.run = held_run  # type: ignore[method-assign]
 
-    async def burst() -> None:
-        await asyncio.gather(*(harness.reconciler.advance(NS, "nightly") for _ in range(5)))
+    async def scenario() -> None:
+        async with _daemon(harness):
+            await asyncio.sleep(0)  # the first pass is waiting to read the run
+            for _ in range(5):
+                harness.reconciler.wake(NS, "nightly")
+            release.set()
+            await _settle(lambda: _passes(harness) == 2)
+            for _ in range(50):  # give a wrongly queued third pass every chance to run
+                await asyncio.sleep(0)
+            assert _passes(harness) == 2
 
-    asyncio.run(burst())
-    # one pass running, one waiting: the other three triggers see what the waiting one reads
-    assert reads == 2
+    asyncio.run(scenario())
     assert harness.gauge("evalkube_jobs_created_total") == 2
 
 
-def test_job_events_of_a_finished_run_cost_nothing(harness: Harness) -> None:
+def test_the_daemon_of_a_finished_run_ends_and_its_job_events_cost_nothing(
+    harness: Harness,
+) -> None:
     harness.apply(run())
     harness.step()
     for unit in UNITS[:2]:
         harness.finish_unit(unit)
     harness.step()
     harness.finish_unit(UNITS[2])
-    harness.step()
+
+    async def scenario() -> None:
+        await asyncio.wait_for(harness.reconciler.drive(NS, "nightly"), 30)
+
+    asyncio.run(scenario())  # the last pass finished the run, and the daemon returned
     assert harness.status["phase"] == "Succeeded"
     harness.kube.run = None  # type: ignore[assignment,method-assign]  # any read would fail
-    asyncio.run(harness.reconciler.job_changed(NS, "nightly"))
+    harness.reconciler.wake(NS, "nightly")
 
 
 def test_a_run_blocked_pending_is_looked_at_again_until_its_suite_appears(
@@ -427,11 +458,10 @@ def test_a_run_blocked_pending_is_looked_at_again_until_its_suite_appears(
     harness.apply(run())
 
     async def scenario() -> None:
-        await harness.reconciler.advance(NS, "nightly")
-        assert harness.status["phase"] == "Pending"
-        harness.apply(suite())  # no event of the run's own follows
-        await _settle(lambda: harness.kube.of_kind("Job"))
-        await harness.reconciler.close()
+        async with _daemon(harness):
+            await _settle(lambda: harness.status.get("phase") == "Pending")
+            harness.apply(suite())  # no event of the run's own follows
+            await _settle(lambda: harness.kube.of_kind("Job"))
 
     asyncio.run(scenario())
     assert harness.status["phase"] == "Running"
@@ -442,8 +472,8 @@ KOPF_CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("kopf_context
 
 
 def test_a_pass_a_unit_report_starts_posts_events_in_kopfs_context(harness: Harness) -> None:
-    """kopf posts events through context variables its handlers run with; the ingest server's
-    requests do not have them, so the pass they start runs in the last handler's context."""
+    """kopf posts events through context variables its daemons run with; the ingest server's
+    requests do not have them, and need not: they only wake the daemon, which makes the pass."""
     seen: list[str] = []
     harness.reconciler.event = lambda body, kind, reason, message: seen.append(
         KOPF_CONTEXT.get("none")
@@ -451,13 +481,14 @@ def test_a_pass_a_unit_report_starts_posts_events_in_kopfs_context(harness: Harn
     harness.apply(run())
 
     async def scenario() -> None:
-        KOPF_CONTEXT.set("kopf")
-        await harness.reconciler.advance(NS, "nightly")  # what a kopf handler does
-        harness.store.mark_unit_done(harness.run_id(), UNITS[0], {})
-        entry = harness.reconciler.registry.get(NS, "nightly")
-        assert entry is not None
-        contextvars.Context().run(harness.reconciler.unit_done, entry, UNITS[0])  # aiohttp's
-        await _settle(lambda: len(harness.kube.of_kind("Job")) == 3)
+        KOPF_CONTEXT.set("kopf")  # the daemon's task copies this context, as kopf's do
+        async with _daemon(harness):
+            await _settle(lambda: len(harness.kube.of_kind("Job")) == 2)
+            harness.store.mark_unit_done(harness.run_id(), UNITS[0], {})
+            entry = harness.reconciler.registry.get(NS, "nightly")
+            assert entry is not None
+            contextvars.Context().run(harness.reconciler.unit_done, entry, UNITS[0])  # aiohttp's
+            await _settle(lambda: len(harness.kube.of_kind("Job")) == 3)
 
     asyncio.run(scenario())
     assert seen
