@@ -565,6 +565,16 @@ def test_secret_policy_confines_the_operators_secret_writes(
 
         with _operator_client(cp, namespace, f"{release}-evalkube") as api:
             base = f"/api/v1/namespaces/{namespace}/secrets"
+            # the API server enforces a new policy once its informer has it: wait with a dry
+            # run (admission runs, nothing is stored) that the policy must refuse
+            cp.wait_for(
+                lambda: (
+                    api.post(f"{base}?dryRun=All", json=secret("probe", {}, [])).status_code
+                    in (403, 422)
+                ),
+                timeout=30,
+                what="the Secret admission policy in force",
+            )
             # what the operator makes: created, then patched in place
             made = api.post(base, json=secret("nightly-ingest", ours, [owner]))
             assert made.status_code == 201, made.text
