@@ -324,14 +324,14 @@ def _valid_execution_id(value: object) -> bool:
 
 def _header_problem(execution_id: str | None, purpose: str | None, budgeted: bool) -> bytes | None:
     """The error body for a model call's bad headers, else None."""
-    if (budgeted or execution_id is not None) and not _valid_execution_id(execution_id):
-        if not budgeted:
-            return error_body("invalid_request", f"bad {EXECUTION_HEADER} header")
+    if budgeted and not _valid_execution_id(execution_id):
         return error_body(
             "missing_execution_id",
             f"model calls need the {EXECUTION_HEADER} header (set by the grader worker's ctx); "
             "call models through ctx.responses_create / ctx.embeddings_create",
         )
+    if execution_id is not None and not _valid_execution_id(execution_id):  # optional here
+        return error_body("invalid_request", f"bad {EXECUTION_HEADER} header")
     if purpose is not None and purpose not in PURPOSES:
         return error_body(
             "invalid_request", f"{PURPOSE_HEADER} must be candidate, judge or embedding"
@@ -537,6 +537,8 @@ async def run_until_stopped(server: ProxyServer, stop: asyncio.Event | None = No
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
+        # no handler off the main thread (ValueError, RuntimeError) or on Windows
+        # (NotImplementedError): the caller that runs it there stops it through ``stop``
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, stop.set)
             installed.append(signum)

@@ -476,19 +476,6 @@ def test_chunk_values_keep_their_types(store: ResultStore) -> None:
     assert back == record
 
 
-def test_store_of_an_older_layout_is_refused_clearly(tmp_path: Any) -> None:
-    import sqlite3
-
-    path = tmp_path / "old.db"
-    with sqlite3.connect(path) as conn:
-        conn.execute(
-            "CREATE TABLE evalkube_samples (run_id TEXT, sample_id TEXT, prompt TEXT, "
-            "PRIMARY KEY (run_id, sample_id))"
-        )
-    with pytest.raises(StoreError, match=r"earlier evalkube .*layout 1.*new file"):
-        ResultStore.open(f"sqlite:///{path}")
-
-
 def test_a_store_without_later_columns_is_upgraded_and_keeps_its_records(
     store: ResultStore,
 ) -> None:
