@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from itertools import groupby
@@ -26,6 +27,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+import tenacity
 from sqlalchemy import (
     Engine,
     and_,
@@ -172,7 +174,7 @@ class ResultStore:
             parsed = parsed.set(drivername="postgresql+psycopg")
         kwargs: dict[str, Any] = {}
         if parsed.get_backend_name() == "sqlite":
-            kwargs["connect_args"] = {"timeout": 30}
+            kwargs["connect_args"] = {"timeout": SQLITE_LOCK_SECONDS}
         engine = create_engine(parsed, **kwargs)
         if parsed.get_backend_name() == "sqlite":
             event.listen(engine, "connect", _sqlite_pragmas)
@@ -672,9 +674,25 @@ def decode_cursor(cursor: str) -> tuple[str, str, int]:
         raise ValueError("invalid cursor; use the `next_cursor` of the previous page") from None
 
 
+#: Seconds a new SQLite connection keeps trying to switch the file to WAL (its busy timeout).
+SQLITE_LOCK_SECONDS = 30
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
+    # Switching a new file to WAL needs it to itself, and SQLite answers "database is locked"
+    # at once, without its busy timeout, while another connection opening the same new store
+    # holds it: try again until that one is done (then the file is in WAL and this is a read).
+    for attempt in tenacity.Retrying(
+        retry=tenacity.retry_if_exception(
+            lambda exc: isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+        ),
+        wait=tenacity.wait_random(0.01, 0.05),
+        stop=tenacity.stop_after_delay(SQLITE_LOCK_SECONDS),
+        reraise=True,
+    ):
+        with attempt:
+            cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
 
