@@ -38,6 +38,28 @@ BUILTIN_LCS_CELLS: Final = 4_000_000
 BUILTIN_JUDGE_CHARS: Final = 1_000
 #: Characters of stdout and of stderr kept per grader execution for the debugging view.
 CAPTURED_OUTPUT_CHARS: Final = 8_192
+#: Score names one sample may return besides the task's declared ``metrics`` (and its
+#: graders' ``metricId``s). More makes the sample invalid: every name becomes a metric of the
+#: run (its status, the store's aggregates), so a grader could otherwise flood them.
+SCORE_NAMES_PER_SAMPLE: Final = 64
+#: Characters of one score or metric name; a longer name makes the sample invalid (or, from
+#: ``grade_batch``, drops the metric with a problem noted).
+SCORE_NAME_CHARS: Final = 128
+#: Metrics one task x model reports in results (EvalRun status, ``--output``): the declared
+#: ones always, then undeclared names in name order up to this count; the rest are counted
+#: in ``metricsOmitted`` and stay in the store. Prometheus exports declared metrics only.
+METRICS_PER_RESULT: Final = 64
+#: Distinct metric names aggregated per task x model; score names past it are not averaged
+#: (they count towards ``metricsOmitted``): aggregation memory stays bounded.
+METRIC_NAMES_TRACKED: Final = 1_024
+#: Characters of one condition message in a status (failed units, gate checks): longer ones
+#: end in ``... [N more characters]``; a list of failed units says how many it left out.
+STATUS_MESSAGE_CHARS: Final = 4_000
+#: Characters of one Kubernetes Event message the operator posts (kopf cuts at 1,024).
+EVENT_MESSAGE_CHARS: Final = 1_000
+#: Characters of one failed unit's reason in a status or event message listing failed units,
+#: so one long reason cannot take the room of the others.
+FAILED_UNIT_REASON_CHARS: Final = 300
 #: Execution tokens the model bridge keeps open at once (the runner opens a batch's tokens
 #: before sending it and closes them when it stores the samples).
 OPEN_EXECUTIONS_MAX: Final = 50_000
@@ -88,12 +110,25 @@ WORKER_STDERR_TAIL_BYTES: Final = 16_384
 SANDBOX_START_TIMEOUT_SECONDS: Final = 60
 #: Rows per work unit (shard) when the run does not say otherwise.
 SHARD_SIZE_DEFAULT: Final = 10_000
+#: Most seconds a work-unit Job may run (its ``activeDeadlineSeconds`` is the unit's worst case,
+#: rows x the task's timeouts + slack, at most this); ``EVALKUBE_UNIT_DEADLINE_MAX_SECONDS``
+#: changes it. A unit whose worst case is longer gets a ``DeadlineCapped`` warning event, and
+#: a unit that runs out of it fails with a reason naming ``shardSize`` and ``timeoutSeconds``.
+UNIT_DEADLINE_MAX_SECONDS: Final = 86_400
 #: Concurrent candidate-generation requests per unit.
 GENERATION_CONCURRENCY_DEFAULT: Final = 8
 #: Retries of a candidate-generation request on 429/5xx/timeouts.
 GENERATION_RETRIES_DEFAULT: Final = 4
 #: Samples written to the store in one transaction.
 STORE_CHUNK_SIZE: Final = 5_000
+#: Samples one ``grade_batch`` call may receive: the call needs all of a task x model's
+#: samples in one runner (and one grader worker), so past this many, or
+#: :data:`BATCH_SAMPLES_BYTES`, the aggregate unit fails naming the task and what to do
+#: instead of its runner being killed for memory (a pod's runner has 512 Mi).
+BATCH_SAMPLES_MAX: Final = 100_000
+#: Bytes of the samples one ``grade_batch`` call may receive (their texts, judges and dataset
+#: rows as stored; a runner holds about three times this while it sends them).
+BATCH_SAMPLES_BYTES: Final = 64 * 1024 * 1024
 #: Seconds a work-unit runner waits for its NetworkPolicy to be enforced (the policy canary
 #: refused) before it gives grader code anything; past it the unit fails.
 POLICY_ENFORCED_TIMEOUT_SECONDS: Final = 120
@@ -118,3 +153,117 @@ EXECUTION_ID_CHARS: Final = 256
 BRIDGE_REQUEST_BODY_BYTES: Final = 8 * 1024 * 1024
 #: Largest request body the operator's ingest API accepts from a work-unit runner (bytes).
 INGEST_BODY_BYTES: Final = 256 * 1024 * 1024
+#: Threads of the operator that parse, validate and store posted samples: one parses while
+#: the other writes (SQLite takes one writer at a time). Measured on 2 cores, 4 runners
+#: posting 1,000,000 samples: with the loop's 6 default threads the operator's peak RSS grew
+#: with the samples (230 MiB at 200k, 285 at 1M: more threads, more malloc arenas, and writers
+#: sleeping on SQLite's lock) at 13-24k samples/s; with 2, 171-177 MiB whatever the count, at
+#: 30-41k samples/s; with 1, 131 MiB at 9-15k samples/s.
+INGEST_THREADS: Final = 2
+#: Bytes of a run's snapshot ConfigMap (keys and values): Kubernetes' own limit for a
+#: ConfigMap. A larger snapshot (a suite with large inline ``dataset.rows``) fails the run
+#: with reason ``SnapshotTooLarge`` instead of being sent to the API server.
+SNAPSHOT_CONFIGMAP_BYTES: Final = 1024 * 1024
+
+# -- input surfaces (docs/security.md "Input surfaces"): files, imports, templates, output --
+#: Bytes of a suite or run YAML file, and of a grader or preprocessor ``file`` (read whole).
+SUITE_FILE_BYTES: Final = 16 * 1024 * 1024
+#: Weight of one YAML document with every alias expanded: a node counts 1, a scalar 1 more
+#: per :data:`YAML_SCALAR_CHARS_PER_NODE` characters. An alias bomb of a few hundred bytes
+#: (each level repeating the one below) is refused before any object is built.
+YAML_NODES_MAX: Final = 1_000_000
+YAML_SCALAR_CHARS_PER_NODE: Final = 64
+#: Bytes of one line of a JSONL dataset or outputs file (a longer line is refused after this
+#: many bytes are read: parsing a line costs up to ~25 times its size in memory).
+DATASET_LINE_BYTES: Final = 8 * 1024 * 1024
+#: Bytes of a ``.json`` dataset (one array, parsed whole): larger datasets go in JSONL.
+DATASET_JSON_BYTES: Final = 16 * 1024 * 1024
+#: Bytes of an ``evalkube import openai`` export file (parsed whole).
+IMPORT_EXPORT_BYTES: Final = 32 * 1024 * 1024
+#: Keyword evaluations of an export's ``item_schema`` per item and over all items (bound the
+#: time of ``$ref`` fan-out and nested ``anyOf``: a step costs 5-15 µs, so the total is a few
+#: seconds), and the depth of nested schema evaluation.
+SCHEMA_ITEM_STEPS_MAX: Final = 20_000
+SCHEMA_STEPS_MAX: Final = 1_000_000
+SCHEMA_DEPTH_MAX: Final = 64
+#: Characters of one rendered template (prompt, target, a grader's input or reference).
+TEMPLATE_OUTPUT_CHARS: Final = 1_000_000
+#: Characters a template may build in one render (every string, list and number it makes
+#: counted by its size, before it is made): what bounds its memory.
+TEMPLATE_WORK_CHARS: Final = 16_000_000
+#: Wall-clock seconds of one template render (checked at every loop step and call).
+TEMPLATE_RENDER_SECONDS: Final = 2.0
+#: A unit's buffered samples are handed to the store at this many bytes (an estimate: text
+#: fields and the judge) as well as at :data:`STORE_CHUNK_SIZE` samples.
+STORE_CHUNK_BYTES: Final = 16 * 1024 * 1024
+#: Bytes of samples one page of the samples API holds (texts, judges and rows as stored): a
+#: page ends before it passes this, after at least one sample, and ``next_cursor`` goes on,
+#: so the operator and ``evalkube samples/report --api`` hold one bounded page at a time.
+SAMPLES_PAGE_BYTES: Final = 8 * 1024 * 1024
+#: Characters of one field of a sample in the HTML report (the rest: ``evalkube samples``).
+REPORT_FIELD_CHARS: Final = 4_000
+#: Bytes of sample text the HTML report holds; samples past it are left to ``evalkube samples``.
+REPORT_SAMPLES_BYTES: Final = 16 * 1024 * 1024
+
+# -- dataset and output sources (evalkube.sources; docs/operator.md "Data sources") ---------
+#: The row index of a plain JSONL or CSV source keeps the byte offset of every
+#: :data:`SOURCE_INDEX_STRIDE`-th row (at least), so a shard seeks to its first row and
+#: skips fewer than a stride's lines without parsing them.
+SOURCE_INDEX_STRIDE: Final = 1_000
+#: Offsets an index keeps at most: past it the stride doubles (every other offset dropped),
+#: so the index of a billion rows still fits a run's snapshot.
+SOURCE_INDEX_OFFSETS_MAX: Final = 4_096
+#: Bytes of one https:// (or Parquet over https://) source: it is read whole and its sha256
+#: checked by every unit that reads it (use s3:// or pvc:// for larger data).
+SOURCE_HTTPS_BYTES_MAX: Final = 512 * 1024 * 1024
+#: Seconds to connect to, and to wait for each read of, an object store or https:// source.
+SOURCE_CONNECT_SECONDS: Final = 10.0
+SOURCE_READ_SECONDS: Final = 60.0
+#: Attempts of one object-store request (botocore's standard retry mode: throttling, 5xx,
+#: dropped connections).
+SOURCE_ATTEMPTS: Final = 5
+#: Seconds the run's prepare Job may take to pin its sources (read each JSONL or CSV source
+#: once; a Parquet footer); past it the Job fails and so does the run, naming it.
+PREPARE_DEADLINE_SECONDS: Final = 6 * 3600
+#: Rows a Parquet source is decoded in at a time (one record batch).
+SOURCE_PARQUET_BATCH_ROWS: Final = 2_048
+
+# -- MLflow tracking (evalkube.tracking) -----------------------------------------------------
+#: Tries of each step of logging a run to MLflow (experiment, run, each batch, each artifact)
+#: while the server does not answer, times out or answers 429/5xx; then the run keeps its
+#: phase and gets a warning (``evalkube run``) or a ``Tracked=False`` condition (operator).
+MLFLOW_ATTEMPTS: Final = 4
+#: The operator's tries (it logs in the background, so it waits longer for a server to come
+#: back: about 2 minutes in all); ``EVALKUBE_MLFLOW_ATTEMPTS`` overrides it.
+MLFLOW_OPERATOR_ATTEMPTS: Final = 8
+#: First wait between two tries (seconds), doubled after each, at most
+#: :data:`MLFLOW_BACKOFF_MAX_SECONDS`.
+MLFLOW_BACKOFF_SECONDS: Final = 0.5
+MLFLOW_BACKOFF_MAX_SECONDS: Final = 30.0
+#: Timeout of one request to the tracking server (seconds).
+MLFLOW_REQUEST_SECONDS: Final = 15
+#: MLflow's caps: characters of a param/metric/tag key, a param value, a tag value.
+MLFLOW_KEY_CHARS: Final = 250
+MLFLOW_PARAM_CHARS: Final = 6_000
+MLFLOW_TAG_CHARS: Final = 8_000
+#: Bytes of the per-sample ``samples.jsonl`` artifact; the samples past it are left out (all
+#: of them stay in the store: ``evalkube samples RUN --format jsonl``).
+MLFLOW_SAMPLES_BYTES: Final = 512 * 1024 * 1024
+#: Seconds ``evalkube run`` waits, after printing the scores, for the MLflow logging it
+#: started in the background; then it warns and exits (the run is recorded either way).
+MLFLOW_LOCAL_WAIT_SECONDS: Final = 120
+
+# -- evalkube submit (evalkube.submit; docs/cli.md "Submitting to a cluster") ---------------
+#: Bytes of one dataset file ``evalkube submit`` puts into a ConfigMap when no ``--store`` is
+#: given (a Kubernetes object holds at most 1 MiB, metadata included); a larger one is refused,
+#: naming the file and ``--store``. The grader and preprocessor files of a suite share one
+#: ConfigMap within the same bound.
+SUBMIT_CONFIGMAP_BYTES: Final = 900 * 1024
+#: Bytes of each part of an upload to the object store, and parts sent at once: a file is
+#: streamed, at most ``PART x CONCURRENCY`` bytes of it in memory (a file under two parts
+#: goes in one request).
+SUBMIT_UPLOAD_PART_BYTES: Final = 8 * 1024 * 1024
+SUBMIT_UPLOAD_CONCURRENCY: Final = 4
+#: Seconds ``evalkube submit`` keeps trying to re-open its watch of the EvalRun while the API
+#: server does not answer (waits of 1 s doubling to 10 s); then it stops watching, exit 3.
+SUBMIT_WATCH_RETRY_SECONDS: Final = 300

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
+import stat
 import sys
 from typing import Any
 
@@ -65,6 +65,9 @@ class Hygiene:
         #: The directory wiped between samples (the sandbox's private /tmp); ``None``: none.
         self.scratch = scratch
         self.dirty = False
+        #: Why the last wipe left the scratch directory unlike a fresh one (``None``: it
+        #: did not): the worker then has the host replace the sandbox.
+        self.unclean: str | None = None
         self._installed = False
 
     def install(self) -> None:
@@ -93,9 +96,12 @@ class Hygiene:
             self.clean()
 
     def clean(self) -> None:
+        """Kill what the sample started, empty the scratch directory and check that it is
+        empty and free again (:attr:`unclean` says why not)."""
         kill_descendants()
         if self.scratch:
             wipe(self.scratch)
+            self.unclean = verify(self.scratch)
         self.dirty = False
 
 
@@ -168,18 +174,126 @@ def reap() -> None:
             return
 
 
+#: Entries the wipe removes at most before it gives up (and the sandbox is replaced): a
+#: 64 MiB tmpfs holds at most a few hundred thousand.
+WIPE_ENTRIES_MAX = 1_000_000
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def wipe(directory: str) -> None:
-    """Remove everything inside ``directory`` (not the directory itself)."""
+    """Remove everything inside ``directory`` (not the directory itself), whatever the
+    sample did to it: directories it made unreadable or unwritable (``chmod 0500``/``000``)
+    are given back to their owner first, trees deeper than ``PATH_MAX`` are flattened (each
+    directory's subdirectories are moved up to ``directory`` before it is removed, so no
+    path grows and no recursion happens), and hard links go with their names. What still
+    cannot be removed (a mount point) is left for :func:`verify` to report.
+    """
     try:
-        entries = os.listdir(directory)
+        root = os.open(directory, _DIR_FLAGS)
     except OSError:
         return
-    for name in entries:
-        path = os.path.join(directory, name)
+    try:
+        _wipe_flat(root)
+    finally:
+        os.close(root)
+
+
+def _wipe_flat(root: int) -> None:
+    stuck: set[str] = set()
+    moved = 0
+    removed = 0
+    while removed < WIPE_ENTRIES_MAX:
         try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                os.unlink(path)
+            names = [n for n in os.listdir(root) if n not in stuck]
         except OSError:
-            pass
+            return
+        if not names:
+            return
+        for name in names:
+            removed += 1
+            if _is_dir(root, name):
+                moved = _empty_into(root, name, moved)
+                try:
+                    os.rmdir(name, dir_fd=root)
+                except OSError:
+                    stuck.add(name)  # a mount point, or a directory that refilled
+            else:
+                try:
+                    os.unlink(name, dir_fd=root)
+                except OSError:
+                    stuck.add(name)
+
+
+def _is_dir(parent: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(name, dir_fd=parent).st_mode)
+    except OSError:
+        return False
+
+
+def _empty_into(root: int, name: str, moved: int) -> int:
+    """Unlink the files of ``root/name`` and move its subdirectories up into ``root`` (under
+    fresh names); how many have been moved so far."""
+    with contextlib.suppress(OSError):
+        os.chmod(name, 0o700, dir_fd=root)
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=root)
+    except OSError:
+        return moved
+    try:
+        for child in os.listdir(fd):
+            if _is_dir(fd, child):
+                with contextlib.suppress(OSError):  # moving a directory rewrites its ``..``
+                    os.chmod(child, 0o700, dir_fd=fd)
+                moved += 1
+                with contextlib.suppress(OSError):
+                    os.rename(child, f".evalkube-wipe-{moved}", src_dir_fd=fd, dst_dir_fd=root)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(child, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return moved
+
+
+def verify(directory: str) -> str | None:
+    """Why ``directory`` is not as a fresh sandbox has it (``None``: it is): an entry left,
+    space still in use on its own filesystem (a file deleted but held open by this
+    process), or a descriptor of this process still open inside it."""
+    try:
+        left = os.listdir(directory)
+    except OSError as exc:
+        return f"the scratch directory cannot be listed ({exc.strerror})"
+    if left:
+        return f"{len(left)} entries could not be removed (e.g. {left[0][:60]!r})"
+    held = _open_inside(directory)
+    if held:
+        return f"this process still holds {held} file(s) of the scratch directory open"
+    try:
+        own = os.stat(directory).st_dev != os.stat(os.path.dirname(directory) or "/").st_dev
+        usage = os.statvfs(directory)
+    except OSError as exc:
+        return f"the scratch directory cannot be checked ({exc.strerror})"
+    if own and usage.f_bfree < usage.f_blocks:
+        used = (usage.f_blocks - usage.f_bfree) * usage.f_frsize
+        return f"{used:,} bytes of the scratch filesystem are still in use"
+    return None
+
+
+def _open_inside(directory: str) -> int:
+    prefix = directory.rstrip("/") + "/"
+    count = 0
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(prefix):
+            count += 1
+    return count

@@ -254,6 +254,15 @@ class Worker:
         with self._lock:
             self._write({"t": "loaded", "programs": loaded})
 
+    def _replace_me(self, reason: str) -> None:
+        """Send the answers so far and ask the host for a fresh sandbox, then exit: the
+        scratch directory could not be brought back to empty and free
+        (:func:`evalkube_sandbox.hygiene.verify`), so no later sample may run here."""
+        with self._lock:
+            self._flush()
+            self._write({"t": "replace", "b": self._batch, "reason": reason[:300]})
+        os._exit(0)
+
     def _run(self, request: dict[str, Any]) -> None:
         program = self._programs[request["program"]]
         items: list[list[Any]] = request["items"]
@@ -324,6 +333,8 @@ class Worker:
                 # Slow enough to be announced: worth a clock read (exact to one tick).
                 answer["ms"] = round((monotonic() - self._seen_at) * 1000, 3)
             self._pending.append(answer)
+            if hygiene.unclean is not None:
+                self._replace_me(hygiene.unclean)
             if self._flush_due or len(self._pending) >= FLUSH_COUNT:
                 self._flush()
         with self._lock:

@@ -16,11 +16,16 @@ from typing import IO, Any
 
 import httpx
 
+from evalkube._net import release
+from evalkube.cli_support import json_printable
 from evalkube.store import ResultStore
 from evalkube.store.filters import SampleFilter
 from evalkube.store.views import sample_view
 
 PAGE_SIZE = 1000
+#: Samples read from a local store at a time: a judge may hold up to 1 MB, so a page of
+#: these stays about 100 MB at worst.
+STORE_PAGE_SIZE = 100
 FORMATS = ("table", "json", "jsonl", "csv")
 #: Sample columns of the CSV export, around one ``score:<metric>`` column per metric.
 CSV_HEAD = ("sample_id", "task_id", "model", "status", "row_id")
@@ -53,7 +58,7 @@ def store_views(
     store: ResultStore, run_id: str, where: SampleFilter, limit: int | None = None
 ) -> Iterator[dict[str, Any]]:
     """The matching samples of a local run as views, in order, at most ``limit``."""
-    for n, record in enumerate(store.iter_pages(run_id, where, PAGE_SIZE)):
+    for n, record in enumerate(store.iter_pages(run_id, where, STORE_PAGE_SIZE)):
         if limit is not None and n >= limit:
             return
         yield sample_view(record)
@@ -76,6 +81,7 @@ class ApiSamples:
             ) from None
         _raise_for_answer(response, "samples API")
         body: dict[str, Any] = response.json()
+        release(response)  # each page freed as the next comes, not at a full GC
         return body
 
     @staticmethod
@@ -85,6 +91,7 @@ class ApiSamples:
             "task": where.task,
             "model": where.model,
             "search": where.search,
+            "row": where.row,
             "min_score": [f"{r.metric}={r.low!r}" for r in where.scores if r.low is not None],
             "max_score": [f"{r.metric}={r.high!r}" for r in where.scores if r.high is not None],
         }
@@ -96,13 +103,16 @@ class ApiSamples:
             body = self._get(client, {**self.params(where), "limit": 1, "metrics": "true"})
         return [str(name) for name in body.get("metrics") or []]
 
-    def views(self, where: SampleFilter, limit: int | None = None) -> Iterator[dict[str, Any]]:
-        """Every matching view (at most ``limit``), a page per request."""
+    def views(
+        self, where: SampleFilter, limit: int | None = None, page_size: int = PAGE_SIZE
+    ) -> Iterator[dict[str, Any]]:
+        """Every matching view (at most ``limit``), a page per request (the API ends a page
+        at ``limits.SAMPLES_PAGE_BYTES`` too, so one page in memory is bounded)."""
         cursor: str | None = None
         left = limit
         with httpx.Client(timeout=60) as client:
             while left is None or left > 0:
-                size = PAGE_SIZE if left is None else min(left, PAGE_SIZE)
+                size = page_size if left is None else min(left, page_size)
                 params = {**self.params(where), "limit": size}
                 if cursor:
                     params["cursor"] = cursor
@@ -116,11 +126,51 @@ class ApiSamples:
                     return
 
 
+class ApiRun:
+    """An EvalRun as the operator's samples API serves it: its run record
+    (``GET .../run``), its scores (``GET .../scores``) and its samples (``GET .../samples``),
+    each streamed or paged: what ``evalkube report --api`` renders."""
+
+    def __init__(self, api: str, namespace: str, name: str, token: str | None) -> None:
+        self.api, self.namespace, self.name, self.token = api, namespace, name, token
+        self.url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/evalruns/{name}"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._run: dict[str, Any] | None = None
+
+    def run(self) -> dict[str, Any]:
+        """The run record (asked once)."""
+        if self._run is None:
+            try:
+                with httpx.Client(timeout=60) as client:
+                    response = client.get(f"{self.url}/run", headers=self.headers)
+            except httpx.HTTPError as exc:
+                raise ApiError(
+                    f"cannot reach the samples API at {self.api}: {exc}", unreachable=True
+                ) from None
+            _raise_for_answer(response, f"run API (EvalRun {self.namespace}/{self.name})")
+            self._run = dict(response.json())
+            release(response)
+        return self._run
+
+    def scores(self) -> Iterator[tuple[str, str, str, dict[str, float]]]:
+        """Every sample's ``(task, model, status, scores)``, streamed."""
+        for task, model, _key, status, scores in api_keyed_scores(
+            self.api, self.namespace, self.name, self.token
+        ):
+            yield task, model, status, scores
+
+    def views(self, page_size: int) -> Iterator[dict[str, Any]]:
+        """The samples in order, a page at a time."""
+        samples = ApiSamples(self.api, self.namespace, self.name, self.token)
+        return samples.views(SampleFilter(), page_size=page_size)
+
+
 def write_jsonl(views: Iterable[dict[str, Any]], out: IO[str]) -> int:
-    """One JSON object per line; returns how many."""
+    """One JSON object per line; returns how many. DEL, C1 and bidi controls are ``\\u``
+    escapes (the same JSON), so printing it to a terminal runs no control sequence."""
     n = 0
     for view in views:
-        out.write(json.dumps(view, ensure_ascii=False) + "\n")
+        out.write(json_printable(json.dumps(view, ensure_ascii=False)) + "\n")
         n += 1
     return n
 
@@ -130,28 +180,43 @@ def write_json(views: Iterable[dict[str, Any]], out: IO[str]) -> int:
     n = 0
     out.write("[")
     for view in views:
-        body = json.dumps(view, indent=2, ensure_ascii=False).replace("\n", "\n  ")
+        body = json_printable(json.dumps(view, indent=2, ensure_ascii=False))
+        body = body.replace("\n", "\n  ")
         out.write(("," if n else "") + "\n  " + body)
         n += 1
     out.write("\n]\n" if n else "]\n")
     return n
 
 
-#: First characters that make a spreadsheet read a cell as a formula (OWASP "CSV injection").
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+#: First characters that make a spreadsheet read a cell as a formula (OWASP "CSV injection"),
+#: with the full-width forms some locales accept as well.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+#: Characters a spreadsheet may split a cell at when it guesses the separator or the locale
+#: uses another one (``;`` in much of Europe): each piece must be defused on its own.
+SEPARATORS = re.compile(r"([,;\t|\r\n])")
+_RISKY = re.compile("[=+\\-@\uff1d\uff0b\uff0d\uff20]")
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def defuse(text: str) -> str:
-    """``text`` with a ``'`` in front when a spreadsheet would run it as a formula.
+    """``text`` with a ``'`` in front of every piece a spreadsheet would run as a formula.
 
     Cells hold model output and grader messages, and a model may learn to write
-    ``=HYPERLINK(...)`` for whoever opens the export; a plain number (``-3``, ``+1.5e3``) is
-    left alone. JSON and JSONL exports carry every value unchanged.
+    ``=HYPERLINK(...)`` for whoever opens the export. A piece is the cell, or what follows
+    a separator a spreadsheet may split at (``a;=cmd|...`` in a ``;`` locale); leading
+    spaces are skipped, as a spreadsheet trimming them would. A plain number (``-3``,
+    ``+1.5e3``) is left alone. JSON and JSONL exports carry every value unchanged.
     """
-    if text.startswith(FORMULA_STARTS) and not _NUMBER.fullmatch(text):
-        return "'" + text
-    return text
+    if not _RISKY.search(text) and not text.startswith(("\t", "\r")):
+        return text
+    prefix = "'" if text.startswith(("\t", "\r")) else ""
+    pieces = SEPARATORS.split(text)
+    for index in range(0, len(pieces), 2):  # even positions: text between separators
+        piece = pieces[index]
+        body = piece.lstrip(" ")
+        if body.startswith(FORMULA_STARTS) and not _NUMBER.fullmatch(body.rstrip()):
+            pieces[index] = piece[: len(piece) - len(body)] + "'" + body
+    return prefix + "".join(pieces)
 
 
 def _cell(value: Any) -> str:
@@ -159,7 +224,7 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, str):
         return defuse(value)
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return defuse(json.dumps(value, ensure_ascii=False, sort_keys=True))
 
 
 def csv_columns(metrics: Iterable[str]) -> list[str]:
@@ -184,9 +249,10 @@ def csv_row(view: dict[str, Any], metrics: list[str]) -> list[str]:
 
 
 def write_csv(views: Iterable[dict[str, Any]], out: IO[str], metrics: list[str]) -> int:
-    """RFC 4180 CSV with a header row; newlines inside cells are quoted, not split, and text a
-    spreadsheet would run as a formula is :func:`defused <defuse>`."""
-    writer = csv.writer(out, lineterminator="\r\n")
+    """RFC 4180 CSV with a header row, every field quoted (a separator or newline inside a
+    cell never splits it), and text a spreadsheet would run as a formula
+    :func:`defused <defuse>`."""
+    writer = csv.writer(out, lineterminator="\r\n", quoting=csv.QUOTE_ALL)
     writer.writerow(csv_columns(metrics))
     n = 0
     for view in views:

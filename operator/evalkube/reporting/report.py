@@ -12,20 +12,31 @@ import base64
 import hashlib
 import json
 import math
+import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import jinja2
 import typer
 
-from evalkube import __version__
-from evalkube.cli_support import EXIT_CONFIG, DbOption, errors, fail, open_store, shown_store
+from evalkube import __version__, limits
+from evalkube.cli_support import (
+    EXIT_CONFIG,
+    EXIT_RUNTIME,
+    DbOption,
+    errors,
+    fail,
+    open_store,
+    shown_store,
+)
 from evalkube.cli_support import store_url as _store_url
+from evalkube.reporting.export import ApiError, ApiRun
 from evalkube.reporting.runs import run_overview
-from evalkube.store import ResultStore
+from evalkube.store import ResultStore, RunRecord
 from evalkube.store.filters import is_wrong, main_metrics
 from evalkube.store.views import sample_view
 
@@ -33,6 +44,8 @@ BINS = 10
 #: Samples the browser section holds unless ``--max-samples`` says otherwise (the page stays
 #: quick to open; the scores and histograms always cover every sample).
 MAX_SAMPLES = 5000
+#: Samples read from the store at a time (each may hold a judge of up to 1 MB).
+PAGE_SIZE = 100
 
 
 @dataclass
@@ -86,20 +99,103 @@ def _num(value: float) -> str:
     return f"{value:.4g}"
 
 
-def histograms(store: ResultStore, run_id: str) -> list[Histogram]:
+Scores = Iterable[tuple[str, str, str, dict[str, float]]]
+
+
+class ReportSource(Protocol):
+    """Where a report's run comes from: the results store, or the operator's samples API
+    (``--api``); every read streams or pages."""
+
+    def record(self) -> RunRecord | None: ...
+
+    def status_counts(self, run_id: str) -> dict[tuple[str, str], dict[str, int]]: ...
+
+    def main_metrics(self) -> dict[str, str]: ...
+
+    def scores(self) -> Scores:
+        """Every sample's ``(task, model, status, scores)`` (read twice: range, then bins)."""
+
+    def views(self) -> Iterator[dict[str, Any]]:
+        """The samples' views in order, a page at a time."""
+
+
+class StoreReport:
+    """A run of the results store."""
+
+    def __init__(self, store: ResultStore, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+        self._record: RunRecord | None = None
+
+    def record(self) -> RunRecord | None:
+        if self._record is None:
+            self._record = self.store.get_run(self.run_id)
+        return self._record
+
+    def status_counts(self, run_id: str) -> dict[tuple[str, str], dict[str, int]]:
+        return self.store.status_counts(run_id)
+
+    def main_metrics(self) -> dict[str, str]:
+        record = self.record()
+        return main_metrics(record.spec if record else None)
+
+    def scores(self) -> Scores:
+        return ((t, m, status, s) for t, m, status, s, _ in self.store.iter_scores(self.run_id))
+
+    def views(self) -> Iterator[dict[str, Any]]:
+        return (sample_view(s) for s in self.store.iter_pages(self.run_id, page_size=PAGE_SIZE))
+
+
+class ApiReport:
+    """An EvalRun of the operator's samples API (:class:`~evalkube.reporting.export.ApiRun`)."""
+
+    def __init__(self, run: ApiRun) -> None:
+        self.run = run
+
+    def record(self) -> RunRecord | None:
+        data = self.run.run()
+        return RunRecord(
+            run_id=data["run_id"],
+            suite_name=data["suite_name"],
+            suite_version=data["suite_version"],
+            spec={},
+            sandbox=data["sandbox"],
+            phase=data["phase"],
+            created_at=_moment(data.get("created_at")),
+            completed_at=_moment(data.get("completed_at")),
+            summary=data.get("summary"),
+        )
+
+    def status_counts(self, run_id: str) -> dict[tuple[str, str], dict[str, int]]:
+        return {(t, m): dict(by) for t, m, by in self.run.run().get("status_counts") or []}
+
+    def main_metrics(self) -> dict[str, str]:
+        return dict(self.run.run().get("main_metrics") or {})
+
+    def scores(self) -> Scores:
+        return self.run.scores()
+
+    def views(self) -> Iterator[dict[str, Any]]:
+        return self.run.views(PAGE_SIZE)
+
+
+def _moment(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
+def histograms(scores: Callable[[], Scores]) -> list[Histogram]:
     """Every metric's distribution over the run's graded samples, in two streamed passes
-    (range, then bins), so memory does not grow with the run."""
+    (range, then bins) of ``scores()``, so memory does not grow with the run."""
     found: dict[tuple[str, str, str], Histogram] = {}
-    for task, model, _status, scores, _calls in store.iter_scores(run_id):
-        for metric, value in scores.items():
+    for task, model, _status, values in scores():
+        for metric, value in values.items():
             if not _finite(value):
                 continue
             key = (task, model, metric)
             hist = found.get(key) or found.setdefault(key, Histogram(task, model, metric))
             hist.low = min(hist.low, float(value))
             hist.high = max(hist.high, float(value))
-    for task, model, _status, scores, _calls in store.iter_scores(run_id):
-        for metric, value in scores.items():
+    for task, model, _status, values in scores():
+        for metric, value in values.items():
             if _finite(value):
                 hist = found[(task, model, metric)]
                 hist.counts[hist.bin_of(float(value))] += 1
@@ -116,6 +212,42 @@ def _pretty(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+#: Scores listed per sample (a grader may return thousands of names).
+SCORES_SHOWN = 50
+_TEXT_FIELDS = ("prompt", "target", "output_text", "extracted_output", "judge", "model_calls")
+
+
+def _clip(text: str, pointer: str) -> str:
+    cap = limits.REPORT_FIELD_CHARS
+    if len(text) <= cap:
+        return text
+    return text[:cap] + f"\n… {len(text) - cap:,} more characters: {pointer}"
+
+
+def bounded_view(view: dict[str, Any], run_id: str) -> tuple[dict[str, Any], int]:
+    """A sample's view as the report shows it: every field at most
+    :data:`limits.REPORT_FIELD_CHARS` characters (structures as indented JSON), the rest
+    pointed to ``evalkube samples``; and about how many characters it adds to the page."""
+    pointer = f"the whole field: evalkube samples {run_id} --format jsonl"
+    shown = dict(view)
+    for key in (*_TEXT_FIELDS, "stdout", "stderr"):
+        value = view.get(key)
+        if value is not None and value != {}:
+            shown[key] = _clip(_pretty(value), pointer)
+    scores = view.get("scores") or {}
+    if len(scores) > SCORES_SHOWN:
+        shown["scores"] = dict(list(scores.items())[:SCORES_SHOWN])
+        shown["scores_more"] = f"… {len(scores) - SCORES_SHOWN:,} more scores: {pointer}"
+    error = view.get("error")
+    if isinstance(error, dict):
+        shown["error"] = {
+            k: _clip(v, pointer) if isinstance(v, str) else v for k, v in error.items()
+        }
+    size = sum(len(v) for v in shown.values() if isinstance(v, str))
+    size += sum(len(str(v)) for v in (shown.get("error") or {}).values())
+    return shown, size + 100 * len(shown.get("scores") or {})
 
 
 def _environment() -> jinja2.Environment:
@@ -139,24 +271,37 @@ def _script() -> tuple[str, str]:
 
 
 def render_report(store: ResultStore, run_id: str, max_samples: int = MAX_SAMPLES) -> str:
-    """The report of ``run_id`` as one HTML document."""
-    record = store.get_run(run_id)
+    """The report of ``run_id`` of the store as one HTML document."""
+    return render(StoreReport(store, run_id), max_samples)
+
+
+def render(source: ReportSource, max_samples: int = MAX_SAMPLES) -> str:
+    """The report of ``source``'s run as one HTML document (:class:`LookupError`: no run)."""
+    record = source.record()
     if record is None:
-        raise LookupError(run_id)
-    overview = run_overview(store, record)
-    main = main_metrics(record.spec)
+        raise LookupError("run")
+    run_id = record.run_id
+    overview = run_overview(source, record)
+    main = source.main_metrics()
     views: list[dict[str, Any]] = []
     total = sum(int(r["counts"].get("samples") or 0) for r in overview["results"])
-    for sample in store.iter_pages(run_id, page_size=1000):
+    used = 0
+    pages = source.views()
+    for view in pages:
         if len(views) >= max_samples:
             break
-        view = sample_view(sample)
-        view["wrong"] = is_wrong(view["status"], view["scores"], main.get(view["task_id"]))
+        wrong = is_wrong(view["status"], view["scores"], main.get(view["task_id"]))
+        view, size = bounded_view(view, run_id)
+        used += size
+        if used > limits.REPORT_SAMPLES_BYTES and views:
+            break
+        view["wrong"] = wrong
         views.append(view)
+    getattr(pages, "close", lambda: None)()  # stop paging (the API's client, the store's)
     # distributions in the scores table's order
     order = {(r["task"], r["model"]): i for i, r in enumerate(overview["results"])}
     drawn = sorted(
-        histograms(store, run_id),
+        histograms(source.scores),
         key=lambda h: (order.get((h.task, h.model), len(order)), h.task, h.model, h.metric),
     )
     script, script_hash = _script()
@@ -172,6 +317,8 @@ def render_report(store: ResultStore, run_id: str, max_samples: int = MAX_SAMPLE
             models=sorted({r["model"] for r in overview["results"]}),
             script=script,
             script_hash=script_hash,
+            field_chars=f"{limits.REPORT_FIELD_CHARS:,}",
+            page_mb=limits.REPORT_SAMPLES_BYTES // 1024**2,
             version=__version__,
             generated=datetime.now(UTC).isoformat(timespec="seconds"),
         )
@@ -189,9 +336,24 @@ def report(
         typer.Option(min=0, help="Samples in the per-sample browser (scores use all of them)"),
     ] = MAX_SAMPLES,
     db: DbOption = None,
+    api: Annotated[
+        str | None,
+        typer.Option(envvar="EVALKUBE_API", help="Read from the operator's samples API (URL)"),
+    ] = None,
+    namespace: Annotated[str, typer.Option("--namespace", "-n", help="With --api")] = "default",
 ) -> None:
     """Write a self-contained HTML report of a run: scores, score distributions, and a
-    per-sample browser with filters. It opens offline in any browser."""
+    per-sample browser with filters. It opens offline in any browser. With --api, RUN_ID is
+    the EvalRun's name and everything streams from the operator (EVALKUBE_API_TOKEN)."""
+    if api is not None:
+        source = ApiReport(ApiRun(api, namespace, run_id, os.environ.get("EVALKUBE_API_TOKEN")))
+        try:
+            html = render(source, max_samples)
+            shown_id = source.run.run()["run_id"]
+        except ApiError as exc:
+            fail(str(exc), EXIT_RUNTIME if exc.unreachable else EXIT_CONFIG)
+        _write_report(out or Path(f"{shown_id}.html"), html)
+        return
     url = _store_url(db)
     store = open_store(db)
     try:
@@ -204,7 +366,10 @@ def report(
         )
     finally:
         store.close()
-    target = out or Path(f"{run_id}.html")
+    _write_report(out or Path(f"{run_id}.html"), html)
+
+
+def _write_report(target: Path, html: str) -> None:
     try:
         target.write_text(html, encoding="utf-8", errors="backslashreplace")
     except OSError as exc:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import atexit
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,15 +35,19 @@ import evalkube_sandbox
 from evalkube import limits
 from evalkube._process import signal_on_parent_death
 from evalkube.sandbox import environment as grader_env
+from evalkube_sandbox.hygiene import wipe
 
 #: Where the worker package lives on the host (bound read-only into sandboxes).
 WORKER_ROOT = Path(evalkube_sandbox.__file__).resolve().parent.parent
 #: The bootstrap the worker is started with: no site-packages, no user environment. The
 #: worker package goes first; the grader environment's package directory, when one is given
 #: (``argv[2]``), goes AFTER the standard library: a module there cannot shadow the stdlib,
-#: and nothing is imported from it until a grader asks.
+#: and nothing is imported from it until a grader asks. Its ``nltk_data`` directory is nltk's
+#: (``NLTK_DATA``), as the grader image sets it.
 WORKER_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, sys.argv[1]); sys.path.extend(sys.argv[2:]); "
+    "import os, sys; sys.path.insert(0, sys.argv[1]); sys.path.extend(sys.argv[2:]); "
+    "sys.argv[2:] and os.environ.setdefault("
+    f"'NLTK_DATA', os.path.join(sys.argv[2], {grader_env.NLTK_DATA_DIR!r})); "
     "from evalkube_sandbox.worker import main; raise SystemExit(main())"
 )
 #: Prefix of every host-side resource a sandbox creates (temp dirs, cgroups, container ids):
@@ -176,9 +179,18 @@ class WorkerProcess:
                 with suppress(OSError):
                     stream.close()
         if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            remove_tree(self.workdir)
         self._closed = True
         _untrack(self)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory a grader wrote in (the plain process's working directory): with
+    the worker's own wipe, which survives unwritable directories and trees deeper than
+    ``PATH_MAX`` (``shutil.rmtree`` recurses, and failed with ``RecursionError`` on one)."""
+    wipe(str(path))
+    with suppress(OSError):
+        path.rmdir()
 
 
 def _run_step(step: Callable[[], None]) -> None:
@@ -417,7 +429,7 @@ class ProcessBackend(SandboxBackend):
     def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
         request = request or SpawnRequest()
         for stale in stale_temp_dirs("process"):
-            shutil.rmtree(stale, ignore_errors=True)
+            remove_tree(stale)
         workdir = Path(tempfile.mkdtemp(prefix=resource_name("process") + "-"))
         setup = ChildSetup(
             rlimits=(

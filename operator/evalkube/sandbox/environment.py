@@ -31,6 +31,10 @@ import evalkube_sandbox
 
 #: The lock file, shipped inside the worker package (so the image build and a wheel have it).
 LOCK_FILE = Path(evalkube_sandbox.__file__).resolve().parent / "grader-env.lock.txt"
+#: The pinned archives the environment's nltk data (``site-packages/nltk_data``) comes from.
+NLTK_LOCK_FILE = LOCK_FILE.with_name("nltk-data.lock.txt")
+#: Where the environment's nltk corpora are inside it: the workers' ``NLTK_DATA``.
+NLTK_DATA_DIR = "nltk_data"
 #: Where the environment's site-packages appear inside sandboxes and the grader image.
 INSIDE_ENVIRONMENT = "/opt/evalkube-env"
 DEFAULT = "default"
@@ -43,8 +47,8 @@ class EnvironmentProblem(ValueError):
 
 
 def lock_key() -> str:
-    """The lock's hash: the cache key .ci/grader-env.sh uses too."""
-    return hashlib.sha256(LOCK_FILE.read_bytes()).hexdigest()[:16]
+    """The locks' hash: the cache key .ci/grader-env.sh uses too."""
+    return hashlib.sha256(LOCK_FILE.read_bytes() + NLTK_LOCK_FILE.read_bytes()).hexdigest()[:16]
 
 
 def cache_root() -> Path:

@@ -20,6 +20,11 @@ grader that reads the token out of the worker's memory can still forge answers, 
 the executions of its own unit: every unit has its own sandbox, so a grader can only ever
 change its own task's scores.
 
+After every sample that left files, the worker wipes its scratch directory and checks it is
+empty and free again; when it is not (a mount, a file it still holds open), it sends a
+``replace`` frame after its answers and exits, and the rest of the work continues in a
+fresh sandbox (no execution is blamed).
+
 Limits (:class:`~evalkube.sandbox.backends.SandboxLimits`): the backend applies memory,
 pids and /tmp limits around the sandbox; the worker sets its rlimits (address space, file
 size, open files, CPU seconds per execution) on itself before any user code runs.
@@ -412,6 +417,17 @@ class GraderSandbox:
                         mark = max(arrived, mark)
                         announced = -1
                         continue
+                    if outcome == "replace":
+                        # the worker could not wipe its scratch directory back to empty and
+                        # free after the last answer it sent: the rest run in a fresh sandbox
+                        leftovers = [i for b in in_flight for i in b.items[b.answered :]]
+                        in_flight.clear()
+                        requeue.extendleft(reversed(leftovers))
+                        announced = -1
+                        self._restart()
+                        fill()
+                        mark = time.monotonic()
+                        continue
                     failure = self._blame(head, "protocol_error", "ProtocolError", outcome)
                 elif kind == "bad":
                     failure = self._blame(head, "protocol_error", "ProtocolError", str(frame))
@@ -495,4 +511,6 @@ class GraderSandbox:
             if frame.get("n") != len(head.items) or head.answered != len(head.items):
                 return "batch ended before every execution was answered"
             return "done"
+        if kind == "replace":  # the scratch wipe failed its check: no sample may run here
+            return "replace"
         return f"unexpected frame type {kind!r}"

@@ -267,3 +267,39 @@ def test_numpy_starts_one_blas_thread_whatever_the_host_cpus(
     assert execution.status == "returned", execution.error
     assert execution.value["judge"]["pools"]
     assert set(execution.value["judge"]["pools"]) == {1}
+
+
+# -- nltk's data: what OpenAI's python-grader image shipped, offline ------------------------------
+NLTK_GRADER = """
+import nltk
+from nltk.corpus import stopwords, wordnet
+from nltk.stem import WordNetLemmatizer
+
+def grade(sample, item):
+    words = nltk.word_tokenize(sample)
+    return {"scores": {"s": 1.0}, "judge": {
+        "tokens": words,
+        "sentences": nltk.sent_tokenize(sample),
+        "content": [w for w in words if w.lower() not in stopwords.words("english")],
+        "dog": wordnet.synsets("dog")[0].name(),
+        "geese": WordNetLemmatizer().lemmatize("geese"),
+        "version": wordnet.get_version(),
+        "languages": len(stopwords.fileids()),
+    }}
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_nltk_stopwords_punkt_and_wordnet_work_offline(name: str, site_packages: Path) -> None:
+    """punkt (punkt_tab), stopwords and wordnet, as graders of OpenAI's image used them; no
+    sandbox has a network, so nltk's downloader could not fetch them."""
+    text = "Mr. Smith saw the geese. They were not his."
+    (execution,), _ = run(backend(name), NLTK_GRADER, [text], timeout=60)
+    assert execution.status == "returned", execution.error
+    judge = execution.value["judge"]
+    assert judge["sentences"] == ["Mr. Smith saw the geese.", "They were not his."]
+    assert judge["tokens"][:3] == ["Mr.", "Smith", "saw"]
+    assert judge["content"] == ["Mr.", "Smith", "saw", "geese", ".", "."]
+    assert (judge["dog"], judge["geese"], judge["version"]) == ("dog.n.01", "goose", "3.0")
+    assert judge["languages"] >= 29

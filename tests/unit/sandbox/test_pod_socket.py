@@ -1,9 +1,13 @@
-"""``PodSocketBackend.spawn`` waits for a grader container that is still starting, and no more
-than ``connect_timeout``."""
+"""``PodSocketBackend``'s one connection: it listens for the grader container's supervisor, which
+may start late, for no more than ``connect_timeout``; accepts one connection and stops listening;
+and refuses a peer that does not greet it as the supervisor does. Workers over that connection,
+against the real supervisor: ``tests/integration/sandbox/test_pod_supervisor.py``."""
 
 from __future__ import annotations
 
+import json
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -33,40 +37,73 @@ def backend(monkeypatch: pytest.MonkeyPatch) -> type[PodSocketBackend]:
 def socket_path() -> Iterator[Path]:
     """A unix socket path short enough for ``sun_path`` (pytest's tmp_path may not be)."""
     with tempfile.TemporaryDirectory(prefix="evk-") as directory:
-        yield Path(directory) / "grader.sock"
+        yield Path(directory) / "worker.sock"
 
 
-def test_spawn_waits_for_a_socket_that_appears_later(
+def _connect_late(path: Path, greeting: bytes, seen: dict[str, object]) -> socket.socket:
+    """What the supervisor does: wait for the runner's socket, connect, greet."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)  # gone once the runner accepted
+            sock.connect(str(path))
+        except OSError:
+            sock.close()
+            time.sleep(0.05)
+            continue
+        seen["mode"] = mode
+        sock.sendall(greeting)
+        return sock
+    raise AssertionError("the runner never listened")
+
+
+def test_it_waits_for_the_supervisor_accepts_it_and_stops_listening(
     backend: type[PodSocketBackend], socket_path: Path
 ) -> None:
-    accepted: list[socket.socket] = []
-    listening = threading.Event()
+    seen: dict[str, object] = {}
+    peers: list[socket.socket] = []
 
-    def serve_late() -> None:
+    def supervisor() -> None:
         time.sleep(0.5)
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(str(socket_path))
-        server.listen(1)
-        listening.set()
-        connection, _ = server.accept()
-        accepted.append(connection)
-        server.close()
+        hello = json.dumps({"t": "hello", "v": 1, "pid": 1}).encode() + b"\n"
+        peers.append(_connect_late(socket_path, hello, seen))
 
-    thread = threading.Thread(target=serve_late, daemon=True)
+    thread = threading.Thread(target=supervisor, daemon=True)
     thread.start()
-    worker = backend(str(socket_path), connect_timeout=10).spawn()
+    pod = backend(str(socket_path), connect_timeout=10)
+    link = pod._accept()
     try:
-        # spawn kept trying until the socket existed (its first attempt found no file)
-        assert listening.is_set()
         thread.join(5)
-        assert len(accepted) == 1
+        assert link.pid == 1
+        assert seen["mode"] == 0o660  # the grader's group may connect, nobody else
+        # one connection, ever: the path is gone and nobody else gets through
+        assert not socket_path.exists()
+        with socket.socket(socket.AF_UNIX) as other, pytest.raises(FileNotFoundError):
+            other.connect(str(socket_path))
     finally:
-        worker.close()
-        for connection in accepted:
-            connection.close()
+        link.close()
+        for peer in peers:
+            peer.close()
 
 
-def test_spawn_gives_up_after_connect_timeout(
+def test_a_peer_that_does_not_greet_as_the_supervisor_is_refused(
+    backend: type[PodSocketBackend], socket_path: Path
+) -> None:
+    peers: list[socket.socket] = []
+    thread = threading.Thread(
+        target=lambda: peers.append(_connect_late(socket_path, b'{"t": "answer"}\n', {})),
+        daemon=True,
+    )
+    thread.start()
+    with pytest.raises(SandboxUnavailable, match="supervisor said"):
+        backend(str(socket_path), connect_timeout=10).spawn()
+    thread.join(5)
+    for peer in peers:
+        peer.close()
+
+
+def test_it_gives_up_after_connect_timeout(
     backend: type[PodSocketBackend], socket_path: Path
 ) -> None:
     started = time.monotonic()
@@ -75,6 +112,5 @@ def test_spawn_gives_up_after_connect_timeout(
     waited = time.monotonic() - started
     assert 0.5 <= waited < 5
     assert str(failed.value) == (
-        f"grader container socket {socket_path} is not answering: "
-        "[Errno 2] No such file or directory"
+        f"the grader container did not connect to {socket_path} within 0.5 s"
     )

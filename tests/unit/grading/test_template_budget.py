@@ -1,0 +1,115 @@
+"""Each way a template can grow text or spin is refused before it costs the host: at
+compile time for constants, at render time for the rest; ordinary templates render as
+before. (The same attacks through ``evalkube validate``/``run`` with a memory ceiling:
+``tests/security/test_templates.py``.)"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+
+import pytest
+
+from evalkube.grading import GraderTemplate, PromptTemplate, TemplateError
+
+
+def render(source: str, row: dict[str, object] | None = None) -> str:
+    prompt, _ = PromptTemplate(source, None, "tasks[t]").render(
+        row or {"q": "hello"}, {"few_shot": [], "task_id": "t"}
+    )
+    return str(prompt)
+
+
+def refusal(source: str) -> str:
+    """The TemplateError of rendering ``source``, in a forked child with 1 GiB of address
+    space and 30 CPU seconds: an attack that got through fails the test, not the machine."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read_end)
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        resource.setrlimit(resource.RLIMIT_CPU, (30, 30))
+        try:
+            answer = f"rendered {len(render(source))} characters"
+        except TemplateError as exc:
+            answer = "refused: " + str(exc)
+        except BaseException as exc:
+            answer = f"failed: {type(exc).__name__}"
+        os.write(write_end, answer.encode()[:4000])
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        answer = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return answer or "the child died (memory or CPU limit)"
+
+
+@pytest.mark.parametrize(
+    ("source", "refused"),
+    [
+        ("{{ 'x' * 500000000 }}", "`*` would build more than 16,000,000"),
+        ("{{ 9 ** (9 ** 9) }}", "`**` would build more than"),
+        ("{{ 'x'|center(1000000000) }}", "a width of 1,000,000,000"),
+        ("{{ 'x'.ljust(1000000000) }}", "a width of 1,000,000,000"),
+        ("{{ ('x' * 100000).replace('', 'y' * 100000) }}", "`replace` would build"),
+        ("{{ ('x' * 100000)|replace('x', 'y' * 100000) }}", "`replace` filter would build"),
+        ("{{ '%0999999999d' % 1 }}", "a width of 999,999,999"),
+        ("{{ '%*d'|format(999999999, 1) }}", "`*` widths are not allowed"),
+        ("{{ '{:>999999999}'.format(1) }}", "a width of 999,999,999"),
+        ("{{ (['x' * 99999] * 99999)|join }}", "`*` would build"),
+        ("{{ 'a\tb'.expandtabs(1000000000) }}", "a width of 1,000,000,000"),
+        ("{{ 'x'|indent(1000000000) }}", "a width of 1,000,000,000"),
+        (
+            "{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
+            "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+            "`~` would build",
+        ),
+        (
+            "{% set l = [] %}{% for i in range(100000) %}{{ l.append('x' * 1000) or '' }}"
+            "{% endfor %}{{ l|join }}",
+            "would build more than",
+        ),
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxx"
+            "{% endfor %}{% endfor %}",
+            "renders more than 1,000,000 characters|took longer than 2 s",  # a slow machine
+        ),
+        (
+            "{% macro m() %}{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}"
+            "{% endmacro %}{% set x = m() %}done",
+            "more than",
+        ),
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "took longer than 2 s",
+        ),
+    ],
+)
+def test_an_attack_is_refused_naming_the_field(source: str, refused: str) -> None:
+    answer = refusal(source)
+    assert answer.startswith(("refused: tasks[t].prompt: ", "refused: prompt: ")), answer
+    assert re.search(refused.replace("(", r"\(").replace("*", r"\*"), answer), answer
+
+
+def test_a_grader_template_names_its_field() -> None:
+    template = GraderTemplate("{% for i in range(10**5) %}{{ 'x' * 99 }}{% endfor %}", "g.input")
+    with pytest.raises(TemplateError, match=r"^g\.input: renders more than"):
+        template.render({}, {})
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("{{ item.q|upper }} {{ item.q * 2 }}", "HELLO hellohello"),
+        ("{% for c in item.q %}{{ c }}-{% endfor %}", "h-e-l-l-o-"),
+        ("{{ '%05.1f'|format(3.14159) }} {{ '{:>6}'.format('ab') }}", "003.1     ab"),
+        (
+            "{{ 2 ** 64 }} {{ [1, 2] + [3] }} {{ item.q ~ '!' }}",
+            "18446744073709551616 [1, 2, 3] hello!",
+        ),
+        ("{{ item.q|center(9) }}|{{ ', '.join(['a', 'b']) }}", "  hello  |a, b"),
+    ],
+)
+def test_ordinary_templates_render_as_before(source: str, expected: str) -> None:
+    assert render(source) == expected
