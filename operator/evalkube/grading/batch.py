@@ -3,7 +3,10 @@
 ``{"metrics": {...}, "samples": [{"sample_id", "scores"?, "judge"?, "extracted_output"?}]}``.
 Scores merge into the sample's scores; ``judge`` replaces (``null`` clears);
 ``extracted_output`` replaces (``null`` allowed). Unknown sample ids are reported, never
-fatal. If the task declares ``metrics``, undeclared batch metric ids are dropped.
+fatal. If the task declares ``metrics``, undeclared batch metric ids are dropped; otherwise at
+most :data:`~evalkube.limits.SCORE_NAMES_PER_SAMPLE` are kept, and names longer than
+:data:`~evalkube.limits.SCORE_NAME_CHARS` are dropped. A sample update with too many score
+names is refused whole (a problem is noted), as ``grade()`` would be.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalkube.grading.results import capped_repr, is_score
+from evalkube import limits
+from evalkube.grading.results import capped_repr, is_score, score_names_problem
 
 _UNSET: Any = object()
 
@@ -71,22 +75,38 @@ def validate_batch_return(
     metrics = value.get("metrics", {})
     if not isinstance(metrics, dict):
         return _failure("`metrics` must be an object of metric id -> number", value)
+    overflow = 0
     for name, number in metrics.items():
         if not is_score(number):
-            outcome.problems.append(
-                f"metric {name!r} is not a finite number ({capped_repr(number, 100)})"
+            _note(
+                outcome.problems,
+                f"metric {capped_repr(name, 60)} is not a finite number "
+                f"({capped_repr(number, 100)})",
             )
         elif declared_metrics is not None and name not in declared_metrics:
-            outcome.dropped_metrics.append(str(name))
+            if len(outcome.dropped_metrics) < limits.SCORE_NAMES_PER_SAMPLE:
+                outcome.dropped_metrics.append(str(name)[: limits.SCORE_NAME_CHARS])
+        elif declared_metrics is None and (
+            len(outcome.metrics) >= limits.SCORE_NAMES_PER_SAMPLE
+            or len(name) > limits.SCORE_NAME_CHARS
+        ):
+            overflow += 1
         else:
             outcome.metrics[str(name)] = float(number)
+    if overflow:
+        _note(
+            outcome.problems,
+            f"{overflow} metrics dropped: grade_batch may return at most "
+            f"{limits.SCORE_NAMES_PER_SAMPLE} undeclared metrics, each name at most "
+            f"{limits.SCORE_NAME_CHARS} characters (declare the task's `metrics`)",
+        )
     updates = value.get("samples", [])
     if updates is None:
         updates = []
     if not isinstance(updates, list):
         return _failure("`samples` must be a list of sample updates", value)
     for position, raw in enumerate(updates):
-        update = _update(raw, position, sample_ids, outcome.problems)
+        update = _update(raw, position, sample_ids, outcome.problems, declared_metrics or ())
         if update is not None:
             outcome.updates.append(update)
     if not outcome.metrics and not outcome.updates:
@@ -95,29 +115,36 @@ def validate_batch_return(
 
 
 def _update(
-    raw: Any, position: int, sample_ids: Collection[str], problems: list[str]
+    raw: Any,
+    position: int,
+    sample_ids: Collection[str],
+    problems: list[str],
+    declared: Collection[str],
 ) -> SampleUpdate | None:
     where = f"samples[{position}]"
     if not isinstance(raw, dict):
-        problems.append(f"{where} is not an object")
+        _note(problems, f"{where} is not an object")
         return None
     sample_id = raw.get("sample_id")
     if not isinstance(sample_id, str) or not sample_id:
-        problems.append(f"{where}.sample_id is required")
+        _note(problems, f"{where}.sample_id is required")
         return None
     if sample_id not in sample_ids:
-        problems.append(f"{where}.sample_id {sample_id!r} is not a sample of this task and model")
+        _note(problems, f"{where}.sample_id {sample_id!r} is not a sample of this task and model")
         return None
     update = SampleUpdate(sample_id)
     scores = raw.get("scores")
+    if isinstance(scores, dict) and (problem := score_names_problem(list(scores), declared)):
+        _note(problems, f"{where}: {problem}")
+        return None
     if isinstance(scores, dict):
         for name, number in scores.items():
             if is_score(number):
                 update.scores[str(name)] = float(number)
             else:
-                problems.append(f"{where}.scores.{name} is not a finite number")
+                _note(problems, f"{where}.scores.{str(name)[:60]} is not a finite number")
     elif scores is not None:
-        problems.append(f"{where}.scores must be an object")
+        _note(problems, f"{where}.scores must be an object")
     if "judge" in raw:
         update.judge = raw["judge"]
     if "extracted_output" in raw:
@@ -125,5 +152,11 @@ def _update(
         if extracted is None or isinstance(extracted, str):
             update.extracted_output = extracted
         else:
-            problems.append(f"{where}.extracted_output must be a string or null")
+            _note(problems, f"{where}.extracted_output must be a string or null")
     return update
+
+
+def _note(problems: list[str], problem: str) -> None:
+    """Add ``problem`` unless :data:`~evalkube.limits.SCORE_NAMES_PER_SAMPLE` are noted."""
+    if len(problems) < limits.SCORE_NAMES_PER_SAMPLE:
+        problems.append(problem)

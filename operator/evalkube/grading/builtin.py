@@ -13,7 +13,11 @@ Scores (OpenAI's semantics, with the libraries its docs name):
   substring of the input, ``ilike`` the same ignoring case.
 - ``text_similarity`` (input = candidate, reference = expected):
   ``fuzzy_match`` ``rapidfuzz.fuzz.WRatio(input, reference) / 100``;
-  ``bleu`` ``nltk`` ``sentence_bleu([reference tokens], input tokens)``;
+  ``bleu`` ``sacrebleu.sentence_bleu(input, [reference]).score / 100``: sacrebleu's
+  documented sentence BLEU (13a tokenization, exponential smoothing, effective n-gram
+  order), under which identical texts score 1.0 however short (nltk's unsmoothed
+  ``sentence_bleu`` gives a one-word exact answer 1.8e-231, Azure's ``method4`` smoothing a
+  three-word one 0.58);
   ``gleu`` ``nltk`` ``sentence_gleu([reference tokens], input tokens)`` (tokens: split on
   whitespace); ``meteor`` ``nltk`` ``meteor_score([reference tokens], input tokens)``
   with WordNet 3.0 from the system (:mod:`evalkube.grading.wordnet`); ``rouge_N``/
@@ -38,7 +42,7 @@ from evalkube.grading.templates import GraderTemplate, TemplateError
 
 _LIBRARIES = {
     "fuzzy_match": "rapidfuzz",
-    "bleu": "nltk",
+    "bleu": "sacrebleu",
     "gleu": "nltk",
     "meteor": "nltk",
     **{f"rouge_{n}": "rouge_score" for n in ("1", "2", "3", "4", "5", "l")},
@@ -77,18 +81,21 @@ def _similarity(metric: str) -> Callable[[str, str], float]:
         from rapidfuzz import fuzz
 
         return lambda text, reference: float(fuzz.WRatio(text, reference)) / 100.0
-    if metric in ("bleu", "gleu"):
-        from nltk.translate.bleu_score import sentence_bleu
+    if metric == "bleu":
+        from sacrebleu.metrics.bleu import BLEU
+
+        bleu = BLEU(effective_order=True)  # sacrebleu.sentence_bleu's settings
+
+        return lambda text, reference: float(bleu.sentence_score(text, [reference]).score) / 100
+    if metric == "gleu":
         from nltk.translate.gleu_score import sentence_gleu
 
-        score = sentence_bleu if metric == "bleu" else sentence_gleu
-
-        def ngram(text: str, reference: str) -> float:
+        def gleu(text: str, reference: str) -> float:
             with warnings.catch_warnings():  # nltk warns when an n-gram order has no match
                 warnings.simplefilter("ignore")
-                return float(score([reference.split()], text.split()))
+                return float(sentence_gleu([reference.split()], text.split()))
 
-        return ngram
+        return gleu
     if metric == "meteor":
         return _meteor()
     from rouge_score import rouge_scorer

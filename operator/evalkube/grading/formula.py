@@ -3,15 +3,22 @@
 The formula comes from a suite author, but it is never run as Python: it is parsed with
 :mod:`ast` and only a whitelist of nodes is evaluated (numbers, the sub-graders' names,
 ``+ - * / ^ **``, unary ``-``/``+`` and the functions OpenAI documented: ``min``, ``max``,
-``abs``, ``floor``, ``ceil``, ``exp``, ``sqrt``, ``log``). ``^`` is a power, as in OpenAI's
-formulas. Anything else (attributes, subscripts, comprehensions, other names, keyword
-arguments) is refused when the suite is loaded, naming the field.
+``abs``, ``floor``, ``ceil``, ``exp``, ``sqrt``, ``log``). Anything else (attributes,
+subscripts, comprehensions, other names, keyword arguments) is refused when the suite is
+loaded, naming the field.
+
+``^`` is a power, as in OpenAI's formulas and in arithmetic: it binds tighter than ``*`` and
+unary ``-`` and groups from the right (``a + 1 ^ 2`` is ``a + 1``, ``2 ^ 3 ^ 2`` is 512).
+Python parses ``^`` as XOR (looser than ``+``, grouped from the left), so every ``^`` token
+becomes ``**`` before parsing; no string can hide one (strings are refused).
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import math
+import tokenize
 from collections.abc import Callable, Collection, Mapping
 
 from evalkube import limits
@@ -32,8 +39,16 @@ _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Mult: lambda a, b: a * b,
     ast.Div: lambda a, b: a / b,
     ast.Pow: math.pow,
-    ast.BitXor: math.pow,
 }
+
+
+def _powers(source: str) -> str:
+    """``source`` with each ``^`` operator token spelled ``**`` (Python's power)."""
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return tokenize.untokenize(
+        (token.type, "**" if token.exact_type == tokenize.CIRCUMFLEX else token.string)
+        for token in tokens
+    )
 
 
 class FormulaError(ValueError):
@@ -47,9 +62,11 @@ class Formula:
         if len(source) > limits.FORMULA_CHARS_MAX:
             raise FormulaError(f"{where}: longer than {limits.FORMULA_CHARS_MAX} characters")
         try:
-            tree = ast.parse(source.strip(), mode="eval")
+            tree = ast.parse(_powers(source.strip()), mode="eval")
         except SyntaxError as exc:
             raise FormulaError(f"{where}: not a formula ({exc.msg})") from None
+        except tokenize.TokenError as exc:
+            raise FormulaError(f"{where}: not a formula ({exc.args[0]})") from None
         except (RecursionError, MemoryError):
             raise FormulaError(f"{where}: nested too deeply") from None
         try:

@@ -4,8 +4,10 @@ The engine sends :meth:`ModelJudge.request` through the run's model bridge (as a
 ``ctx.responses_create`` would: the bridge holds the key, resolves ``model: auto`` to the
 run's ``judgeModel``, enforces the budget and counts the call) and hands the answer to
 :meth:`ModelJudge.verdict`. The model is asked for JSON by a strict schema
-(``{"steps": [...], "result": ...}``); its answer is untrusted: anything but a number within
-``range`` (``score_model``) or one of ``labels`` (``label_model``) makes the sample invalid.
+(``{"steps": [...], "result": ...}``); its answer is untrusted. As OpenAI documents
+``score_model``, a number outside ``range`` is clamped into it (1.5 with range [0, 1] scores
+1.0) and anything but a finite number scores 0 (the sample is invalid, with the answer and
+why); a ``label_model`` answer that is not one of ``labels`` is invalid too.
 """
 
 from __future__ import annotations
@@ -136,13 +138,13 @@ class ModelJudge:
             return GradeOutcome(
                 "valid", {self.metric_id: 1.0 if result in self.passing else 0.0}, judge
             )
-        if isinstance(result, bool) or not isinstance(result, int | float):
-            return self.failed("InvalidModelAnswer", f"result {result!r} is not a number")
-        value = float(result)
-        if not math.isfinite(value) or not self.low <= value <= self.high:
-            return self.failed(
-                "InvalidModelAnswer", f"result {value} is outside range [{self.low}, {self.high}]"
-            )
+        if (
+            isinstance(result, bool)
+            or not isinstance(result, int | float)
+            or not math.isfinite(result)
+        ):
+            return self.failed("InvalidModelAnswer", f"result {result!r} is not a finite number")
+        value = min(max(float(result), self.low), self.high)
         return GradeOutcome("valid", {self.metric_id: value}, judge)
 
 

@@ -9,6 +9,7 @@ so the debugging view shows what happened.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -73,8 +74,31 @@ def invalid(
     return GradeOutcome("invalid", {metric_id: 0.0}, judge, error)
 
 
-def validate_return(value: Any, metric_id: str) -> GradeOutcome:
-    """Validate a ``grade()`` return value."""
+def score_names_problem(names: Collection[str], declared: Collection[str]) -> str | None:
+    """Why a sample's score names are refused (too many undeclared, or one too long), or None.
+
+    Every name a grader returns becomes a metric of its task (status, aggregates), so the
+    host bounds them: :data:`~evalkube.limits.SCORE_NAMES_PER_SAMPLE` names besides the
+    ``declared`` ones, each at most :data:`~evalkube.limits.SCORE_NAME_CHARS` characters."""
+    undeclared = sum(1 for name in names if name not in declared)
+    if undeclared > limits.SCORE_NAMES_PER_SAMPLE:
+        return (
+            f"the grader returned {undeclared} score names besides the task's declared "
+            f"metrics; at most {limits.SCORE_NAMES_PER_SAMPLE} are accepted per sample "
+            "(declare the names you report in the task's `metrics`, or return fewer)"
+        )
+    for name in names:
+        if len(name) > limits.SCORE_NAME_CHARS:
+            return (
+                f"score name {capped_repr(name, 60)} has {len(name)} characters; at most "
+                f"{limits.SCORE_NAME_CHARS} are accepted"
+            )
+    return None
+
+
+def validate_return(value: Any, metric_id: str, declared: Collection[str] = ()) -> GradeOutcome:
+    """Validate a ``grade()`` return value (``declared``: the task's declared metric names,
+    which do not count towards the per-sample cap on score names)."""
     if isinstance(value, bool):
         return invalid(
             metric_id,
@@ -93,6 +117,16 @@ def validate_return(value: Any, metric_id: str) -> GradeOutcome:
         )
     if isinstance(value, dict):
         scores_in = value.get("scores")
+        if isinstance(scores_in, dict):
+            names = [str(k) for k in scores_in]
+            problem = score_names_problem(names, {metric_id, *declared})
+            if problem is not None:
+                return invalid(
+                    metric_id,
+                    error_type="TooManyScores",
+                    message=problem,
+                    raw_repr=capped_repr(value, 500),
+                )
         scores = (
             {str(k): float(v) for k, v in scores_in.items() if is_score(v)}
             if isinstance(scores_in, dict)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from evalkube.grading.aggregate import TaskAggregate
+from evalkube.grading.aggregate import TaskAggregate, cap_metrics
 from evalkube.grading.criteria import Criterion
 from evalkube.models import CriterionCounts, EvalSuiteSpec, SampleCounts, TaskModelResult
 
@@ -54,17 +54,31 @@ def expected_metrics(
     }
 
 
+def declared_metrics(
+    suite: EvalSuiteSpec, criteria_of: Mapping[str, Sequence[Criterion]]
+) -> dict[str, list[str]]:
+    """Per task, its declared metrics: ``metrics``, else its criteria's metric ids. Results
+    always report them, and only they are exported to Prometheus (a grader's other names
+    cannot create series)."""
+    return {
+        task.id: task.metrics or [c.metric_id for c in criteria_of.get(task.id, ())]
+        for task in suite.tasks
+    }
+
+
 def aggregate_results(
     store: ScoreSource,
     run_id: str,
     live: dict[tuple[str, str], TaskAggregate] | None = None,
     expected: dict[str, list[str]] | None = None,
     criteria_of: Mapping[str, Sequence[Criterion]] | None = None,
+    declared: Mapping[str, Sequence[str]] | None = None,
 ) -> list[TaskModelResult]:
     """Aggregates per task x model from the stored samples (or ``live`` ones) and batch results.
 
     ``expected``: per task, the metrics reported as 0 when no sample of it is valid;
-    ``criteria_of`` (task id -> criteria) adds pass/fail counts per criterion.
+    ``criteria_of`` (task id -> criteria) adds pass/fail counts per criterion; ``declared``
+    (task id -> names) are kept first when a result's metrics are capped (:func:`cap_metrics`).
     """
     criteria_of = criteria_of or {}
     aggregates: dict[tuple[str, str], TaskAggregate] = dict(live) if live is not None else {}
@@ -87,14 +101,19 @@ def aggregate_results(
         model_calls = dict(aggregate.model_calls)
         for purpose, count in (task_result.model_calls if task_result else {}).items():
             model_calls[purpose] = model_calls.get(purpose, 0) + count
+        metrics, omitted = cap_metrics(
+            aggregate.metrics(
+                task_result.metrics if task_result else None, (expected or {}).get(task_id, ())
+            ),
+            (declared or {}).get(task_id, ()),
+        )
+        omitted += 1 if aggregate.untracked else 0
         results.append(
             TaskModelResult(
                 task=task_id,
                 model=model,
-                metrics=aggregate.metrics(
-                    task_result.metrics if task_result else None,
-                    (expected or {}).get(task_id, ()),
-                ),
+                metrics=metrics,
+                metrics_omitted=omitted or None,
                 counts=SampleCounts(**aggregate.counts()),
                 criteria={
                     name: CriterionCounts(**counts)

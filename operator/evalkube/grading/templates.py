@@ -1,8 +1,9 @@
 """Prompts and targets rendered with Jinja2's sandboxed environment.
 
 Templates come from suite authors and rows from datasets, so rendering runs in Jinja2's
-``SandboxedEnvironment`` (no attribute access to internals) with ``StrictUndefined``: a
-missing field is an error the sample records, not a silently blank prompt.
+sandbox (no attribute access to internals), bounded in output, work and time
+(:mod:`evalkube.grading.template_budget`), with ``StrictUndefined``: a missing field is an
+error the sample records, not a silently blank prompt.
 """
 
 from __future__ import annotations
@@ -13,9 +14,16 @@ from typing import Any
 
 import jinja2
 from jinja2 import meta, nodes
-from jinja2.sandbox import SandboxedEnvironment
 
-_ENV = SandboxedEnvironment(
+from evalkube import limits
+from evalkube.grading.template_budget import (
+    BoundedEnvironment,
+    bounded_tree,
+    check_constants,
+    render_bounded,
+)
+
+_ENV = BoundedEnvironment(
     undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True
 )
 
@@ -40,15 +48,29 @@ def compile_template(
     ``{{ sample.output_text }}`` in a prompt) is refused here, at ``validate``, instead of
     erroring on every sample of the run.
     """
+    return _compile(_ENV, source, where, names)
+
+
+def _compile(
+    env: BoundedEnvironment, source: str, where: str, names: Collection[str] | None
+) -> jinja2.Template:
     try:
-        tree = _ENV.parse(source)
+        tree = env.parse(source)
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(
             f"{where}: template syntax error on line {exc.lineno}: {exc.message}"
         ) from None
+    except RecursionError:
+        raise TemplateError(f"{where}: the template nests too deeply") from None
     if names is not None:
         _check_names(tree, where, names)
-    return _ENV.from_string(tree)
+    try:  # bounded: no constant is folded past the budget while compiling
+        check_constants(tree, env)
+        return env.from_string(bounded_tree(tree, env))
+    except jinja2.TemplateError as exc:
+        raise TemplateError(f"{where}: {exc}") from None
+    except Exception as exc:  # RecursionError, or a constant Python refuses (huge int)
+        raise TemplateError(f"{where}: cannot compile: {type(exc).__name__}: {exc}") from None
 
 
 def _check_names(tree: nodes.Template, where: str, names: Collection[str]) -> None:
@@ -99,7 +121,7 @@ def fast_parts(source: str) -> list[Part] | None:
     """
     try:
         tree = _ENV.parse(source)
-    except jinja2.TemplateSyntaxError:
+    except (jinja2.TemplateSyntaxError, RecursionError):
         return None
     parts: list[Part] = []
     for node in tree.body:
@@ -118,6 +140,7 @@ def fast_parts(source: str) -> list[Part] | None:
 
 def _render_fast(parts: list[Part], row: Mapping[str, Any]) -> str:
     out: list[str] = []
+    size = 0
     for part in parts:
         if type(part) is str:
             out.append(part)
@@ -128,6 +151,9 @@ def _render_fast(parts: list[Part], row: Mapping[str, Any]) -> str:
                 raise _NotFast
             value = value[key]
         out.append(str(value))
+        size += len(out[-1])
+        if size > limits.TEMPLATE_OUTPUT_CHARS:
+            raise _NotFast  # Jinja renders it again, within its budget, and says so
     return "".join(out)
 
 
@@ -190,7 +216,7 @@ class PromptTemplate:
 
 def _render(template: jinja2.Template, variables: Mapping[str, Any], what: str) -> str:
     try:
-        return template.render(variables)
+        return render_bounded(template, variables, limits.TEMPLATE_OUTPUT_CHARS)
     except jinja2.UndefinedError as exc:
         raise TemplateError(
             f"{what}: {exc.message}; check the row's field names and the preprocessor"
@@ -202,13 +228,15 @@ def _render(template: jinja2.Template, variables: Mapping[str, Any], what: str) 
 
 
 def _finalize(value: Any) -> Any:
-    """Objects and lists render as JSON (``{{ sample.output_json }}``), as OpenAI's did."""
-    if isinstance(value, dict | list):
+    """Every non-string value renders as JSON, as OpenAI's templates did: objects and lists
+    (``{{ sample.output_json }}``), and ``true``/``false``/``null`` (not Python's ``True``/
+    ``None``), so a string_check of the output ``true`` against a boolean field matches."""
+    if value is None or isinstance(value, bool | dict | list):
         return json.dumps(value, ensure_ascii=False)
     return value
 
 
-_GRADER_ENV = SandboxedEnvironment(
+_GRADER_ENV = BoundedEnvironment(
     undefined=jinja2.StrictUndefined,
     autoescape=False,
     keep_trailing_newline=True,
@@ -226,8 +254,7 @@ class GraderTemplate:
     __slots__ = ("template", "what")
 
     def __init__(self, source: str, where: str) -> None:
-        compile_template(source, where, GRADER_NAMES)  # names and syntax, with their errors
-        self.template = _GRADER_ENV.from_string(source)
+        self.template = _compile(_GRADER_ENV, source, where, GRADER_NAMES)
         self.what = where
 
     def render(self, item: Mapping[str, Any], sample: Mapping[str, Any]) -> str:

@@ -173,9 +173,10 @@ def test_model_built_ins_run_through_the_pod_bridge_and_are_counted(
     assert status["phase"] == "Succeeded", status
     results = {r["task"]: r for r in status["results"]}
     judged, similar = results["judged"], results["similar"]
-    assert judged["counts"] == {"samples": 3, "valid": 2, "invalid": 1, "errored": 0}
-    # Paris 8 / correct, Rome 2 / incorrect, weird 42: out of range, invalid (scores 0)
-    assert judged["metrics"]["quality"] == pytest.approx(10 / 3)
+    assert judged["counts"] == {"samples": 3, "valid": 3, "invalid": 0, "errored": 0}
+    # Paris 8 / correct, Rome 2 / incorrect, weird 42: clamped into range [0, 10] (OpenAI's
+    # score_model), so 10
+    assert judged["metrics"]["quality"] == pytest.approx(20 / 3)
     assert judged["metrics"]["verdict"] == pytest.approx(1 / 3)
     # the fake embeds a text as [len(text), 1.0]
     cosines = [

@@ -37,7 +37,7 @@ ROWS = [
 
 class FakeJudge(FakeUpstream):
     """Answers ``{"steps", "result"}``: 8 / ``correct`` when the rendered candidate equals
-    the reference, 2 / ``incorrect`` otherwise, and 42 (out of range) for ``weird``."""
+    the reference, 2 / ``incorrect`` otherwise, and 42 (above the range) for ``weird``."""
 
     async def _responses(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -171,14 +171,13 @@ def test_scores_and_labels_come_from_the_judge(
     assert rome.scores == {"quality": 2.0, "verdict": 0.0}
     assert paris.judge["quality"]["steps"] == ["compared Paris with Paris"]
     assert paris.judge["verdict"]["result"] == "correct"
-    # out of range: invalid, named
-    assert weird.status == "invalid"
-    assert weird.error is not None
-    assert weird.error["criterion"] == "quality"
-    assert "outside range [0.0, 10.0]" in weird.error["message"]
+    # out of range: clamped into range [0, 10] (OpenAI's score_model), so it passes 5
+    assert weird.status == "valid"
+    assert weird.scores == {"quality": 10.0, "verdict": 0.0}
+    assert weird.judge["quality"]["result"] == 42
     (result,) = [r for r in summary.results if r.task == "judged"]
     assert {k: v.model_dump() for k, v in result.criteria.items()} == {
-        "quality": {"passed": 1, "failed": 2},
+        "quality": {"passed": 2, "failed": 1},
         "verdict": {"passed": 1, "failed": 2},
     }
 

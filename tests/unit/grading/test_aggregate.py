@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import math
+import random
+from fractions import Fraction
+
 import pytest
 
+from evalkube import limits
 from evalkube.grading import Criterion, GradeOutcome, TaskAggregate, merge_outcomes
+from evalkube.grading.aggregate import cap_metrics
 
 
 def test_mean_is_over_all_samples_with_missing_as_zero() -> None:
@@ -124,3 +131,63 @@ def test_merge_outcomes_prefixes_secondary_scores_and_keeps_the_first_error() ->
     assert merged.scores == {"a": 1.0, "a.extra": 2.0, "bm": 0.0}
     assert merged.judge == {"a": {"why": 1}, "b": None}
     assert merged.error == {"type": "E", "message": "m", "criterion": "b"}
+
+
+def test_aggregation_tracks_a_bounded_number_of_names() -> None:
+    aggregate = TaskAggregate()
+    for n in range(limits.METRIC_NAMES_TRACKED + 500):
+        aggregate.add("valid", {"score": 1.0, f"flood{n}": 1.0})
+    assert len(aggregate.sums) == limits.METRIC_NAMES_TRACKED
+    assert aggregate.metrics()["score"] == 1.0  # every sample's score counted
+    assert aggregate.untracked == 501
+
+
+def test_a_result_keeps_declared_metrics_then_others_up_to_the_cap() -> None:
+    metrics = {f"z{n:04d}": 0.5 for n in range(200)} | {"zz_declared": 1.0}
+    kept, omitted = cap_metrics(metrics, ["zz_declared"])
+    assert len(kept) == limits.METRICS_PER_RESULT
+    assert kept["zz_declared"] == 1.0
+    assert "z0000" in kept
+    assert "z0199" not in kept
+    assert omitted == 201 - limits.METRICS_PER_RESULT
+
+
+def test_means_are_exact_whatever_the_order_or_the_split() -> None:
+    """A mean is the correctly rounded quotient of the exact sum: counting the samples in any
+    order, or in parts merged afterwards (units, processes, kept per unit as JSON), gives the
+    same float, which naive float sums do not."""
+    rng = random.Random(7)
+    values = [rng.choice([0.1, 0.2, 0.7, rng.random(), rng.uniform(-1e6, 1e6)]) for _ in range(999)]
+    exact_mean = float(sum(Fraction(v) for v in values) / len(values))
+    ways = []
+    for _ in range(5):
+        rng.shuffle(values)
+        cut = sorted(rng.sample(range(1, len(values)), 4))
+        whole = TaskAggregate()
+        for part in (values[a:b] for a, b in zip([0, *cut], [*cut, len(values)], strict=True)):
+            piece = TaskAggregate()
+            for v in part:
+                piece.add("valid", {"m": v})
+            whole.merge(TaskAggregate.from_wire(json.loads(json.dumps(piece.to_wire()))))
+        ways.append(whole.metrics()["m"])
+    assert ways == [exact_mean] * 5
+    assert sum(values) / len(values) != exact_mean  # what naive sums give here
+
+
+def test_sums_beyond_the_largest_float_keep_an_exact_mean() -> None:
+    agg = TaskAggregate()
+    for _ in range(4):
+        agg.add("valid", {"big": 1.5e308, "tiny": 5e-324})
+    wire = json.loads(json.dumps(agg.to_wire()))
+    back = TaskAggregate.from_wire(wire)
+    assert back.metrics() == agg.metrics() == {"big": 1.5e308, "tiny": 5e-324}
+
+
+def test_non_finite_scores_are_not_summed() -> None:
+    """Validation never stores NaN or infinities; a store holding one anyway (written by
+    hand) does not poison the mean."""
+    agg = TaskAggregate()
+    agg.add("valid", {"m": 1.0})
+    agg.add("valid", {"m": math.nan})
+    agg.add("valid", {"m": math.inf})
+    assert agg.metrics() == {"m": pytest.approx(1 / 3)}

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from evalkube import limits
 from evalkube.grading import validate_batch_return
 
 IDS = ["s_a", "s_b", "s_c"]
@@ -267,3 +268,14 @@ def test_every_field_at_once() -> None:
     assert b.sets_judge
     assert b.sets_extracted_output
     assert outcome.problems == []
+
+
+def test_undeclared_batch_metrics_and_update_scores_are_capped() -> None:
+    many = {f"m{n}": 1.0 for n in range(limits.SCORE_NAMES_PER_SAMPLE + 10)}
+    outcome = check({"metrics": many, "samples": [{"sample_id": "s_a", "scores": many}]})
+    assert len(outcome.metrics) == limits.SCORE_NAMES_PER_SAMPLE
+    assert outcome.updates == []  # the update with too many names is refused whole
+    assert any("10 metrics dropped" in p for p in outcome.problems)
+    assert any("samples[0]" in p and "`metrics`" in p for p in outcome.problems)
+    long_name = {"n" * (limits.SCORE_NAME_CHARS + 1): 1.0, "ok": 1.0}
+    assert check({"metrics": long_name}).metrics == {"ok": 1.0}

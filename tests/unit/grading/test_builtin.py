@@ -1,7 +1,7 @@
 """Built-in graders (string_check, text_similarity) against the libraries OpenAI's docs name.
 
-Each expected value is computed here, independently, by calling rapidfuzz, nltk and
-rouge-score directly on the same fixed texts.
+Each expected value is computed here, independently, by calling rapidfuzz, sacrebleu, nltk
+and rouge-score directly on the same fixed texts.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from nltk.translate.bleu_score import sentence_bleu
 from nltk.translate.gleu_score import sentence_gleu
 from rapidfuzz import fuzz
 from rouge_score import rouge_scorer
+from sacrebleu import sentence_bleu as sacrebleu_sentence_bleu
 
 from evalkube import limits
 from evalkube.grading import BuiltinGrader, Formula, MultiGrader, TemplateError
@@ -54,7 +54,7 @@ def _rouge(kind: str) -> float:
     ("metric", "expected"),
     [
         ("fuzzy_match", lambda: fuzz.WRatio(CANDIDATE, REFERENCE) / 100),
-        ("bleu", lambda: _ngram(sentence_bleu)),
+        ("bleu", lambda: sacrebleu_sentence_bleu(CANDIDATE, [REFERENCE]).score / 100),
         ("gleu", lambda: _ngram(sentence_gleu)),
         ("rouge_1", lambda: _rouge("rouge1")),
         ("rouge_2", lambda: _rouge("rouge2")),
@@ -68,6 +68,33 @@ def test_text_similarity_matches_the_library(metric: str, expected: object) -> N
     value = expected()  # type: ignore[operator]
     assert 0.0 < value < 1.0  # the fixed texts are neither equal nor disjoint
     assert score("text_similarity", evaluation_metric=metric) == pytest.approx(value, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("text", "reference"),
+    [
+        ("Paris", "Paris"),
+        ("the cat sat", "the cat sat"),
+        (
+            "The quick brown fox jumps over the lazy dog.",
+            "The quick brown fox jumps over the lazy dog.",
+        ),
+        ("Paris", "London"),
+        ("Paris, France", "Paris"),
+        ("the cat sat on a mat", "the cat sat on the mat"),
+        ("42", "The answer is 42."),
+    ],
+)
+def test_bleu_is_sacrebleus_sentence_bleu(text: str, reference: str) -> None:
+    """sacrebleu's documented sentence BLEU (smoothed, effective order): identical texts
+    score 1.0 however short; nltk's unsmoothed sentence_bleu gave "Paris" 1.8e-231."""
+    expected = sacrebleu_sentence_bleu(text, [reference]).score / 100
+    value = grader("text_similarity", evaluation_metric="bleu", reference="{{ item.r }}").grade(
+        {"output_text": text}, {"r": reference}
+    )
+    assert value.scores["m"] == pytest.approx(expected, abs=1e-12)
+    if text == reference:
+        assert value.scores["m"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,22 @@ def test_anything_else_is_refused_naming_the_field(source: str, message: str) ->
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("fuzzy + 1 ^ 2", 0.8 + 1.0),  # ^ binds tighter than + (Python's XOR would not)
+        ("2 ^ 3 ^ 2", 512.0),  # and groups from the right: 2 ^ (3 ^ 2)
+        ("2 * 3 ^ 2", 18.0),  # tighter than *
+        ("-2 ^ 2", -4.0),  # and than unary minus, as in arithmetic
+        ("(2 ^ 3) ^ 2", 64.0),
+        ("exact ^ fuzzy ^ 0", 1.0),
+    ],
+)
+def test_caret_is_a_power_with_arithmetic_precedence(source: str, expected: float) -> None:
+    value = Formula(source, NAMES, "f").evaluate({"fuzzy": 0.8, "exact": 1.0})
+    assert value == pytest.approx(expected)
+
+
 def test_bad_arithmetic_raises_for_that_sample() -> None:
     with pytest.raises(ZeroDivisionError):
         Formula("fuzzy / exact", NAMES, "f").evaluate({"fuzzy": 1.0, "exact": 0.0})

@@ -45,10 +45,10 @@ def test_request_renders_messages_and_maps_sampling_params() -> None:
     [
         ("The answer is 7", "did not answer {'result': ...} JSON"),
         (json.dumps({"steps": []}), "did not answer"),
-        (json.dumps({"result": True}), "is not a number"),
-        (json.dumps({"result": "7"}), "is not a number"),
-        (json.dumps({"result": 1.5}), "outside range [0.0, 1.0]"),
-        ('{"result": NaN}', "outside range"),
+        (json.dumps({"result": True}), "is not a finite number"),
+        (json.dumps({"result": "7"}), "is not a finite number"),
+        ('{"result": NaN}', "is not a finite number"),
+        ('{"result": Infinity}', "is not a finite number"),
     ],
 )
 def test_unusable_scores_are_invalid(text: str, message: str) -> None:
@@ -57,6 +57,21 @@ def test_unusable_scores_are_invalid(text: str, message: str) -> None:
     assert outcome.scores == {"m": 0.0}
     assert outcome.error is not None
     assert message in outcome.error["message"]
+
+
+@pytest.mark.parametrize(
+    ("result", "score_range", "expected"),
+    [(1.5, None, 1.0), (-0.5, None, 0.0), (0.25, None, 0.25), (9, [1, 7], 7.0), (0, [1, 7], 1.0)],
+)
+def test_a_score_outside_the_range_is_clamped_into_it(
+    result: float, score_range: list[float] | None, expected: float
+) -> None:
+    """OpenAI's graders guide: score_model output is clamped to `range`."""
+    outcome = judge(score_range=score_range).verdict(answer(json.dumps({"result": result})))
+    assert outcome.status == "valid"
+    assert outcome.scores == {"m": expected}
+    assert outcome.judge is not None
+    assert outcome.judge["result"] == result  # what it said
 
 
 def test_a_score_within_a_custom_range() -> None:

@@ -341,3 +341,24 @@ def test_malformed_worker_answers_are_protocol_errors(answer: Any) -> None:
     assert execution.index == 3
     assert execution.status == "protocol_error"
     assert_invalid(_outcome(execution, "score"))
+
+
+def test_score_names_past_the_cap_make_the_sample_invalid() -> None:
+    """A grader returning more undeclared score names than the cap gets an invalid sample
+    that says what to do; declared names do not count towards the cap."""
+    flood = {"scores": {f"m{n}": 1.0 for n in range(limits.SCORE_NAMES_PER_SAMPLE + 1)}}
+    outcome = validate_return(flood, "score")
+    judge = assert_invalid(outcome)
+    assert judge["error"]["type"] == "TooManyScores"
+    assert "`metrics`" in judge["error"]["message"]
+    declared = [f"m{n}" for n in range(10)]
+    assert validate_return(flood, "score", declared).status == "valid"
+    at_cap = {"scores": {f"m{n}": 1.0 for n in range(limits.SCORE_NAMES_PER_SAMPLE)}}
+    assert validate_return(at_cap, "score").status == "valid"
+
+
+def test_a_score_name_past_the_length_cap_makes_the_sample_invalid() -> None:
+    name = "n" * (limits.SCORE_NAME_CHARS + 1)
+    judge = assert_invalid(validate_return({"scores": {name: 1.0}}, "score"))
+    assert f"{limits.SCORE_NAME_CHARS + 1} characters" in judge["error"]["message"]
+    assert len(judge["invalid_payload"]) < 1_000

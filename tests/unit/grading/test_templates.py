@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from evalkube.grading import GraderTemplate, PromptTemplate, TemplateError, compile_template
+from evalkube.grading import (
+    BuiltinGrader,
+    GraderTemplate,
+    PromptTemplate,
+    TemplateError,
+    compile_template,
+)
 
 WHERE = "tasks[qa]"
 
@@ -128,7 +134,9 @@ def test_default_filter_allows_optional_fields() -> None:
 def test_sandbox_blocks_escapes(source: str) -> None:
     with pytest.raises(TemplateError) as info:
         render(source, None, {"q": "x"})
-    assert "unsafe" in str(info.value) or "undefined" in str(info.value)
+    message = str(info.value)
+    # lipsum is not offered at all (lipsum(n) writes n paragraphs): an unknown name
+    assert "unsafe" in message or "undefined" in message or "unknown name(s) `lipsum`" in message
 
 
 def test_sandbox_blocks_format_string_attribute_escape() -> None:
@@ -198,6 +206,30 @@ def test_grader_template_reads_item_and_sample_namespaces() -> None:
     )
     sample = {"output_text": "hi", "output_json": {"a": [1, 2]}, "output_tools": []}
     assert template.render({"answer": "é"}, sample) == 'hi|é|[1, 2]|{"a": [1, 2]}|[]'
+
+
+@pytest.mark.parametrize(
+    ("value", "rendered"),
+    [(True, "true"), (False, "false"), (None, "null"), (3, "3"), (0.5, "0.5"), ("True", "True")],
+)
+def test_grader_template_renders_non_strings_as_json(value: object, rendered: str) -> None:
+    """OpenAI's templates render booleans and null JSON-style: `true`, not `True`."""
+    template = GraderTemplate("{{ item.flag }}", "tasks[qa].graders[0].reference")
+    assert template.render({"flag": value}, {}) == rendered
+
+
+def test_string_check_of_true_against_a_boolean_field_matches() -> None:
+    grader = BuiltinGrader(
+        "string_check",
+        input="{{ sample.output_text }}",
+        reference="{{ item.expected }}",
+        metric_id="m",
+        where="tasks[qa].grader",
+        operation="eq",
+    )
+    outcome = grader.grade({"output_text": "true"}, {"expected": True})
+    assert outcome.scores == {"m": 1.0}
+    assert grader.grade({"output_text": "None"}, {"expected": None}).scores == {"m": 0.0}
 
 
 @pytest.mark.parametrize(
