@@ -1,4 +1,5 @@
-"""Shared fixtures: stores on SQLite and on a real PostgreSQL server, example paths."""
+"""Shared fixtures: stores on SQLite and on a real PostgreSQL server, a real MLflow server, a
+real S3-compatible object store, example paths."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from evalkube.store import ResultStore
+from tests.support.mlflow_server import MlflowServer, mlflow_bin
 from tests.support.postgres import find_bindir, postgres_server
+from tests.support.s3_server import S3Server, weed_bin
 
 pytest_plugins = ["tests.cluster.plugin"]
 
@@ -59,3 +62,31 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ResultStor
         yield opened
     finally:
         opened.close()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """A real MLflow tracking server on loopback (SQLite backend, local artifact root) for the
+    session; `bash .ci/mlflow.sh` installs it."""
+    bindir = mlflow_bin()
+    if bindir is None or not (bindir / "mlflow").exists():
+        require("the MLflow tracking server is not installed (bash .ci/mlflow.sh)")
+        raise AssertionError("unreachable")
+    server = MlflowServer(bindir, tmp_path_factory.mktemp("mlflow")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3-compatible store on loopback for the session: SeaweedFS's ``weed server`` with
+    an S3 gateway that refuses unsigned requests (tests/support/s3_server.py); `bash
+    .ci/seaweedfs.sh` builds it. Tests make buckets of their own names."""
+    weed = weed_bin()
+    if weed is None or not weed.exists():
+        require("SeaweedFS's weed binary is not built (bash .ci/seaweedfs.sh)")
+        raise AssertionError("unreachable")
+    with S3Server(weed, tmp_path_factory.mktemp("s3")) as server:
+        yield server

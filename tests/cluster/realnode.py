@@ -747,6 +747,8 @@ class _Launcher:
             imageGCHighThresholdPercent: 100
             imageGCLowThresholdPercent: 99
             protectKernelDefaults: false
+            # work-unit pods turn IPv6 off (the chart's work.ipv6=disable; docs/install.md)
+            allowedUnsafeSysctls: [net.ipv6.conf.all.disable_ipv6]
             """)
         )
         (self.w / "volume-plugins").mkdir(exist_ok=True)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.cluster.realnode import RealNode
-from tests.realnode.support import install_chart
+from tests.conftest import require
+from tests.realnode.support import OUTSIDE_IP, install_chart, outside_netns
+from tests.support.s3_server import S3Server, weed_bin
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +28,17 @@ def node_namespace(evalkube_on_node: RealNode) -> Iterator[str]:
     evalkube_on_node.kubectl("create", "namespace", name)
     yield name
     evalkube_on_node.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def store_outside(evalkube_on_node: RealNode, tmp_path: Path) -> Iterator[S3Server]:
+    """SeaweedFS on a host outside the cluster (its own netns, at OUTSIDE_IP)."""
+    weed = weed_bin()
+    if weed is None or not weed.exists():
+        require("SeaweedFS's weed binary is not built (bash .ci/seaweedfs.sh)")
+    assert weed is not None
+    with (
+        outside_netns(evalkube_on_node) as ns,
+        S3Server(weed, tmp_path, netns=ns, host=OUTSIDE_IP) as s3,
+    ):
+        yield s3

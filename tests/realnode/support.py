@@ -24,6 +24,7 @@ from evalkube.controller import names
 from evalkube.store import ResultStore, SampleRecord, default_url
 from tests.cluster.ctrlplane import wait_for
 from tests.cluster.realnode import POD_CIDR, RealNode
+from tests.support.s3_server import S3Server
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "evalkube"
@@ -186,10 +187,10 @@ def diagnose(node: RealNode, namespace: str | None = None) -> str:
 
 
 @contextlib.contextmanager
-def outside_host(node: RealNode, python_args: list[str]) -> Iterator[str]:
-    """A host outside the cluster running ``python -c``/a script with ``python_args``: its own
-    netns, linked to the node's by a veth pair, at OUTSIDE_IP (a documentation range no
-    other network routes). Yields the netns name."""
+def outside_netns(node: RealNode) -> Iterator[str]:
+    """A host outside the cluster: its own netns, linked to the node's by a veth pair, at
+    OUTSIDE_IP (a documentation range no other network routes), every process in it killed at
+    the end. Yields the netns name."""
     ns = f"{node.netns}-out"
     cmds = [
         ["ip", "netns", "add", ns],
@@ -202,25 +203,52 @@ def outside_host(node: RealNode, python_args: list[str]) -> Iterator[str]:
         ["ip", "-n", ns, "link", "set", "lo", "up"],
         ["ip", "-n", ns, "route", "add", POD_CIDR, "via", OUTSIDE_GW],
     ]
-    server = None
+    _remove_outside_host(node, ns)  # what an earlier test's host may have left behind
     try:
         for cmd in cmds:
             subprocess.run(cmd, check=True, capture_output=True)
+        yield ns
+    finally:
+        _remove_outside_host(node, ns)
+
+
+@contextlib.contextmanager
+def outside_host(node: RealNode, python_args: list[str], wait: float = 30) -> Iterator[str]:
+    """:func:`outside_netns` running ``python -c``/a script with ``python_args`` (the last
+    one its port, listened on within ``wait`` seconds). Yields the netns name."""
+    with outside_netns(node) as ns:
         server = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{ns}", sys.executable, *python_args],
             stdin=subprocess.DEVNULL,
         )  # fmt: skip
-        wait_for(
-            lambda: listening(ns, f"{OUTSIDE_IP}:{python_args[-1]}"),
-            timeout=30,
-            what=f"a server in {ns}",
-        )
-        yield ns
-    finally:
-        if server is not None:
+        try:
+            wait_for(
+                lambda: listening(ns, f"{OUTSIDE_IP}:{python_args[-1]}"),
+                timeout=wait,
+                what=f"a server in {ns}",
+            )
+            yield ns
+        finally:
             server.kill()
             server.wait(timeout=10)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _remove_outside_host(node: RealNode, ns: str) -> None:
+    """Kill every process in the outside netns (a server's children too: they keep the netns,
+    and so the node's end of the veth pair, alive), delete it, and wait until ``out0`` is gone
+    from the node's netns: the kernel frees a deleted netns asynchronously."""
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+    for pid in pids.split():
+        subprocess.run(["kill", "-KILL", pid], capture_output=True)
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    subprocess.run(["ip", "-n", node.netns, "link", "del", "out0"], capture_output=True)
+    wait_for(
+        lambda: subprocess.run(
+            ["ip", "-n", node.netns, "link", "show", "out0"], capture_output=True
+        ).returncode != 0,
+        timeout=30,
+        what=f"out0 gone from {node.netns}",
+    )  # fmt: skip
 
 
 def listening(netns: str, address: str) -> bool:
@@ -251,3 +279,18 @@ def stored_samples(node: RealNode, run: dict[str, Any]) -> list[SampleRecord]:
         return list(store.iter_samples(names.run_id(meta["namespace"], meta["name"], meta["uid"])))
     finally:
         store.close()
+
+
+def s3_secret_and_storage(node: RealNode, namespace: str, s3: S3Server) -> dict[str, Any]:
+    node.kubectl(
+        "create", "secret", "generic", "eval-data", "-n", namespace,
+        f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
+        f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}",
+    )  # fmt: skip
+    return {
+        "s3": {
+            "endpointURL": s3.endpoint_url,
+            "accessKeyIDSecretRef": {"name": "eval-data", "key": "AWS_ACCESS_KEY_ID"},
+            "secretAccessKeySecretRef": {"name": "eval-data", "key": "AWS_SECRET_ACCESS_KEY"},
+        }
+    }

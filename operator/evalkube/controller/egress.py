@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from yarl import URL
 
-from evalkube.models import EvalRunSpec
+from evalkube.models import EvalRunSpec, EvalSuiteSpec
 
 __all__ = [
     "GRANT_PREFIX",
@@ -92,9 +92,31 @@ def url_authority(url: str) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def grant_hosts(spec: EvalRunSpec) -> list[str]:
-    """Every authority the run's proxy may reach: its providers' ``baseURL`` hosts, sorted."""
-    return sorted({url_authority(provider.base_url) for provider in spec.providers.values()})
+def grant_hosts(spec: EvalRunSpec, suite: EvalSuiteSpec | None = None) -> list[str]:
+    """Every authority the run's pods may reach through the gateway, sorted: its providers'
+    ``baseURL`` hosts (for the proxy), and the hosts of the suite's ``s3://`` and
+    ``https://`` sources (for the runner): the store's ``endpointURL`` (AWS's regional
+    endpoints without one), each https:// host."""
+    hosts = {url_authority(provider.base_url) for provider in spec.providers.values()}
+    s3 = spec.storage.s3 if spec.storage is not None else None
+    for uri in _source_uris(suite):
+        parts = urlsplit(uri)
+        if parts.scheme == "https":
+            hosts.add(url_authority(uri))
+        elif parts.scheme == "s3" and s3 is not None and s3.endpoint_url:
+            hosts.add(url_authority(s3.endpoint_url))
+        elif parts.scheme == "s3":
+            region = (s3.region if s3 is not None else None) or "us-east-1"
+            hosts.add(f"s3.{region}.amazonaws.com:443")
+            hosts.add(f"{parts.netloc.lower()}.s3.{region}.amazonaws.com:443")
+    return sorted(hosts)
+
+
+def _source_uris(suite: EvalSuiteSpec | None) -> list[str]:
+    if suite is None:
+        return []
+    specs = [s for t in suite.tasks for s in (t.dataset, t.outputs) if s is not None]
+    return [s.uri for s in specs if s.uri]
 
 
 def service_of(url: str) -> tuple[str, str] | None:

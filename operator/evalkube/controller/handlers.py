@@ -10,12 +10,14 @@ from typing import Any
 
 import kopf
 
+from evalkube import limits
 from evalkube.controller import names
 from evalkube.controller.reconcile import job_index_entry
 from evalkube.controller.runs import RunReconciler
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import config_map_refs
 from evalkube.controller.state import OperatorState
+from evalkube.models.status import cap_message
 
 GROUP, VERSION = "evalkube.io", "v1alpha1"
 UNIT_JOBS: dict[str, Any] = {
@@ -29,6 +31,7 @@ _IMPORT_SETTINGS = OperatorSettings()
 
 
 def _post_event(body: Any, kind: str, reason: str, message: str) -> None:
+    message = cap_message(message, limits.EVENT_MESSAGE_CHARS)
     (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message)
 
 

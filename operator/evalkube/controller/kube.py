@@ -6,6 +6,7 @@ what makes deterministic names restart-safe.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from typing import Any
 
@@ -88,6 +89,13 @@ class Kube:
     async def config_map_data(self, namespace: str, name: str) -> dict[str, str] | None:
         config_map = await self._get(ConfigMap, namespace, name)
         return None if config_map is None else dict(config_map.get("data") or {})
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """One key of a Secret, decoded; ``None`` when the Secret or key does not exist. Only
+        the Secrets of a run's ``spec.tracking`` are read, and the chart's RBAC names them."""
+        secret = await self._get(Secret, namespace, name)
+        encoded = ((secret or {}).get("data") or {}).get(key)
+        return None if encoded is None else base64.b64decode(encoded).decode("utf-8", "replace")
 
     async def suite(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get(EvalSuiteResource, namespace, name)

@@ -4,24 +4,32 @@ A work-unit Pod has three containers with three levels of trust (DESIGN.md §2, 
 the ``proxy`` native sidecar holds the provider credentials (only it mounts the Secret);
 the ``runner`` holds the run's ingest token; the ``grader`` runs untrusted code under gVisor
 with no token, no secrets, no service-account token, a read-only root, no capabilities and
-a size-capped /tmp. The Pod satisfies Pod Security "restricted". ``proxy`` and ``grader``
-are native sidecars (init containers that keep running): the runner is the only main
-container, so the Pod completes when it exits.
+a size-capped /tmp, as a user of its own (:data:`GRADER_UID`; the runner and the proxy run
+as :data:`RUNNER_UID`), with the runner's socket folder mounted read-only. Each container has
+an ephemeral-storage limit (its logs); the grader's memory and processes are limited inside
+its container (``evalkube_sandbox.serve``). With ``ipv6: disable`` (the default) the Pod
+carries the sysctl that turns IPv6 off, which Pod Security "baseline" and "restricted" do not
+list as safe; otherwise the Pod satisfies "restricted". ``proxy`` and ``grader`` are native
+sidecars (init containers that keep running): the runner is the only main container, so the
+Pod completes when it exits.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any, cast
 
 import kopf
 
+from evalkube import limits
 from evalkube._net import url_port
 from evalkube.controller import names
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import Unit
+from evalkube.engine.pod import PREPARE_UNIT
 from evalkube.models import EvalRunSpec
 from evalkube.models.snapshot import RunSnapshot
 from evalkube.sandbox.environment import INSIDE_ENVIRONMENT, STDLIB, cluster_image
@@ -40,6 +48,43 @@ EGRESS_GRANT_DIR = "/var/run/secrets/evalkube/egress"
 EGRESS_GRANT_KEY = "grant"
 #: Where the sandbox image keeps ``evalkube_sandbox`` (isolated mode ignores PYTHONPATH).
 SANDBOX_PACKAGE_DIR = "/opt/evalkube"
+#: Where a trusted container mounts the PersistentVolumeClaims of the run's ``pvc://``
+#: sources (``evalkube.sources.PVC_ROOT``), read-only.
+PVC_DIR = "/var/run/evalkube/pvc"
+#: Where a trusted container mounts ``spec.storage.caBundleConfigMapRef`` (as ``ca.pem``).
+CA_BUNDLE_DIR = "/etc/evalkube/source-ca"
+
+
+#: The runner's exit code (``evalkube.cli_support.EXIT_CONFIG``; ``evalkube unit`` and
+#: ``evalkube prepare``) when its unit cannot run at all (the snapshot or token unreadable,
+#: programs that do not load, a source changed since it was pinned, a ``grade_batch`` past its
+#: limits; it reports the reason to the operator first): the Job fails without retrying.
+RUNNER_EXIT_UNIT_FAILED = 2
+CONFIG_ERROR_FAILS_JOB = {
+    "rules": [
+        {
+            "action": "FailJob",
+            "onExitCodes": {
+                "containerName": "runner",
+                "operator": "In",
+                "values": [RUNNER_EXIT_UNIT_FAILED],
+            },
+        }
+    ]
+}
+
+
+@dataclass(frozen=True)
+class SourceMounts:
+    """What a trusted container needs to read the run's ``uri`` sources: the claims of its
+    ``pvc://`` sources, and whether it reaches an object store or https:// host (through the
+    egress gateway, with the run's grant, and the store's credentials from Secrets)."""
+
+    claims: tuple[str, ...] = ()
+    remote: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.claims) or self.remote
 
 
 def sandbox_bootstrap(environment: str | None) -> str:
@@ -54,6 +99,17 @@ def sandbox_bootstrap(environment: str | None) -> str:
 
 
 NOBODY = 65534
+#: The grader container's user: its own, so nothing the runner owns is the grader's to
+#: change, and ``RLIMIT_NPROC`` counts grader processes only.
+GRADER_UID = NOBODY
+#: The runner's and the proxy's user (the operator image's; the proxy's control socket is
+#: theirs alone). Every container's group is :data:`NOBODY`, the grader reaches the runner's
+#: and the bridge's sockets through it.
+RUNNER_UID = 65532
+#: The sysctl that turns IPv6 off in a Pod (gVisor reads it from the sandbox's spec).
+DISABLE_IPV6_SYSCTL = "net.ipv6.conf.all.disable_ipv6"
+#: ``ephemeral-storage`` limits (their logs: the roots are read-only) per container.
+EPHEMERAL_STORAGE = {"proxy": "256Mi", "runner": "256Mi", "grader": "64Mi"}
 #: Prefix of gVisor's per-volume mount hints (``<prefix>.<volume>.share`` / ``.type``).
 GVISOR_MOUNT_ANNOTATION = "dev.gvisor.spec.mount"
 
@@ -76,11 +132,11 @@ def _meta(owner: Mapping[str, Any], name: str, component: str) -> dict[str, Any]
     }
 
 
-def _restricted(**extra: Any) -> dict[str, Any]:
+def _restricted(uid: int = NOBODY, **extra: Any) -> dict[str, Any]:
     """Pod Security "restricted": the pod's securityContext, a container's with ``extra``."""
     return {
         "runAsNonRoot": True,
-        "runAsUser": NOBODY,
+        "runAsUser": uid,
         "runAsGroup": NOBODY,
         "seccompProfile": {"type": "RuntimeDefault"},
         **extra,
@@ -96,6 +152,16 @@ def snapshot_config_map(owner: Mapping[str, Any], snapshot: RunSnapshot) -> dict
         "immutable": True,
         "data": {"snapshot.json": snapshot.to_json()},
     }
+
+
+def config_map_bytes(config_map: Mapping[str, Any]) -> int:
+    """Bytes of a ConfigMap as Kubernetes counts them against its 1 MiB: every key and value
+    of ``data`` (UTF-8) and ``binaryData``."""
+    size = 0
+    for section in ("data", "binaryData"):
+        for key, value in (config_map.get(section) or {}).items():
+            size += len(key.encode()) + len(str(value).encode())
+    return size
 
 
 def _secret(
@@ -145,8 +211,9 @@ def network_policy(
     shares this policy with the proxy, and both destinations refuse it without credentials
     only the proxy and runner containers mount (``docs/security.md``).
 
-    Without the gateway (direct egress): DNS, the ingest port, and TCP 443/80 (the providers'
-    ports) outside the cluster's private ranges, which the grader inherits as well.
+    Without the gateway (direct egress): DNS, the ingest port, and the ports of the providers
+    and the object store outside the cluster's private ranges, which the grader inherits as
+    well (an object store inside the cluster needs the gateway).
     """
     ingest = _to_operator_pods(settings, settings.operator_pod_labels, settings.ingest_port)
     if settings.egress_via_gateway:
@@ -158,7 +225,10 @@ def network_policy(
     else:
         dns = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
         egress = [{"to": [dns], "ports": [{"protocol": "UDP", "port": 53}, _tcp(53)]}, ingest]
-        ports = sorted({url_port(p.base_url) for p in spec.providers.values()})
+        urls = [p.base_url for p in spec.providers.values()]
+        if spec.storage is not None and spec.storage.s3 is not None:
+            urls.append(spec.storage.s3.endpoint_url or "https://s3.amazonaws.com")
+        ports = sorted({url_port(url) for url in urls})
         if ports:
             private = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"]
             public = {"ipBlock": {"cidr": "0.0.0.0/0", "except": private}}
@@ -203,9 +273,12 @@ def _container(
     limits: dict[str, str],
     requests: tuple[str, str] = ("100m", "128Mi"),
     sidecar: bool = False,
+    uid: int = RUNNER_UID,
 ) -> dict[str, Any]:
-    """A container under Pod Security "restricted", with a read-only root; a ``sidecar`` is a
-    native one (an init container that keeps running)."""
+    """A container under Pod Security "restricted", with a read-only root and a bound on what
+    it may write to the node's disk; a ``sidecar`` is a native one (an init container that
+    keeps running)."""
+    storage = EPHEMERAL_STORAGE[name]
     return {
         "name": name,
         "image": image,
@@ -213,8 +286,12 @@ def _container(
         "command": command,
         "env": env,
         "volumeMounts": mounts,
-        "resources": {"limits": limits, "requests": {"cpu": requests[0], "memory": requests[1]}},
+        "resources": {
+            "limits": {**limits, "ephemeral-storage": storage},
+            "requests": {"cpu": requests[0], "memory": requests[1], "ephemeral-storage": "16Mi"},
+        },
         "securityContext": _restricted(
+            uid,
             allowPrivilegeEscalation=False,
             readOnlyRootFilesystem=True,
             capabilities={"drop": ["ALL"]},
@@ -234,6 +311,8 @@ def unit_job(
     model_access: bool = True,
     runner_model_access: bool = False,
     grader_environment: str | None = None,
+    sources: SourceMounts = SourceMounts(),
+    task_id: str | None = None,
 ) -> dict[str, Any]:
     """The Job of one work unit (see the module docstring for the Pod's trust layout).
 
@@ -272,7 +351,8 @@ def unit_job(
         _mount("worker", WORKER_DIR),
         _mount("runner-tmp", "/tmp"),
     ]
-    grader_mounts = [_mount("tmp", "/tmp"), _mount("worker", WORKER_DIR)]
+    # the runner listens in the worker folder: the grader may connect there, never bind
+    grader_mounts = [_mount("tmp", "/tmp"), _mount("worker", WORKER_DIR, read_only=True)]
     if runner_model_access:
         runner_mounts.append(_mount("bridge", BRIDGE_DIR, read_only=True))
     if model_access:
@@ -298,18 +378,25 @@ def unit_job(
         "--bridge": f"unix:{BRIDGE_SOCKET}",
         "--bridge-control": f"unix:{CONTROL_SOCKET}",
         "--datasets": DATASETS_DIR,
+        "--ipv6": "allow" if settings.ipv6 == "allow" else "refuse",
     }
     if settings.egress_via_gateway:
         # the proxy sends upstream calls through the gateway with the run's grant, which it
         # alone mounts
         proxy_flags["--egress-proxy"] = settings.egress_gateway_url
         proxy_flags["--egress-grant-file"] = f"{EGRESS_GRANT_DIR}/{EGRESS_GRANT_KEY}"
-        items = [{"key": EGRESS_GRANT_KEY, "path": EGRESS_GRANT_KEY}]
-        grant = {"secret": {"secretName": names.egress_grant_secret_name(run_name), "items": items}}
+        grant = _grant_volume(run_name)
         _read_only_volume(volumes, proxy_mounts, "egress-grant", EGRESS_GRANT_DIR, grant)
         if settings.policy_canary_url:
             # grader code runs only once the CNI enforces the policy (engine/policy_gate.py)
             runner_flags["--policy-canary"] = settings.policy_canary_url
+    # the runner reads the unit's rows from the task's uri sources (the grader never does)
+    source_env, source_flags = _source_access(
+        run_name, sources, spec, settings, volumes, runner_mounts
+    )
+    runner_flags.update(source_flags)
+    if task_id is not None:  # whose source pins the runner asks the ingest API for
+        runner_flags["--task"] = task_id
     # The native proxy's garbage collector works harder as it nears the container's memory
     # limit instead of being OOM-killed (the Python proxy ignores it).
     memory_limit = {"resourceFieldRef": {"containerName": "proxy", "resource": "limits.memory"}}
@@ -331,55 +418,207 @@ def unit_job(
         env=[
             {"name": "EVALKUBE_INGEST_TOKEN", "valueFrom": token},
             {"name": "EVALKUBE_RUN", "value": f"{owner['metadata']['namespace']}/{run_name}"},
+            *source_env,
         ],
         mounts=runner_mounts,
         limits={"memory": settings.runner_memory},
     )
     environment_field = f"tasks[{unit.task_id}].grader.environment"
     bootstrap = sandbox_bootstrap(grader_environment)
+    memory = quantity_bytes(settings.grader_memory)
+    supervisor_flags = {
+        "--connect": WORKER_SOCKET,
+        "--memory-bytes": str(memory),
+        "--memory-from": "cgroup",
+        "--processes": str(limits.SANDBOX_PIDS),
+        "--log-bytes": str(settings.grader_log_bytes),
+    }
     grader = _container(
         "grader",
         image=cluster_image(grader_environment, settings.sandbox_image, field=environment_field),
-        command=["python3", "-I", "-S", "-c", bootstrap, "--listen", WORKER_SOCKET],
+        command=[
+            "python3",
+            "-I",
+            "-S",
+            "-c",
+            bootstrap,
+            *chain.from_iterable(supervisor_flags.items()),
+        ],
         env=[],
         mounts=grader_mounts,
-        limits={"memory": settings.grader_memory, "cpu": settings.grader_cpu},
-        # it serves until the runner is done, then the kubelet stops it (as a regular
-        # container it kept every finished pod, and its Job, running)
+        limits={
+            "memory": str(memory + limits.SANDBOX_MEMORY_OVERHEAD_BYTES),
+            "cpu": settings.grader_cpu,
+        },
+        # its supervisor ends when the runner closes its connection (as a regular container
+        # it kept every finished pod, and its Job, running)
         sidecar=True,
+        uid=GRADER_UID,
     )
+    pod_spec = _pod_spec(settings, [runner], volumes, init=[proxy, grader])
+    deadline = unit_deadline(unit, timeout_seconds, preprocess_timeout, settings)
+    return _job(meta, pod_labels, pod_spec, settings, deadline.seconds, bool(spec.queue_name))
+
+
+def _pod_spec(
+    settings: OperatorSettings,
+    containers: list[dict[str, Any]],
+    volumes: list[dict[str, Any]],
+    init: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The Pod of a run's Job: no service-account token, no service links, Pod Security
+    "restricted" (but for the IPv6 sysctl), the gVisor runtime class, the node selector."""
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": _restricted(fsGroup=NOBODY),
-        "initContainers": [proxy, grader],
-        "containers": [runner],
+        **({"initContainers": init} if init else {}),
+        "containers": containers,
         "volumes": volumes,
     }
+    if settings.ipv6 == "disable":
+        sysctl = {"name": DISABLE_IPV6_SYSCTL, "value": "1"}
+        pod_spec["securityContext"]["sysctls"] = [sysctl]
     if settings.runtime_class:
         pod_spec["runtimeClassName"] = settings.runtime_class
     if settings.node_selector:
         pod_spec["nodeSelector"] = dict(settings.node_selector)
+    return pod_spec
+
+
+def _job(
+    meta: dict[str, Any],
+    pod_labels: Mapping[str, str],
+    pod_spec: dict[str, Any],
+    settings: OperatorSettings,
+    deadline: int,
+    suspend: bool = False,
+) -> dict[str, Any]:
     annotations = {**gvisor_mount_hints(pod_spec), **settings.pod_annotations}
-    # the deadline: the worst case of the unit's executions plus slack, capped at a day
-    rows = max(1, unit.stop - unit.start) if unit.kind == "shard" else 1
-    worst = rows * (timeout_seconds + preprocess_timeout) + settings.active_deadline_slack_seconds
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": meta,
         "spec": {
-            **({"suspend": True} if spec.queue_name else {}),
+            **({"suspend": True} if suspend else {}),
             "backoffLimit": settings.job_backoff_limit,
+            # a runner that exits with evalkube's config-error code (2) has reported why to
+            # the operator: another pod would fail the same way
+            "podFailurePolicy": CONFIG_ERROR_FAILS_JOB,
             "ttlSecondsAfterFinished": settings.job_ttl_seconds,
-            "activeDeadlineSeconds": min(86_400, worst),
+            "activeDeadlineSeconds": deadline,
             "template": {
-                "metadata": {"labels": pod_labels, "annotations": annotations},
+                "metadata": {"labels": dict(pod_labels), "annotations": annotations},
                 "spec": pod_spec,
             },
         },
     }
+
+
+def prepare_job(
+    owner: Mapping[str, Any],
+    *,
+    spec: EvalRunSpec,
+    settings: OperatorSettings,
+    sources: SourceMounts,
+) -> dict[str, Any]:
+    """The Job that pins the run's ``uri`` sources before any unit is planned: one trusted
+    ``runner`` container (``evalkube prepare``) reads each source's metadata (a Parquet
+    footer; a JSONL or CSV file once, to count and index its rows) and reports the pins to the
+    ingest API, so the operator process never reads rows or holds the store's credentials.
+    Its Pod is a work-unit Pod to the run's NetworkPolicy (the same egress, no ingress)."""
+    run_name = owner["metadata"]["name"]
+    meta = _meta(owner, names.prepare_job_name(run_name), "work-unit")
+    meta["annotations"] = {names.ANNOTATION_UNIT_ID: PREPARE_UNIT, names.ANNOTATION_RUN: run_name}
+    volumes: list[dict[str, Any]] = [
+        {"name": "snapshot", "configMap": {"name": names.snapshot_name(run_name)}},
+        {"name": "runner-tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+    ]
+    mounts = [_mount("snapshot", SNAPSHOT_DIR, read_only=True), _mount("runner-tmp", "/tmp")]
+    flags = {"--snapshot": f"{SNAPSHOT_DIR}/snapshot.json", "--ingest-url": settings.ingest_url}
+    if settings.egress_via_gateway and settings.policy_canary_url:
+        flags["--policy-canary"] = settings.policy_canary_url
+    source_env, source_flags = _source_access(run_name, sources, spec, settings, volumes, mounts)
+    flags.update(source_flags)
+    token = {"secretKeyRef": {"name": names.token_secret_name(run_name), "key": TOKEN_KEY}}
+    runner = _container(
+        "runner",
+        image=settings.runner_image,
+        command=["evalkube", "prepare", *chain.from_iterable(flags.items())],
+        env=[{"name": "EVALKUBE_INGEST_TOKEN", "valueFrom": token}, *source_env],
+        mounts=mounts,
+        limits={"memory": settings.runner_memory},
+    )
+    # under the runtime class too: it parses the sources' bytes, which may be hostile
+    pod_spec = _pod_spec(settings, [runner], volumes)
+    return _job(meta, meta["labels"], pod_spec, settings, limits.PREPARE_DEADLINE_SECONDS)
+
+
+@dataclass(frozen=True)
+class UnitDeadline:
+    """A unit Job's ``activeDeadlineSeconds`` and the worst case it stands for."""
+
+    seconds: int
+    worst: int
+    """Seconds the unit may need: every execution reaching its timeout, plus the slack."""
+    rows: int
+    timeout_seconds: int
+    """The task's timeouts per row: its graders' ``timeoutSeconds`` and its preprocessor's."""
+
+    @property
+    def capped(self) -> bool:
+        return self.worst > self.seconds
+
+    def explain(self, settings: OperatorSettings) -> str:
+        """What the deadline is made of and what to change, for messages."""
+        made_of = (
+            f"{self.rows} rows x {self.timeout_seconds} s (the task's timeoutSeconds) + "
+            f"{settings.active_deadline_slack_seconds} s"
+        )
+        if not self.capped:
+            return f"its deadline is {self.seconds} s ({made_of})"
+        rows = max(
+            1,
+            (self.seconds - settings.active_deadline_slack_seconds) // max(1, self.timeout_seconds),
+        )
+        return (
+            f"its deadline is {self.seconds} s (EVALKUBE_UNIT_DEADLINE_MAX_SECONDS), shorter "
+            f"than its worst case of {self.worst} s ({made_of}); a spec.shardSize of at most "
+            f"{rows} (or a lower timeoutSeconds) makes the worst case fit"
+        )
+
+
+def unit_deadline(
+    unit: Unit, timeout_seconds: int, preprocess_timeout: int, settings: OperatorSettings
+) -> UnitDeadline:
+    """The deadline of ``unit``'s Job: the worst case of its executions (every row's grader and
+    preprocessor run reaching their timeouts; an aggregate unit counts one row) plus
+    ``EVALKUBE_ACTIVE_DEADLINE_SLACK_SECONDS``, at most ``EVALKUBE_UNIT_DEADLINE_MAX_SECONDS``."""
+    rows = max(1, unit.stop - unit.start) if unit.kind == "shard" else 1
+    per_row = timeout_seconds + preprocess_timeout
+    worst = rows * per_row + settings.active_deadline_slack_seconds
+    return UnitDeadline(min(settings.unit_deadline_max_seconds, worst), worst, rows, per_row)
+
+
+_QUANTITY_SUFFIXES = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "": 1,
+}  # fmt: skip
+
+
+def quantity_bytes(quantity: str) -> int:
+    """Bytes of a Kubernetes memory quantity (``1Gi``, ``512Mi``, ``1000000``)."""
+    text = quantity.strip()
+    for suffix in sorted(_QUANTITY_SUFFIXES, key=len, reverse=True):
+        number = text.removesuffix(suffix) if suffix else text
+        if suffix and not text.endswith(suffix):
+            continue
+        try:
+            return int(float(number) * _QUANTITY_SUFFIXES[suffix])
+        except ValueError:
+            break
+    raise ValueError(f"{quantity!r} is not a memory quantity (e.g. 1Gi, 512Mi)")
 
 
 def gvisor_mount_hints(pod_spec: Mapping[str, Any]) -> dict[str, str]:
@@ -402,6 +641,58 @@ def gvisor_mount_hints(pod_spec: Mapping[str, Any]) -> dict[str, str]:
             hints[f"{prefix}.share"] = "pod"
             hints[f"{prefix}.type"] = "tmpfs"
     return hints
+
+
+def _source_access(
+    run_name: str,
+    sources: SourceMounts,
+    spec: EvalRunSpec,
+    settings: OperatorSettings,
+    volumes: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Adds what reading ``sources`` needs to a trusted container (its ``mounts``; the Pod's
+    ``volumes``): the claims, read-only; the object store's credentials as the variables of
+    the AWS chain (from the Secrets ``spec.storage.s3`` names: the grader container never has
+    them); and the egress gateway with the run's grant. Returns ``(env, flags)``."""
+    env: list[dict[str, Any]] = []
+    flags: dict[str, str] = {}
+    for index, claim in enumerate(sources.claims):
+        claim_volume = {"persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        _read_only_volume(
+            volumes, mounts, f"source-pvc-{index}", f"{PVC_DIR}/{claim}", claim_volume
+        )
+    if not sources.remote:
+        return env, flags
+    s3 = spec.storage.s3 if spec.storage is not None else None
+    if s3 is not None:
+        for variable, ref in (
+            ("AWS_ACCESS_KEY_ID", s3.access_key_id_secret_ref),
+            ("AWS_SECRET_ACCESS_KEY", s3.secret_access_key_secret_ref),
+        ):
+            if ref is not None:
+                key = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
+                env.append({"name": variable, "valueFrom": key})
+    bundle = spec.storage.ca_bundle_config_map_ref if spec.storage is not None else None
+    if bundle is not None:
+        items = {
+            "configMap": {"name": bundle.name, "items": [{"key": bundle.key, "path": "ca.pem"}]}
+        }
+        _read_only_volume(volumes, mounts, "source-ca", CA_BUNDLE_DIR, items)
+        flags["--ca-bundle"] = f"{CA_BUNDLE_DIR}/ca.pem"
+    if settings.egress_via_gateway:
+        if not any(v["name"] == "egress-grant" for v in volumes):
+            volumes.append({"name": "egress-grant", **_grant_volume(run_name)})
+        mounts.append(_mount("egress-grant", EGRESS_GRANT_DIR, read_only=True))
+        flags["--egress-proxy"] = settings.egress_gateway_url
+        flags["--egress-grant-file"] = f"{EGRESS_GRANT_DIR}/{EGRESS_GRANT_KEY}"
+    return env, flags
+
+
+def _grant_volume(run_name: str) -> dict[str, Any]:
+    """The run's egress grant Secret as a volume source (its one key)."""
+    items = [{"key": EGRESS_GRANT_KEY, "path": EGRESS_GRANT_KEY}]
+    return {"secret": {"secretName": names.egress_grant_secret_name(run_name), "items": items}}
 
 
 def _provider_credentials(

@@ -51,6 +51,11 @@ def job_name(run_name: str, unit_id: str) -> str:
     return fit(run_name, "u" + _short(unit_id, 10))
 
 
+def prepare_job_name(run_name: str) -> str:
+    """The run's prepare Job (pins its uri sources before units are planned)."""
+    return fit(run_name, "prepare")
+
+
 def snapshot_name(run_name: str) -> str:
     return fit(run_name, "snapshot", 253)
 

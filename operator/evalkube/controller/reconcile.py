@@ -18,9 +18,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from evalkube import limits
 from evalkube.controller import names
 from evalkube.engine.plan import Unit
-from evalkube.models.run import UnitCounts
+from evalkube.models.run import EvalRunStatus, UnitCounts
+from evalkube.models.status import cap_message, condition, list_message, merge_conditions
 
 JobPhase = Literal["active", "queued", "succeeded", "failed"]
 
@@ -71,8 +73,13 @@ def decide(
     jobs: Mapping[str, JobState],
     done_units: set[str],
     parallelism: int,
+    reported: Mapping[str, str] | None = None,
 ) -> Decision:
-    """Decide which Jobs to create and whether the run is over (see module docstring)."""
+    """Decide which Jobs to create and whether the run is over (see module docstring).
+
+    ``reported``: units whose runner reported them failed, with the reason (their Job may
+    still be finishing); they are failed with that reason, whatever their Job says."""
+    reported = reported or {}
     decision = Decision(total=len(units))
     failed_groups: set[tuple[str, str]] = set()
     pending_groups: set[tuple[str, str]] = set()
@@ -82,6 +89,10 @@ def decide(
         job = jobs.get(unit.unit_id)
         if unit.unit_id in done_units:
             decision.done += 1
+            continue
+        if unit.unit_id in reported:
+            decision.failed[unit.unit_id] = reported[unit.unit_id] or "the unit's runner gave up"
+            failed_groups.add(group)
             continue
         if job is not None and job.phase in ("failed", "succeeded"):
             decision.failed[unit.unit_id] = (
@@ -113,14 +124,14 @@ def decide(
 def job_state(job: Mapping[str, Any]) -> JobState:
     """Read a Job's state from its status conditions; an unfinished Job that is suspended
     (created so for Kueue, not admitted yet, or preempted) is ``queued``."""
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("status") != "True":
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("status") != "True":
             continue
-        if condition.get("type") == "Complete":
+        if cond.get("type") == "Complete":
             return JobState("succeeded")
-        if condition.get("type") == "Failed":
-            reason = condition.get("reason", "")
-            message = condition.get("message", "")
+        if cond.get("type") == "Failed":
+            reason = cond.get("reason", "")
+            message = cond.get("message", "")
             return JobState("failed", f"{reason}: {message}".strip(": "))
     return JobState("queued" if (job.get("spec") or {}).get("suspend") else "active")
 
@@ -137,9 +148,57 @@ def job_index_entry(
     return {(namespace, run): (unit, job_state(job))} if unit and run else {}
 
 
+def failed_units_message(failed: Mapping[str, str], total: int, run: str, chars: int) -> str:
+    """``N of M units failed: unit ID: why; ...`` in at most ``chars`` characters: each reason
+    at most :data:`~evalkube.limits.FAILED_UNIT_REASON_CHARS`, the units that fit in id order,
+    then how many more failed and where to see them."""
+    items = [
+        f"unit {unit}: {cap_message(why, limits.FAILED_UNIT_REASON_CHARS)}"
+        for unit, why in sorted(failed.items())
+    ]
+    more = f" (their Jobs: kubectl get jobs -l {names.LABEL_RUN}={run})"
+    return list_message(f"{len(failed)} of {total} units failed", items, chars, more)
+
+
 def summary_line(metrics: Mapping[str, Mapping[str, float]]) -> str:
     """A short printer-column summary: the mean of each task's first metric."""
     firsts = [next(iter(m.values())) for m in metrics.values() if m]
     if not firsts:
         return "-"
     return f"{sum(firsts) / len(firsts):.3f} mean of {len(firsts)}"
+
+
+def permanent_refusal(exc: Exception) -> bool:
+    """Whether the API server refused a status patch for what it holds, not for a while: too
+    large (``413``, or a ``500`` saying so, as etcd's size limit comes back) or invalid
+    (``422``)."""
+    status = getattr(exc, "status", None)
+    code = getattr(status, "code", None)
+    message = str(getattr(status, "message", "") or "").lower()
+    return code in (413, 422) or (code == 500 and ("too large" in message or "limit" in message))
+
+
+def refused_status(new: EvalRunStatus, exc: Exception, generation: int | None) -> EvalRunStatus:
+    """The status of a finished run whose status the API server refused: ``Failed``, with the
+    refusal named and the results left out (they stay in the store)."""
+    status = getattr(exc, "status", None)
+    code = getattr(status, "code", "?")
+    refusal = str(getattr(status, "message", "") or exc)[:500]
+    message = (
+        f"the API server refused this run's status (HTTP {code}: {refusal}); its "
+        f"{len(new.results)} results are in the store: `evalkube samples` and "
+        "`evalkube report` with --api show them"
+    )
+    conditions = [
+        condition(kind, False, "StatusRejected", message, generation)
+        for kind in ("Ready", "Succeeded")
+    ]
+    return new.model_copy(
+        update={
+            "phase": "Failed",
+            "results": [],
+            "summary": None,
+            "gate": None,
+            "conditions": merge_conditions(new.conditions, conditions, keep_others=True),
+        }
+    )

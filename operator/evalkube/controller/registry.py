@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
+
+#: What a bearer token may look like (``secrets.token_urlsafe`` makes them): anything else is
+#: refused before a run is looked up.
+_TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def token_shaped(token: str) -> bool:
+    """Whether ``token`` could be an ingest token at all (checked before any lookup)."""
+    return _TOKEN_SHAPE.fullmatch(token) is not None
+
+
+def token_matches(entry: RunEntry, token: str) -> bool:
+    """Whether ``token`` is ``entry``'s ingest token (constant-time; a finished run, whose
+    digest is empty, accepts none)."""
+    return bool(entry.token_digest) and hmac.compare_digest(entry.token_digest, digest(token))
 
 
 @dataclass(frozen=True)
@@ -36,10 +52,3 @@ class RunRegistry:
 
     def get(self, namespace: str, name: str) -> RunEntry | None:
         return self._runs.get((namespace, name))
-
-    def authorize(self, namespace: str, name: str, token: str | None) -> RunEntry | None:
-        """The run when ``token`` is its ingest token (constant-time compare), else None."""
-        entry = self._runs.get((namespace, name))
-        if entry is not None and token and hmac.compare_digest(entry.token_digest, digest(token)):
-            return entry
-        return None

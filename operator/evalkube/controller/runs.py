@@ -13,50 +13,74 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
+from lightkube import ApiError
+
+from evalkube import jsonfast, limits
 from evalkube.controller import egress, manifests, names
 from evalkube.controller.kube import EvalRunResource, Kube
 from evalkube.controller.metrics import OperatorMetrics
-from evalkube.controller.reconcile import Decision, JobIndex, JobState, decide, summary_line
+from evalkube.controller.reconcile import (
+    Decision,
+    JobIndex,
+    JobState,
+    decide,
+    failed_units_message,
+    permanent_refusal,
+    refused_status,
+    summary_line,
+)
 from evalkube.controller.registry import RunEntry, RunRegistry, digest
+from evalkube.controller.results import record_done_units, run_aggregates
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import build_snapshot, check_cluster_suite
+from evalkube.controller.tracking import RunTracking
 from evalkube.engine.driver import grader_calls_models, judges_call_models
 from evalkube.engine.plan import Unit
-from evalkube.engine.pod import Snapshot, parse_snapshot
+from evalkube.engine.pod import PREPARE_UNIT, Prepared, Snapshot, parse_snapshot
 from evalkube.engine.runtime import suite_criteria
+from evalkube.grading.criteria import Criterion
 from evalkube.grading.gate import gate_message, gate_run
-from evalkube.grading.run_results import aggregate_results, expected_metrics
+from evalkube.grading.run_results import aggregate_results, declared_metrics, expected_metrics
 from evalkube.models import (
     Condition,
+    ConfigError,
     EvalRunSpec,
     EvalRunStatus,
+    EvalSuiteSpec,
     GateSpec,
     GateStatus,
     SpecError,
     TaskModelResult,
+    TaskSpec,
     validate_spec,
 )
 from evalkube.models.run import Phase
 from evalkube.models.snapshot import RunSnapshot
 from evalkube.models.status import (
+    cap_message,
     condition,
     merge_conditions,
     now_rfc3339,
     read_status,
     same_status,
 )
+from evalkube.sources import parse_uri
 from evalkube.store import ResultStore, RunRecord
 
 FINAL_PHASES = ("Succeeded", "Failed")
+#: Refused patches of a finished run's status, in a row, after which the run ends ``Failed``
+#: even when the refusals looked transient (``5xx`` without a reason).
+STATUS_REFUSALS_BEFORE_FAILING = 3
 #: The EvalRun status field holding the SHA-256 of the run's ingest token (never the token).
 TOKEN_DIGEST_FIELD = "ingestTokenSha256"
 #: Seconds a resolved ClusterIP of the ingest or gateway Service is reused.
@@ -70,16 +94,24 @@ class _Setup:
     snapshot: RunSnapshot
     entry: RunEntry
     parsed: Snapshot
-    units: list[Unit]
-    """The run's plan: the very list the pod's runner plans from the same snapshot."""
+    units: list[Unit] | None
+    """The run's plan: the very list the pod's runner plans from the same snapshot (``None``
+    until the run's ``uri`` sources are pinned: their row counts decide it)."""
     grant_expires: int = 0
     """When the run's egress grant expires (unix seconds; 0 until one is issued)."""
     unseen: set[str] = field(default_factory=set)
     """Units whose Job this operator created and the Job index has not shown yet."""
+    deadline_warned: set[str] = field(default_factory=set)
+    """Tasks whose capped Job deadline this operator has warned about (``DeadlineCapped``)."""
 
     @property
     def spec(self) -> EvalRunSpec:
         return self.snapshot.run_spec
+
+    @functools.cached_property
+    def criteria_of(self) -> dict[str, tuple[Criterion, ...]]:
+        """The suite's criteria per task (pass/fail counts of the aggregates)."""
+        return suite_criteria(self.snapshot.suite.spec)
 
 
 class RunReconciler:
@@ -99,7 +131,8 @@ class RunReconciler:
         self.registry = registry
         self.metrics = metrics
         self.settings = settings
-        self.event = event or (lambda body, kind, reason, message: None)
+        self.event = _capped(event or (lambda body, kind, reason, message: None))
+        self.tracking = RunTracking(kube, store, settings, self.event)
         self._phases: dict[tuple[str, str], Phase] = {}
         #: What ``_setup`` found per EvalRun uid: the snapshot and the token never change, so
         #: timer passes skip re-reading them (rebuilt from the cluster after a restart).
@@ -108,6 +141,8 @@ class RunReconciler:
         """(namespace, suite) -> the run whose gate ``evalkube_gate_passed`` shows."""
         #: What ``_unit_settings`` resolved, and when.
         self._unit_settings_cache: tuple[float, OperatorSettings] | None = None
+        self._status_refusals: dict[tuple[str, str], int] = {}
+        """Status patches the API server refused per run, in a row (see ``_status_refused``)."""
         self._wakeups: dict[tuple[str, str], asyncio.Event] = {}
         """Runs whose kopf daemon is driving them: setting the event asks for a pass."""
         self.jobs: JobIndex = {}
@@ -156,10 +191,45 @@ class RunReconciler:
         changed."""
         body = await self.kube.run(namespace, name)
         if body is not None:
+            old_phase = read_status(EvalRunStatus, body.get("status")).phase
             new = await self.reconcile(body)
             if new is not None:
-                await self.kube.patch_status(EvalRunResource, namespace, name, new.to_wire())
+                try:
+                    await self.kube.patch_status(EvalRunResource, namespace, name, new.to_wire())
+                except ApiError as exc:
+                    await self._status_refused(body, new, old_phase, exc)
             self.metrics.passes.inc()
+
+    async def _status_refused(
+        self, body: Mapping[str, Any], new: EvalRunStatus, old_phase: Phase, exc: ApiError
+    ) -> None:
+        """The API server refused a status patch. A finished run whose status it refuses for
+        good (too large, invalid: ``413``/``422``, a ``500`` that says so, or any refusal
+        :data:`STATUS_REFUSALS_BEFORE_FAILING` passes in a row) ends ``Failed`` with the
+        reason and without its results, which stay in the store: it must never stay
+        ``Running`` with nothing reported. Otherwise the pass is undone (the run keeps its
+        phase here) and the refusal raised, for the next pass to retry."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        refusals = self._status_refusals[key] = self._status_refusals.get(key, 0) + 1
+        if new.phase not in FINAL_PHASES or not (
+            permanent_refusal(exc) or refusals >= STATUS_REFUSALS_BEFORE_FAILING
+        ):
+            self._phases[key] = old_phase
+            raise exc
+        failed = refused_status(new, exc, meta.get("generation"))
+        self.event(body, "Warning", "StatusRejected", failed.conditions[-1].message)
+        try:
+            await self.kube.patch_status(EvalRunResource, *key, failed.to_wire())
+        except ApiError:
+            self._phases[key] = old_phase
+            raise
+        self._phases[key] = failed.phase
+        self._export_phases()
+        entry = self.registry.get(*key)
+        if entry is not None:  # the store keeps the results the status could not hold
+            wire = {"results": [r.to_wire() for r in new.results]}
+            await asyncio.to_thread(self.store.finish_run, entry.run_id, "Failed", wire)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted run from the registry, the ``evalkube_runs`` gauge and the caches."""
@@ -196,17 +266,21 @@ class RunReconciler:
             # serve a finished run's samples after a restart (read-only: no token is accepted)
             if self.registry.get(meta["namespace"], meta["name"]) is None:
                 self.registry.register(_spec_entry(body, token_digest=""))
+            self.tracking.resume(body, old)  # MLflow logging a restart cut short
             return None
         generation = meta.get("generation")
         try:
             setup = self._setups.get(meta["uid"]) or await self._setup(body)
             await self._refresh_grant(body, setup)
             unit_settings = await self._unit_settings()
+            units = setup.units
+            if units is None:
+                units = await self._prepared(body, setup, unit_settings)
         except _Blocked as blocked:
             failed = blocked.phase == "Failed"
             if old.phase != blocked.phase:
                 kind = "Warning" if failed else "Normal"
-                self.event(body, kind, blocked.reason, blocked.message[:1000])
+                self.event(body, kind, blocked.reason, blocked.message)
             conditions = [
                 condition(type_, False, blocked.reason, blocked.message, generation)
                 for type_ in (("Ready", "Succeeded") if failed else ("Ready",))
@@ -220,13 +294,28 @@ class RunReconciler:
                 }
             )
         done = await asyncio.to_thread(self.store.done_units, setup.entry.run_id)
-        decision = decide(setup.units, self._observed_jobs(setup), done, self.settings.parallelism)
+        # each unit's samples are read once, when it is done (never all of them at the end)
+        await asyncio.to_thread(
+            record_done_units,
+            self.store,
+            setup.entry.run_id,
+            units,
+            done,
+            setup.criteria_of,
+        )
+        reported = await asyncio.to_thread(self.store.failed_units, setup.entry.run_id)
+        decision = decide(
+            units, self._observed_jobs(setup), done, self.settings.parallelism, reported
+        )
+        decision.failed = explain_failures(
+            decision.failed, units, setup.snapshot.suite.spec, self.settings
+        )
         await self._create_jobs(body, setup, decision, unit_settings)
         new = old.model_copy(
             update={
                 "phase": decision.phase,
                 "observed_generation": generation,
-                "suite_version": setup.snapshot.suite.version,
+                "suite_version": setup.parsed.version,
                 "units": decision.counts(),
                 "started_at": old.started_at or now_rfc3339(),
             }
@@ -288,8 +377,10 @@ class RunReconciler:
             check = await check_cluster_suite(self.kube, namespace, suite["spec"])
             if not check.ok:
                 raise _Blocked("Failed", "InvalidSuite", "; ".join(check.problems))
-            snapshot = build_snapshot(body, run_id, suite_name, check)
-            await self.kube.create(manifests.snapshot_config_map(body, snapshot))
+            snapshot = _pin_shard_size(
+                build_snapshot(body, run_id, suite_name, check), self.settings
+            )
+            await self._create_snapshot(body, snapshot)
             taken = f"snapshot of suite {suite_name} at {check.version[:19]}"
             self.event(body, "Normal", "Snapshot", taken)
         else:
@@ -318,8 +409,28 @@ class RunReconciler:
                 if await asyncio.to_thread(self.store.get_run, run_id) is None:
                     raise
         parsed = parse_snapshot(snapshot)
-        setup = self._setups[meta["uid"]] = _Setup(snapshot, entry, parsed, parsed.units())
+        units = parsed.units() if parsed.pinned else None
+        setup = self._setups[meta["uid"]] = _Setup(snapshot, entry, parsed, units)
         return setup
+
+    async def _create_snapshot(self, body: Mapping[str, Any], snapshot: RunSnapshot) -> None:
+        """Create the run's snapshot ConfigMap. One larger than a ConfigMap holds fails the run
+        (``SnapshotTooLarge``, naming what takes the room), and so does the API server refusing
+        it for what it is (``413``/``422``): a pass must not retry it forever."""
+        manifest = manifests.snapshot_config_map(body, snapshot)
+        size = manifests.config_map_bytes(manifest)
+        if size > limits.SNAPSHOT_CONFIGMAP_BYTES:
+            raise _Blocked("Failed", "SnapshotTooLarge", snapshot_too_large(snapshot, size))
+        try:
+            await self.kube.create(manifest)
+        except ApiError as exc:
+            if not permanent_refusal(exc):
+                raise
+            refusal = str(getattr(exc.status, "message", "") or exc)[:500]
+            message = f"the API server refused the run's snapshot ConfigMap: {refusal}; "
+            raise _Blocked(
+                "Failed", "SnapshotTooLarge", message + snapshot_too_large(snapshot, size)
+            ) from None
 
     async def _ingest_token_digest(self, body: Mapping[str, Any]) -> str:
         """The digest of the run's ingest token, recorded in its status.
@@ -341,6 +452,48 @@ class RunReconciler:
         )
         return digest(token)
 
+    # -- sources: the prepare Job pins the run's uri sources, then units are planned ----------
+    async def _prepared(
+        self, body: Mapping[str, Any], setup: _Setup, unit_settings: OperatorSettings
+    ) -> list[Unit]:
+        """The run's plan once its prepare pod reported the pins of its ``uri`` sources (a
+        ``Pending`` run until then, with the prepare Job created); ``Failed`` naming the
+        source when it could not be pinned."""
+        run_id = setup.entry.run_id
+        report = (await asyncio.to_thread(self.store.done_unit_infos, run_id)).get(PREPARE_UNIT)
+        if report is not None:
+            if "error" in report:
+                raise _Blocked("Failed", "SourceUnavailable", str(report["error"]))
+            try:
+                setup.parsed.apply_pins(Prepared.from_wire(report))
+                setup.units = setup.parsed.units()
+            except (ValueError, ConfigError) as exc:
+                raise _Blocked("Failed", "SourceUnavailable", f"prepare report: {exc}") from None
+            pinned = ", ".join(
+                f"{k} {p.rows:,} rows" for k, p in sorted(setup.parsed.loaded.pins.items())
+            )
+            self.event(body, "Normal", "SourcesPinned", pinned[:1000])
+            return setup.units
+        job = self._observed_jobs(setup).get(PREPARE_UNIT)
+        if job is not None and job.phase in ("failed", "succeeded"):
+            why = job.reason if job.phase == "failed" else "it completed without reporting"
+            raise _Blocked("Failed", "SourceUnavailable", f"the run's prepare Job failed: {why}")
+        if job is None:
+            manifest = manifests.prepare_job(
+                body,
+                spec=setup.spec,
+                settings=unit_settings,
+                sources=source_mounts(setup.parsed.loaded.suite.spec.tasks),
+            )
+            setup.unseen.add(PREPARE_UNIT)
+            if await self.kube.create(manifest):
+                self.metrics.jobs_created.inc()
+                self.event(body, "Normal", "Preparing", f"started {manifest['metadata']['name']}")
+        keys = ", ".join(f"{t.id}/{part}" for t, part in setup.parsed.loaded.uri_sources())
+        raise _Blocked(
+            "Pending", "Preparing", f"pinning the run's sources ({keys}) before its units start"
+        )
+
     # -- egress: the run's grant and the URLs pods use without DNS ------------------------------
     async def _refresh_grant(self, body: Mapping[str, Any], setup: _Setup) -> None:
         """Mint the run's egress grant into its Secret (created, or updated in place: running
@@ -352,7 +505,7 @@ class RunReconciler:
         if left > self.settings.egress_grant_ttl_seconds / 2:
             return
         try:
-            hosts = egress.grant_hosts(setup.spec)
+            hosts = egress.grant_hosts(setup.spec, setup.snapshot.suite.spec)
         except ValueError as exc:
             raise _Blocked("Failed", "InvalidSpec", f"spec.providers: {exc}") from None
         path = Path(self.settings.egress_grant_key_file)
@@ -365,7 +518,7 @@ class RunReconciler:
             )
             if left <= 0:
                 raise _Blocked("Pending", "EgressKeyUnavailable", message) from None
-            self.event(body, "Warning", "EgressKeyUnavailable", message[:1000])
+            self.event(body, "Warning", "EgressKeyUnavailable", message)
             return
         meta = body["metadata"]
         expires = int(time.time()) + self.settings.egress_grant_ttl_seconds
@@ -410,17 +563,28 @@ class RunReconciler:
         for unit in decision.create:
             task = setup.parsed.loaded.task(unit.task_id)
             dataset_ref = task.dataset.config_map_ref
+            sources = source_mounts([task])
+            timeouts = _task_timeouts(task)
+            deadline = manifests.unit_deadline(unit, *timeouts, unit_settings)
+            if deadline.capped and unit.task_id not in setup.deadline_warned:
+                setup.deadline_warned.add(unit.task_id)
+                capped = (
+                    f"task {unit.task_id!r}: unit {unit.unit_id}: {deadline.explain(self.settings)}"
+                )
+                self.event(body, "Warning", "DeadlineCapped", capped)
             job = manifests.unit_job(
                 body,
                 unit,
                 spec=setup.spec,
                 settings=unit_settings,
                 dataset_config_maps=[(dataset_ref.name, dataset_ref.key)] if dataset_ref else [],
-                timeout_seconds=sum(g.timeout_seconds for g in task.criteria),
-                preprocess_timeout=task.preprocess.timeout_seconds if task.preprocess else 0,
+                timeout_seconds=timeouts[0],
+                preprocess_timeout=timeouts[1],
                 model_access=grader_calls_models(task),
                 runner_model_access=judges_call_models(task),
                 grader_environment=next((g.environment for _, g in task.grader_programs()), None),
+                sources=sources,
+                task_id=unit.task_id if sources else None,
             )
             setup.unseen.add(unit.unit_id)
             if await self.kube.create(job):
@@ -434,21 +598,36 @@ class RunReconciler:
         """Every unit is over: aggregate, gate, record and export the run; its conditions."""
         generation = body["metadata"].get("generation")
         run_id, suite_spec = setup.entry.run_id, setup.snapshot.suite.spec
-        criteria_of = suite_criteria(suite_spec)
+        criteria_of = setup.criteria_of
         expected = expected_metrics(suite_spec, criteria_of)
-        results = await asyncio.to_thread(
-            aggregate_results, self.store, run_id, None, expected, criteria_of=criteria_of
+        declared = declared_metrics(suite_spec, criteria_of)
+        # O(units): the units' aggregates merged (None: they missed samples; read them all)
+        merged = await asyncio.to_thread(
+            run_aggregates, self.store, run_id, setup.units or [], criteria_of
         )
-        new.results = results
-        new.summary = summary_line({f"{r.task}/{r.model}": r.metrics for r in results})
+        outcome = await asyncio.to_thread(
+            functools.partial(aggregate_results, criteria_of=criteria_of, declared=declared),
+            self.store,
+            run_id,
+            merged,
+            expected,
+        )
+        new.results = outcome
+        new.summary = summary_line({f"{r.task}/{r.model}": r.metrics for r in outcome})
         new.completed_at = now_rfc3339()
         if decision.failed:
-            message = "; ".join(f"unit {u}: {why}" for u, why in sorted(decision.failed.items()))
+            run_name = body["metadata"]["name"]
+            message = failed_units_message(
+                decision.failed, decision.total, run_name, limits.STATUS_MESSAGE_CHARS
+            )
             conditions = [
                 condition(type_, False, "UnitsFailed", message, generation)
                 for type_ in ("Ready", "Succeeded")
             ]
-            self.event(body, "Warning", "RunFailed", message[:1000])
+            short = failed_units_message(
+                decision.failed, decision.total, run_name, limits.EVENT_MESSAGE_CHARS
+            )
+            self.event(body, "Warning", "RunFailed", short)
         else:
             completed = f"{decision.total} units completed"
             conditions = [
@@ -457,19 +636,20 @@ class RunReconciler:
             ]
             self.event(body, "Normal", "RunSucceeded", f"{completed}; {new.summary}")
             if setup.spec.gate is not None:
-                new.gate = await self._gate(setup.spec.gate, setup.entry, results)
+                new.gate = await self._gate(setup.spec.gate, setup.entry, outcome)
                 message = gate_message(new.gate)
                 reason = "GatePassed" if new.gate.passed else "GateFailed"
                 # the Passed condition is what Argo CD's health check reads
                 conditions.append(condition("Passed", new.gate.passed, reason, message, generation))
                 if not new.gate.passed:
-                    self.event(body, "Warning", "GateFailed", message[:1000])
-        wire = [r.to_wire() for r in results]
+                    self.event(body, "Warning", "GateFailed", message)
+        wire = [r.to_wire() for r in outcome]
         await asyncio.to_thread(self.store.finish_run, run_id, decision.phase, {"results": wire})
         # every unit is over: its samples hold the answers pods kept for a retried Job
         await asyncio.to_thread(self.store.forget_answers, run_id)
         infos = await asyncio.to_thread(self.store.done_unit_infos, run_id)
-        self._export_metrics(setup.entry, results, budget_refusals(infos.values()))
+        self._export_metrics(setup.entry, outcome, budget_refusals(infos.values()), declared)
+        conditions += self.tracking.finished(body, setup.spec, new, run_id, setup.entry.suite)
         return conditions
 
     async def _gate(
@@ -510,13 +690,22 @@ class RunReconciler:
         return status
 
     def _export_metrics(
-        self, entry: RunEntry, results: list[TaskModelResult], refused: Mapping[str, int]
+        self,
+        entry: RunEntry,
+        results: list[TaskModelResult],
+        refused: Mapping[str, int],
+        declared: Mapping[str, Sequence[str]],
     ) -> None:
+        """The run's Prometheus series: scores of the declared metrics only (a grader's other
+        score names cannot create series), sample counts, model calls, budget refusals."""
         namespace, suite = entry.namespace, entry.suite
         for scope, count in refused.items():
             self.metrics.budget_refusals.labels(namespace, suite, scope).inc(count)
         for result in results:
+            exported = set(declared.get(result.task, ()))
             for metric, value in result.metrics.items():
+                if metric not in exported:
+                    continue
                 self.metrics.score.labels(namespace, suite, result.task, result.model, metric).set(
                     value
                 )
@@ -527,12 +716,98 @@ class RunReconciler:
                 self.metrics.model_calls.labels(namespace, suite, purpose).inc(count)
 
 
+def _capped(sink: EventSink) -> EventSink:
+    """``sink`` with every message capped at :data:`~evalkube.limits.EVENT_MESSAGE_CHARS`."""
+
+    def post(body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        sink(body, kind, reason, cap_message(message, limits.EVENT_MESSAGE_CHARS))
+
+    return post
+
+
 class _Blocked(Exception):
     """The run cannot proceed now (``Pending``) or at all (``Failed``)."""
 
     def __init__(self, phase: str, reason: str, message: str) -> None:
         super().__init__(message)
         self.phase, self.reason, self.message = phase, reason, message
+
+
+def source_mounts(tasks: Iterable[TaskSpec]) -> manifests.SourceMounts:
+    """What reading the ``uri`` sources of ``tasks`` takes: their claims, and whether any is
+    an object store or https:// host."""
+    claims: set[str] = set()
+    remote = False
+    for task in tasks:
+        specs = [task.dataset, task.outputs]
+        for uri, fmt in ((s.uri, s.format) for s in specs if s is not None and s.uri):
+            source = parse_uri(uri, f"tasks[{task.id}]", base_dir=None, fmt=fmt)
+            if source.scheme == "pvc":
+                claims.add(source.claim_path[0])
+            else:
+                remote = True
+    return manifests.SourceMounts(tuple(sorted(claims)), remote)
+
+
+def snapshot_too_large(snapshot: RunSnapshot, size: int) -> str:
+    """Why a snapshot does not fit a ConfigMap, what takes the room, and what to do."""
+    parts: list[tuple[int, str]] = []
+    for task in snapshot.suite.spec.tasks:
+        if task.dataset.rows is not None:
+            rows = len(jsonfast.dumps(task.dataset.rows))
+            parts.append((rows, f"task {task.id!r} inline dataset.rows: {rows:,} bytes"))
+    for key, (source, _filename) in snapshot.sources.items():
+        parts.append((len(source.encode()), f"{key} source: {len(source.encode()):,} bytes"))
+    largest = "; ".join(text for _, text in sorted(parts, reverse=True)[:3])
+    return (
+        f"the run's snapshot is {size:,} bytes, more than a ConfigMap holds "
+        f"({limits.SNAPSHOT_CONFIGMAP_BYTES:,} bytes); the largest parts: {largest or 'none'}. "
+        "Move large datasets out of the suite: to an object store or a volume (dataset.uri: "
+        "s3://, pvc://, https:// with sha256) or a ConfigMap of their own "
+        "(dataset.configMapRef), then apply a new EvalRun"
+    )
+
+
+def _task_timeouts(task: TaskSpec) -> tuple[int, int]:
+    """Seconds one row of ``task`` may take at most: its graders' and its preprocessor's."""
+    return (
+        sum(g.timeout_seconds for g in task.criteria),
+        task.preprocess.timeout_seconds if task.preprocess else 0,
+    )
+
+
+def explain_failures(
+    failed: Mapping[str, str],
+    units: Sequence[Unit],
+    suite: EvalSuiteSpec,
+    settings: OperatorSettings,
+) -> dict[str, str]:
+    """Failure reasons with what a Job's deadline was made of for units that ran out of it
+    (``DeadlineExceeded``), so the reason says which of ``shardSize`` and ``timeoutSeconds``
+    to change."""
+    if not any(why.startswith("DeadlineExceeded") for why in failed.values()):
+        return dict(failed)
+    by_id = {unit.unit_id: unit for unit in units}
+    tasks = {task.id: task for task in suite.tasks}
+    out = {}
+    for unit_id, why in failed.items():
+        unit = by_id.get(unit_id)
+        if why.startswith("DeadlineExceeded") and unit is not None and unit.task_id in tasks:
+            deadline = manifests.unit_deadline(unit, *_task_timeouts(tasks[unit.task_id]), settings)
+            why = f"{why} ({deadline.explain(settings)})"
+        out[unit_id] = why
+    return out
+
+
+def _pin_shard_size(snapshot: RunSnapshot, settings: OperatorSettings) -> RunSnapshot:
+    """The snapshot with the run's shard size resolved: its own ``shardSize``, else the
+    operator's ``EVALKUBE_SHARD_SIZE``. Resolved once, into the snapshot, so the operator's plan
+    and every pod's (both :func:`~evalkube.engine.driver.plan_run` of the snapshot) stay the
+    same whatever the operator's setting becomes later."""
+    if snapshot.run_spec.shard_size is not None:
+        return snapshot
+    run_spec = snapshot.run_spec.model_copy(update={"shard_size": settings.shard_size})
+    return snapshot.model_copy(update={"run_spec": run_spec})
 
 
 def _spec_entry(body: Mapping[str, Any], token_digest: str) -> RunEntry:

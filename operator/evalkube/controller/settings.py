@@ -87,7 +87,24 @@ class OperatorSettings(BaseSettings):
     tmp_size: str = "256Mi"
     """Size of the grader's ``/tmp`` (a memory-backed emptyDir)."""
     grader_memory: str = "1Gi"
-    """Memory limit of the grader container."""
+    """Memory of the grader's processes, enforced inside the grader container as in a local
+    sandbox (``RLIMIT_AS`` per process, and the sum of their resident memory watched by the
+    container's supervisor: past it the sample fails "out of memory"). The container's limit
+    adds ``limits.SANDBOX_MEMORY_OVERHEAD_BYTES`` for the supervisor and gVisor's own
+    accounting, so the pod's cgroup (which gVisor charges for all containers together) is not
+    what stops a grader."""
+    grader_log_bytes: int = Field(default=1 << 20, ge=0)
+    """Bytes of grader output (file descriptors 1 and 2) a work-unit pod copies to its
+    container log, over all its workers; the rest is dropped (the runner keeps each worker's
+    tail for its crash reports). Bounds what a grader writes to the node's disk."""
+    ipv6: Literal["disable", "refuse", "allow"] = "disable"
+    """IPv6 in work-unit pods, whose NetworkPolicy CNIs often enforce for IPv4 only while
+    gVisor serves link-local IPv6 (``docs/security.md``). ``disable``: the pods carry the
+    sysctl ``net.ipv6.conf.all.disable_ipv6=1`` (gVisor and runc apply it; the kubelet must
+    allow it: ``allowedUnsafeSysctls``) and the runner refuses to give grader code anything
+    while the pod still has an IPv6 route. ``refuse``: no sysctl (the CNI keeps pods
+    IPv4-only), the same refusal. ``allow``: neither (a CNI that enforces NetworkPolicy for
+    IPv6, link-local included)."""
     grader_cpu: str = "1"
     """CPU limit of the grader container."""
     runner_memory: str = "512Mi"
@@ -99,6 +116,10 @@ class OperatorSettings(BaseSettings):
     runs the compiled ``evalkube-proxy`` of the image unless the run uses a ``local:`` model."""
     active_deadline_slack_seconds: int = 300
     """Added to a unit's worst-case grading time for ``activeDeadlineSeconds``."""
+    unit_deadline_max_seconds: int = Field(default=limits.UNIT_DEADLINE_MAX_SECONDS, ge=60)
+    """Most seconds a work-unit Job may run: its ``activeDeadlineSeconds`` is the unit's worst
+    case (rows x timeouts + slack) up to this. A longer worst case gets a ``DeadlineCapped``
+    warning event naming ``shardSize`` and ``timeoutSeconds``."""
     reconcile_interval: float = Field(default=60.0, gt=0)
     """Seconds a running EvalRun's daemon waits for an event before a pass of its own. Runs
     advance on their Jobs' events and their units' reports; this only covers a missed event."""
@@ -115,6 +136,9 @@ class OperatorSettings(BaseSettings):
     """Extra annotations on work-unit pods (JSON object in the environment variable)."""
     node_selector: dict[str, str] = Field(default_factory=dict)
     """Node selector of work-unit pods (for example nodes that have gVisor installed)."""
+    mlflow_attempts: int = Field(default=limits.MLFLOW_OPERATOR_ATTEMPTS, ge=1, le=20)
+    """Tries of each step of logging a finished run to MLflow (``spec.tracking.mlflow``) while
+    the tracking server does not answer, backing off from 0.5 s to 30 s between tries."""
     peering: bool = False
     """Run with kopf peering (several replicas sharing a PostgreSQL store)."""
     peering_name: str = "evalkube"

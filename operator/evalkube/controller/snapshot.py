@@ -24,6 +24,7 @@ from evalkube.models.snapshot import (
     SnapshotSuite,
 )
 from evalkube.sandbox.environment import is_path
+from evalkube.sources import parse_uri
 
 #: Reads ``(namespace, configmap, key)``; returns the value or ``None`` when absent.
 ConfigMapReader = Callable[[str, str, str], str | None]
@@ -131,12 +132,20 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
             text = config_map_value(f"{where}.dataset.configMapRef", cm.name, cm.key)
             if text is None:
                 continue
-            rows = sum(1 for line in text.splitlines() if line.strip())
+            # counted as the runner reads them: lines end at b"\n" only (U+2028 and U+0085
+            # are text inside a JSON string, not line ends), blank ones are not rows
+            rows = sum(1 for line in text.encode().split(b"\n") if line.strip())
             check.datasets[task.id] = SnapshotDataset(rows=rows, config_map=cm.name, key=cm.key)
             digest.update(text.encode())
+        elif dataset.uri is not None:
+            # only the URI is checked here: the run's prepare pod reads its metadata (the
+            # operator never reads rows), and the run's version then includes what it pinned
+            if _cluster_uri(check, f"{where}.dataset.uri", dataset.uri, dataset.format):
+                check.datasets[task.id] = SnapshotDataset(uri=dataset.uri)
         else:
             check.problems.append(
-                f"{where}.dataset.path: files are not reachable in a cluster; use configMapRef"
+                f"{where}.dataset.path: files are not reachable in a cluster; use `uri` "
+                "(s3://, pvc://, https:// with sha256) or configMapRef"
             )
         environment = next((g.environment for _, g in task.grader_programs()), None)
         if environment is not None and is_path(environment):
@@ -147,10 +156,23 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
             )
         if task.outputs is not None and task.outputs.path is not None:
             check.problems.append(
-                f"{where}.outputs.path: files are not reachable in a cluster; use outputs.column"
+                f"{where}.outputs.path: files are not reachable in a cluster; use outputs.uri "
+                "or outputs.column"
             )
+        if task.outputs is not None and task.outputs.uri is not None:
+            _cluster_uri(check, f"{where}.outputs.uri", task.outputs.uri, task.outputs.format)
     check.version = "sha256:" + digest.hexdigest()
     return check
+
+
+def _cluster_uri(check: SuiteCheck, where: str, uri: str, fmt: str | None) -> bool:
+    """Whether ``uri`` is one a cluster reads (a problem is noted otherwise)."""
+    try:
+        parse_uri(uri, where, base_dir=None, fmt=fmt)
+    except ConfigError as exc:
+        check.problems.append(str(exc))
+        return False
+    return True
 
 
 def build_snapshot(

@@ -87,6 +87,7 @@ class OperatorState:
             await self.kube.patch_status(EvalSuiteResource, namespace, name, new)
 
     async def close(self) -> None:
+        await self.reconciler.tracking.close()
         for runner in self.runners:
             await runner.cleanup()
         await self.kube.close()

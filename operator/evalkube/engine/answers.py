@@ -37,9 +37,12 @@ _BATCH = 500
 
 
 def candidate_answer(candidate: Candidate) -> dict[str, Any]:
-    """What is kept of a generated candidate (its text, id, latency and the call it cost)."""
+    """What is kept of a generated candidate (its text, tool calls, OpenAI's further sample
+    fields, id, latency and the call it cost)."""
     return {
         "output_text": candidate.output_text,
+        "output_tools": candidate.output_tools,
+        "sample_extra": candidate.sample_extra,
         "response_id": candidate.response_id,
         "ms": candidate.ms,
         "model_calls": candidate.model_calls,
@@ -47,8 +50,11 @@ def candidate_answer(candidate: Candidate) -> dict[str, Any]:
 
 
 def kept_candidate(answer: dict[str, Any]) -> Candidate:
+    tools, extra = answer.get("output_tools"), answer.get("sample_extra")
     return Candidate(
         output_text=answer.get("output_text"),
+        output_tools=list(tools) if isinstance(tools, list) else [],
+        sample_extra=dict(extra) if isinstance(extra, dict) else {},
         response_id=answer.get("response_id"),
         ms=answer.get("ms"),
         model_calls=dict(answer.get("model_calls") or {}),
@@ -67,7 +73,9 @@ class AnswerStore(Protocol):
         self, run_id: str, purpose: str, sample_ids: Sequence[str]
     ) -> dict[str, Any]: ...
 
-    def generation_errored_ids(self, run_id: str, task_id: str, model: str) -> set[str]: ...
+    def generation_errored_ids(
+        self, run_id: str, task_id: str, model: str, seqs: tuple[int, int] | None = None
+    ) -> set[str]: ...
 
 
 class AnswerLog:
@@ -187,9 +195,9 @@ class AnswerLog:
             self._made[execution_id] = position + 1
             self._queue.put((GRADER_CALLS, sample_id, list(calls)))
 
-    def retry_ids(self, task_id: str, model: str) -> set[str]:
-        """Recorded samples whose model call failed: call again."""
-        return self.store.generation_errored_ids(self.run_id, task_id, model)
+    def retry_ids(self, task_id: str, model: str, seqs: tuple[int, int] | None = None) -> set[str]:
+        """Recorded samples whose model call failed (``seqs``: of one shard): call again."""
+        return self.store.generation_errored_ids(self.run_id, task_id, model, seqs)
 
     def flush(self) -> None:
         """Wait until every answer handed over so far is committed; raise a write error."""

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
-from evalkube.engine.loading import iter_json_rows
-from evalkube.models import EvalRunSpec, OutputsSpec, TaskSpec
+from evalkube.engine.loading import LoadedSuite, iter_json_rows
+from evalkube.grading import parse_output_json
+from evalkube.models import EvalRunSpec, GenerationSpec, OutputsSpec, TaskSpec
 from evalkube.models.errors import ConfigError
 from evalkube.proxy import Provider, Upstream, UpstreamError, response_output_text, split_model
+from evalkube.sources import read_pinned
 
 
 @dataclass(slots=True)
@@ -35,6 +38,13 @@ class Candidate:
     model_calls: dict[str, Any] = field(default_factory=dict)
     output_tools: list[dict[str, Any]] = field(default_factory=list)
     """The candidate's tool calls (``sample.output_tools``), Chat Completions shaped."""
+    extracted_given: bool = False
+    """The source gave ``extracted_output``, ``None`` included (no parsed answer): it is
+    used as given instead of being extracted from the text."""
+    sample_extra: dict[str, Any] = field(default_factory=dict)
+    """OpenAI's further ``sample`` fields the source knows: ``choices`` (the answer as Chat
+    Completions choices) and ``output_json`` (when the run asked for structured output, or
+    the precomputed sample carries it)."""
 
 
 #: Called with a candidate's position in the shard as soon as it is known (generated
@@ -55,30 +65,44 @@ class CandidateSource(Protocol):
 
 
 class PrecomputedSource:
-    """Outputs taken from a dataset column, or from a JSONL file keyed by row id."""
+    """Outputs taken from a dataset column, or from records keyed by row id (a JSONL file at
+    ``outputs.path``, or any source at ``outputs.uri``, read whole)."""
 
-    def __init__(self, task: TaskSpec, label: str | None, base_dir: Path) -> None:
+    def __init__(
+        self,
+        task: TaskSpec,
+        label: str | None,
+        loaded: LoadedSuite,
+        rows_range: tuple[int, int] | None = None,
+    ) -> None:
         assert task.outputs is not None
         self.task_id = task.id
         self.spec: OutputsSpec = task.outputs
         self.label = label
-        self._by_id: dict[str, tuple[str | None, str | None]] | None = None
+        self._by_id: dict[str, Candidate] | None = None
         if self.spec.path is not None:
-            self._by_id = self._index(base_dir / self.spec.path)
+            where = f"tasks[{self.task_id}].outputs.path"
+            self._by_id = self._index(
+                iter_json_rows(loaded.base_dir / self.spec.path, where), where
+            )
+        elif self.spec.uri is not None:
+            where = f"tasks[{self.task_id}].outputs.uri"
+            pin = loaded.pin(task, "outputs")
+            # aligned outputs (record i is row i's): a shard's unit reads its range only
+            start, stop = rows_range if rows_range and pin.aligned else (0, None)
+            records = read_pinned(pin, loaded.access, where, start, stop)
+            self._by_id = self._index(records, where, "record")
 
-    def _index(self, path: Path) -> dict[str, tuple[str | None, str | None]]:
-        where = f"tasks[{self.task_id}].outputs.path"
-        index: dict[str, tuple[str | None, str | None]] = {}
-        for line in iter_json_rows(path, where):
+    def _index(
+        self, records: Iterable[dict[str, Any]], where: str, unit: str = "line"
+    ) -> dict[str, Candidate]:
+        index: dict[str, Candidate] = {}
+        for number, line in enumerate(records, 1):
             if self.label is not None and line.get("model") not in (None, self.label):
                 continue
             if "id" not in line:
-                raise ConfigError(f"{where}: every line needs an `id` matching a row id")
-            extracted = line.get("extracted_output")
-            index[str(line["id"])] = (
-                _text(line.get("output_text")),
-                _text(extracted) if "extracted_output" in line else None,
-            )
+                raise ConfigError(f"{where}: every {unit} needs an `id` matching a row id")
+            index[str(line["id"])] = _precomputed(line, f"{where} {unit} {number}")
         return index
 
     def candidates(
@@ -96,25 +120,50 @@ class PrecomputedSource:
                 if found is None:
                     out.append(
                         Candidate(
-                            error=f"no precomputed output for row id {row_id!r} in outputs.path"
+                            error=f"no precomputed output for row id {row_id!r} in "
+                            f"outputs.{'path' if self.spec.path else 'uri'}"
                         )
                     )
                 else:
-                    out.append(Candidate(output_text=found[0], extracted_output=found[1]))
+                    out.append(dataclasses.replace(found, output_tools=list(found.output_tools)))
                 continue
             assert column is not None
             if column not in row:
                 out.append(Candidate(error=f"row has no column {column!r} (outputs.column)"))
                 continue
             candidate = Candidate(output_text=_text(row[column]))
-            if extracted_column is not None:
-                candidate.extracted_output = _text(row.get(extracted_column))
+            if extracted_column is not None and extracted_column in row:
+                candidate.extracted_output = _text(row[extracted_column])
+                candidate.extracted_given = True
             out.append(candidate)
         return out
 
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _precomputed(line: Mapping[str, Any], where: str) -> Candidate:
+    """One ``outputs.path`` line: ``output_text``, ``extracted_output`` (an explicit
+    ``null`` means no parsed answer), and OpenAI's ``output_json``, ``output_tools`` and
+    ``choices`` when it carries them (an imported stored-completions run)."""
+    candidate = Candidate(output_text=_text(line.get("output_text")))
+    if "extracted_output" in line:
+        candidate.extracted_output = _text(line["extracted_output"])
+        candidate.extracted_given = True
+    tools = line.get("output_tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise ConfigError(f"{where}: `output_tools` must be a list of tool-call objects")
+        candidate.output_tools = tools
+    if "output_json" in line:
+        candidate.sample_extra["output_json"] = line["output_json"]
+    choices = line.get("choices")
+    if choices is not None:
+        if not isinstance(choices, list):
+            raise ConfigError(f"{where}: `choices` must be a list (Chat Completions choices)")
+        candidate.sample_extra["choices"] = choices
+    return candidate
 
 
 def providers_from_spec(spec: EvalRunSpec) -> dict[str, Provider]:
@@ -162,13 +211,16 @@ class GeneratedSource:
         return asyncio.run(self._generate(list(prompts), on_answer))
 
     def _body(self, prompt: Any, model: str) -> dict[str, Any]:
-        generation = self.spec.generation
-        body: dict[str, Any] = {"model": model, "input": prompt, "stream": False}
-        if generation.temperature is not None:
-            body["temperature"] = generation.temperature
-        if generation.max_output_tokens is not None:
-            body["max_output_tokens"] = generation.max_output_tokens
-        return body
+        return {"model": model, "input": prompt, "stream": False, **self._parameters}
+
+    @functools.cached_property
+    def _parameters(self) -> dict[str, Any]:
+        return generation_parameters(self.spec.generation)
+
+    @property
+    def structured(self) -> bool:
+        """Whether the run asks for JSON (graders then get ``sample.output_json``)."""
+        return "format" in self._parameters.get("text", {})
 
     async def _generate_via_bridge(
         self, prompts: list[Any], endpoint: str, on_answer: OnAnswer | None = None
@@ -204,7 +256,7 @@ class GeneratedSource:
                         error=message or f"model bridge answered HTTP {response.status_code}",
                         model_calls={"candidate": 1},
                     )
-                return _from_response(data, ms)
+                return _from_response(data, ms, structured=self.structured)
 
             return await _gather(one, prompts, on_answer, self.spec.generation.concurrency)
 
@@ -226,7 +278,7 @@ class GeneratedSource:
                     except UpstreamError as exc:
                         return Candidate(error=str(exc), model_calls={"candidate": 1})
                     ms = (time.perf_counter() - started) * 1000
-                return _from_response(response, ms)
+                return _from_response(response, ms, structured=self.structured)
 
             return await _gather(one, prompts, on_answer, self.spec.generation.concurrency)
 
@@ -310,20 +362,84 @@ def _draining_on_interrupt(stop: asyncio.Event) -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.SIG_IGN if interrupted_child else previous)
 
 
-def _from_response(response: Any, ms: float) -> Candidate:
-    """A candidate from a Responses API object (its text, id and the call it cost)."""
+def generation_parameters(generation: GenerationSpec) -> dict[str, Any]:
+    """The run's generation parameters as Responses API request fields (OpenAI's eval
+    ``sampling_params`` names mapped: ``response_format`` -> ``text.format``, Chat-shaped
+    function tools flattened, ``reasoning_effort`` -> ``reasoning.effort``)."""
+    body: dict[str, Any] = {}
+    for key in ("temperature", "max_output_tokens", "top_p", "seed"):
+        value = getattr(generation, key)
+        if value is not None:
+            body[key] = value
+    if generation.reasoning_effort is not None:
+        body["reasoning"] = {"effort": generation.reasoning_effort}
+    fmt = generation.response_format
+    if fmt is not None and fmt.get("type") == "json_object":
+        body["text"] = {"format": {"type": "json_object"}}
+    elif fmt is not None and fmt.get("type") == "json_schema":
+        schema = fmt.get("json_schema") or {}
+        body["text"] = {"format": {"type": "json_schema", **schema}}
+    if generation.tools:
+        body["tools"] = [_responses_tool(tool) for tool in generation.tools]
+    choice = generation.tool_choice
+    if isinstance(choice, dict):
+        function = choice.get("function", choice)
+        body["tool_choice"] = {"type": "function", "name": function.get("name")}
+    elif choice is not None:
+        body["tool_choice"] = choice
+    return body
+
+
+def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A function tool in the Responses shape (``{type, name, description, parameters,
+    strict}``), from either shape."""
+    function = tool.get("function")
+    if isinstance(function, Mapping):
+        return {"type": "function", **function}
+    return dict(tool)
+
+
+def _from_response(response: Any, ms: float, *, structured: bool = False) -> Candidate:
+    """A candidate from a Responses API object (its text, tool calls, id and the call it
+    cost); ``structured``: the run asked for JSON, so ``output_json`` is its parse."""
     if not isinstance(response, dict):
         return Candidate(
             error="the provider answered with a non-object", model_calls={"candidate": 1}
         )
     response_id = response.get("id") if isinstance(response.get("id"), str) else None
+    text = response_output_text(response)
+    tools = output_tools(response)
+    extra: dict[str, Any] = {"choices": [_choice(response, text, tools)]}
+    if structured:
+        extra["output_json"] = parse_output_json(text)
     return Candidate(
-        output_text=response_output_text(response),
-        output_tools=output_tools(response),
+        output_text=text,
+        output_tools=tools,
         response_id=response_id,
         ms=round(ms, 3),
         model_calls={"candidate": 1, "response_ids": [response_id] if response_id else []},
+        sample_extra=extra,
     )
+
+
+#: A Responses ``incomplete_details.reason`` -> the Chat Completions ``finish_reason``.
+_FINISH = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+def _choice(response: Mapping[str, Any], text: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The answer as the one Chat Completions choice OpenAI's graders saw in
+    ``sample.choices``."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tools:
+        message["tool_calls"] = tools
+    details = response.get("incomplete_details")
+    reason = details.get("reason") if isinstance(details, dict) else None
+    finish = _FINISH.get(reason) if isinstance(reason, str) else None
+    return {
+        "index": 0,
+        "message": message,
+        "finish_reason": finish or ("tool_calls" if tools else "stop"),
+    }
 
 
 def output_tools(response: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -353,11 +469,13 @@ def candidate_source(
     model: str,
     task: TaskSpec,
     spec: EvalRunSpec,
-    base_dir: Path,
+    loaded: LoadedSuite,
     bridge_control: str | None = None,
+    rows_range: tuple[int, int] | None = None,
 ) -> CandidateSource:
-    """The source of candidates for ``model`` on ``task``."""
+    """The source of candidates for ``model`` on ``task`` (``rows_range``: the only rows the
+    caller will ask for, one unit's shard)."""
     provider, _, label = model.partition(":")
     if provider == "precomputed":
-        return PrecomputedSource(task, label or None, base_dir)
+        return PrecomputedSource(task, label or None, loaded, rows_range)
     return GeneratedSource(model, spec, bridge_control)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from evalkube import limits
 from evalkube.engine.plan import Unit, plan_units
 from evalkube.engine.runner import (
     BridgeControl,
@@ -43,7 +44,7 @@ def plan_run(suite: EvalSuiteSpec, row_counts: Mapping[str, int], spec: EvalRunS
         (task.id, int(row_counts[task.id]), task.primary_grader.resolved_execution == "aggregate")
         for task in suite.tasks
     ]
-    return plan_units(tasks, spec.models, spec.shard_size)
+    return plan_units(tasks, spec.models, spec.shard_size or limits.SHARD_SIZE_DEFAULT)
 
 
 def has_model_access(task: TaskSpec) -> bool:

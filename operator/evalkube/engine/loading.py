@@ -7,17 +7,23 @@ dataset paths are relative to the file that names them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from evalkube import jsonfast
+from evalkube import limits
+from evalkube.engine.inputs import (
+    bounded_lines,
+    open_regular,
+    read_bounded,
+    read_text,
+    yaml_documents,
+)
 from evalkube.models import (
     ConfigError,
     EvalRun,
@@ -30,6 +36,8 @@ from evalkube.models import (
     validate_spec,
 )
 from evalkube.models.run import PRECOMPUTED
+from evalkube.sources import SourceAccess, SourcePin, parse_uri, prepare, read_pinned
+from evalkube.sources.formats import parse_json
 
 
 @dataclass
@@ -47,6 +55,14 @@ class LoadedSuite:
     """The file the suite was loaded from (``--resume --reload`` loads it again)."""
     saved_run: str | None = None
     """The run whose saved copy of the code this is (plain ``--resume``), for messages."""
+    access: SourceAccess = field(default_factory=SourceAccess)
+    """How ``uri`` sources are reached (the run's ``spec.storage``; in a pod, its mounts)."""
+    pins: dict[str, SourcePin] = field(default_factory=dict)
+    """``task/dataset`` and ``task/outputs`` -> the pinned ``uri`` source (made once)."""
+    prepares: bool = True
+    """Whether a missing pin is made here (a unit's pod only reads what was pinned)."""
+    local_sources: bool = True
+    """Whether a ``uri`` may name a local file (not in a cluster)."""
 
     @property
     def name(self) -> str:
@@ -55,21 +71,58 @@ class LoadedSuite:
     def task(self, task_id: str) -> TaskSpec:
         return next(t for t in self.suite.spec.tasks if t.id == task_id)
 
+    def pin(self, task: TaskSpec, part: str) -> SourcePin:
+        """The pin of a task's ``dataset`` or ``outputs`` uri, made on first use."""
+        key = f"{task.id}/{part}"
+        if key not in self.pins:
+            spec = task.dataset if part == "dataset" else task.outputs
+            assert spec is not None
+            assert spec.uri is not None
+            where = f"tasks[{task.id}].{part}.uri"
+            if not self.prepares:
+                raise ConfigError(
+                    f"{where}: {spec.uri} was not pinned by the run's prepare pod; the unit "
+                    "reads only pinned sources"
+                )
+            base = self.base_dir if self.local_sources else None
+            source = parse_uri(spec.uri, where, base, spec.format)
+            pin = prepare(source, self.access, where, spec.sha256)
+            if part == "outputs" and self._outputs_aligned(task, pin, where):
+                pin = pin.model_copy(update={"aligned": True})
+            self.pins[key] = pin
+        return self.pins[key]
+
+    def _outputs_aligned(self, task: TaskSpec, outputs: SourcePin, where: str) -> bool:
+        """Whether outputs record ``i`` is row ``i``'s (one read of both, at pinning): then a
+        unit reads only its range of the outputs. Only for ``uri`` datasets (a cluster's)."""
+        if task.dataset.uri is None or outputs.rows != self.pin(task, "dataset").rows:
+            return False
+        id_field = task.dataset.id_field
+        rows = iter_dataset(self, task)
+        records = read_pinned(outputs, self.access, where)
+        with contextlib.closing(rows), contextlib.closing(records):
+            for position, (row, record) in enumerate(zip(rows, records, strict=True)):
+                row_id = row.get(id_field) if id_field else None
+                expected = str(position) if row_id is None else str(row_id)
+                if str(record.get("id")) != expected:
+                    return False
+        return True
+
+    def uri_sources(self) -> list[tuple[TaskSpec, str]]:
+        """``(task, part)`` of every ``uri`` source of the suite."""
+        found = []
+        for task in self.suite.spec.tasks:
+            if task.dataset.uri is not None:
+                found.append((task, "dataset"))
+            if task.outputs is not None and task.outputs.uri is not None:
+                found.append((task, "outputs"))
+        return found
+
 
 def read_yaml_documents(path: Path) -> list[Any]:
-    """All YAML documents of ``path``; syntax errors name the line and column."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        raise ConfigError(f"{path}: YAML error at {where}: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: YAML error: {exc}") from None
+    """All YAML documents of ``path``; syntax errors name the line and column; FIFOs,
+    devices, oversized files and alias bombs are refused (:func:`inputs.yaml_documents`)."""
+    return yaml_documents(path)
 
 
 def _split(path: Path, documents: list[Any]) -> tuple[Any | None, Any | None]:
@@ -89,8 +142,13 @@ def _split(path: Path, documents: list[Any]) -> tuple[Any | None, Any | None]:
     return suite_doc, run_doc
 
 
-def load_files(suite_path: Path, run_path: Path | None) -> tuple[LoadedSuite, EvalRun | None]:
-    """Load the suite (and the run, from ``run_path`` or from the suite file itself)."""
+def load_files(
+    suite_path: Path, run_path: Path | None, *, versioned: bool = True
+) -> tuple[LoadedSuite, EvalRun | None]:
+    """Load the suite (and the run, from ``run_path`` or from the suite file itself).
+
+    ``versioned=False`` leaves ``version`` empty: nothing is hashed and no ``uri`` source is
+    pinned (read), for ``evalkube submit``, whose cluster reads the sources itself."""
     suite_doc, run_doc = _split(suite_path, read_yaml_documents(suite_path))
     if suite_doc is None:
         raise ConfigError(f"{suite_path}: no EvalSuite found (a document with kind: EvalSuite)")
@@ -108,6 +166,8 @@ def load_files(suite_path: Path, run_path: Path | None) -> tuple[LoadedSuite, Ev
     except SpecError as exc:
         raise ConfigError(str(exc)) from None
     loaded = LoadedSuite(suite, suite_path.resolve().parent, suite_file=suite_path.resolve())
+    if run is not None and run.spec.storage is not None:
+        loaded.access = SourceAccess(s3=run.spec.storage.s3)
     for task in suite.spec.tasks:
         for kind, grader in task.grader_programs():
             loaded.sources[(task.id, kind)] = _source(loaded.base_dir, task, kind, grader)
@@ -115,7 +175,7 @@ def load_files(suite_path: Path, run_path: Path | None) -> tuple[LoadedSuite, Ev
             loaded.sources[(task.id, "preprocess")] = _source(
                 loaded.base_dir, task, "preprocess", task.preprocess
             )
-    loaded.version = suite_version(loaded)
+    loaded.version = suite_version(loaded) if versioned else ""
     return loaded, run
 
 
@@ -126,13 +186,13 @@ def _source(
         return spec.source, f"<{task.id}.{kind}>"
     assert spec.file is not None
     path = (base / spec.file).resolve()
-    try:
-        return path.read_text(encoding="utf-8"), str(path)
-    except OSError as exc:
-        raise ConfigError(
-            f"tasks[{task.id}].{kind}.file: cannot read {spec.file!r} ({exc.strerror}); "
-            "paths are relative to the suite file"
-        ) from None
+    where = f"tasks[{task.id}].{kind}.file"
+    if path.exists():
+        return read_text(path, where, limits.SUITE_FILE_BYTES), str(path)
+    raise ConfigError(
+        f"{where}: cannot read {spec.file!r} (No such file or directory); paths are "
+        "relative to the suite file"
+    )
 
 
 def suite_version(loaded: LoadedSuite) -> str:
@@ -150,6 +210,8 @@ def suite_version(loaded: LoadedSuite) -> str:
                     with path.open("rb") as handle:
                         for block in iter(lambda: handle.read(1 << 20), b""):
                             digest.update(block)
+    for task, part in loaded.uri_sources():  # the bytes a uri names, as pinned
+        digest.update(loaded.pin(task, part).identity().encode())
     return "sha256:" + digest.hexdigest()
 
 
@@ -185,11 +247,17 @@ def resolve_run_spec(
     return spec
 
 
-def iter_dataset(loaded: LoadedSuite, task: TaskSpec, skip: int = 0) -> Iterator[dict[str, Any]]:
+def iter_dataset(
+    loaded: LoadedSuite, task: TaskSpec, skip: int = 0
+) -> Generator[dict[str, Any], None, None]:
     """Stream a task's rows (inline rows or a JSONL / JSON-array file) from row ``skip`` on."""
     dataset = task.dataset
     if dataset.rows is not None:
         yield from (dict(row) for row in islice(dataset.rows, skip, None))
+        return
+    if dataset.uri is not None:
+        where = f"tasks[{task.id}].dataset.uri"
+        yield from read_pinned(loaded.pin(task, "dataset"), loaded.access, where, start=skip)
         return
     if task.id in loaded.dataset_paths:
         yield from iter_json_rows(
@@ -206,7 +274,12 @@ def iter_dataset(loaded: LoadedSuite, task: TaskSpec, skip: int = 0) -> Iterator
 
 
 def shard_rows(loaded: LoadedSuite, task: TaskSpec, start: int, stop: int) -> list[dict[str, Any]]:
-    """Rows ``start`` to ``stop`` of a task (one shard unit; earlier rows are not parsed)."""
+    """Rows ``start`` to ``stop`` of a task (one shard unit; earlier rows are not parsed, and
+    a ``uri`` source is read from the nearest indexed offset: only its range is fetched)."""
+    if task.dataset.uri is not None:
+        where = f"tasks[{task.id}].dataset.uri"
+        pin = loaded.pin(task, "dataset")
+        return list(read_pinned(pin, loaded.access, where, start=start, stop=stop))
     return list(islice(iter_dataset(loaded, task, skip=start), stop - start))
 
 
@@ -218,19 +291,17 @@ def count_dataset_rows(loaded: LoadedSuite, task: TaskSpec) -> int:
     malformed object fails when its unit reads it.
     """
     dataset = task.dataset
+    if dataset.uri is not None:
+        return loaded.pin(task, "dataset").rows
     path = loaded.dataset_paths.get(task.id)
     if path is None and dataset.path is not None and dataset.rows is None:
         path = loaded.base_dir / dataset.path
     if path is None or path.suffix == ".json":
         return sum(1 for _ in iter_dataset(loaded, task))
     where = f"tasks[{task.id}].dataset" + ("" if task.id in loaded.dataset_paths else ".path")
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read {path} ({exc.strerror})") from None
     count = 0
-    with handle:
-        for number, line in enumerate(handle, start=1):
+    with open_regular(path, where) as handle:
+        for number, line in bounded_lines(handle, where, path):
             text = line.lstrip()
             if not text:
                 continue
@@ -244,33 +315,35 @@ def iter_json_rows(path: Path, where: str, skip: int = 0) -> Iterator[dict[str, 
     """Rows of a JSONL file (or a ``.json`` array); bad lines name file and line.
 
     The first ``skip`` rows of a JSONL file are passed over without parsing them (a unit
-    starting in the middle of a dataset that planning has already read once).
+    starting in the middle of a dataset that planning has already read once). Regular files
+    only, lines of at most :data:`limits.DATASET_LINE_BYTES` (read no further), ``.json``
+    arrays of at most :data:`limits.DATASET_JSON_BYTES`.
     """
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read {path} ({exc.strerror})") from None
-    with handle:
-        if path.suffix == ".json":
-            data = json.load(handle)
-            if not isinstance(data, list):
-                raise ConfigError(f"{where}: {path} must hold a JSON array of objects")
-            for index, row in enumerate(data):
-                if not isinstance(row, dict):
-                    raise ConfigError(f"{where}: {path} item {index} is not an object")
-                if index >= skip:
-                    yield row
-            return
-        for number, line in enumerate(handle, start=1):
+    if path.suffix == ".json":
+        data = _parse(
+            read_bounded(path, where, limits.DATASET_JSON_BYTES, "use a JSONL file"), where, path
+        )
+        if not isinstance(data, list):
+            raise ConfigError(f"{where}: {path} must hold a JSON array of objects")
+        for index, row in enumerate(data):
+            if not isinstance(row, dict):
+                raise ConfigError(f"{where}: {path} item {index} is not an object")
+            if index >= skip:
+                yield row
+        return
+    with open_regular(path, where) as handle:
+        for number, line in bounded_lines(handle, where, path):
             if not line.strip():
                 continue
             if skip:
                 skip -= 1
                 continue
-            try:
-                row = jsonfast.loads(line)
-            except ValueError as exc:
-                raise ConfigError(f"{where}: {path} line {number}: invalid JSON ({exc})") from None
+            row = _parse(line, where, path, f" line {number}")
             if not isinstance(row, dict):
                 raise ConfigError(f"{where}: {path} line {number}: a row must be a JSON object")
             yield row
+
+
+def _parse(data: bytes, where: str, path: Path, at: str = "") -> Any:
+    """JSON of a dataset; never a ``RecursionError`` or ``MemoryError`` traceback."""
+    return parse_json(data, f"{where}: {path}{at}")

@@ -47,7 +47,7 @@ from evalkube.engine.runtime import TaskRuntime, suite_criteria
 from evalkube.engine.validate import check_programs
 from evalkube.gctune import relaxed_gc
 from evalkube.grading import TaskAggregate
-from evalkube.grading.run_results import aggregate_results, expected_metrics
+from evalkube.grading.run_results import aggregate_results, declared_metrics, expected_metrics
 from evalkube.models import (
     EvalRunSpec,
     EvalSuite,
@@ -56,6 +56,7 @@ from evalkube.models import (
 )
 from evalkube.models.errors import ConfigError
 from evalkube.sandbox import SandboxBackend
+from evalkube.sources import SourceAccess, SourcePin, check_pinned
 from evalkube.store import ResultStore, RunRecord, SampleWriter
 
 
@@ -319,7 +320,7 @@ class LocalEngine:
                     runtime=runtime,
                     store=self.store,
                     backend=self.backend,
-                    source=candidate_source(model, runtime.task, spec, loaded.base_dir),
+                    source=candidate_source(model, runtime.task, spec, loaded),
                     progress=self.progress,
                     resuming=resuming,
                     observe=observe if use_live else None,
@@ -370,6 +371,7 @@ class LocalEngine:
             live if use_live else None,
             expected,
             criteria_of=criteria_of,
+            declared=declared_metrics(loaded.suite.spec, criteria_of),
         )
         order = {
             (t.id, m): i
@@ -411,6 +413,8 @@ def _snapshot(loaded: LoadedSuite, spec: EvalRunSpec) -> dict[str, Any]:
         "base_dir": str(loaded.base_dir),
         "suite_file": str(loaded.suite_file) if loaded.suite_file else None,
         "sources": {f"{t}/{k}": list(v) for (t, k), v in loaded.sources.items()},
+        # the objects its uri sources named, as pinned: --resume reads these bytes or fails
+        "pins": {key: pin.model_dump(mode="json") for key, pin in loaded.pins.items()},
     }
 
 
@@ -422,7 +426,12 @@ def _saved_suite(record: RunRecord) -> LoadedSuite:
     for key, (source, filename) in snapshot["sources"].items():
         task_id, kind = key.split("/", 1)
         loaded.sources[(task_id, kind)] = (source, filename)
+    storage = validate_spec(EvalRunSpec, snapshot["run"], prefix="run.spec").storage
+    loaded.access = SourceAccess(s3=storage.s3 if storage else None)
+    loaded.pins = {k: SourcePin.model_validate(v) for k, v in (snapshot.get("pins") or {}).items()}
     loaded.saved_run = record.run_id
+    for key, pin in loaded.pins.items():
+        check_pinned(pin, loaded.access, f"tasks[{key.replace('/', '].', 1)}.uri")
     loaded.version = suite_version(loaded)
     if loaded.version != record.suite_version:
         raise ConfigError(

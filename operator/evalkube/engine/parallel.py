@@ -153,9 +153,7 @@ def _child(job: ParallelRun, jobs: Any, events: Any, stop: Event, parent: int) -
             runtime = job.runtimes[unit.task_id]
             key = (unit.task_id, unit.model)
             if key not in sources:
-                sources[key] = candidate_source(
-                    unit.model, runtime.task, job.spec, job.loaded.base_dir
-                )
+                sources[key] = candidate_source(unit.model, runtime.task, job.spec, job.loaded)
             live: dict[tuple[str, str], TaskAggregate] = {}
             ctx = UnitContext(
                 run_id=job.run_id,

@@ -31,6 +31,19 @@ class Unit:
     stop: int = 0
 
 
+#: Sequence numbers an aggregate unit covers: every shard of its task x model.
+ALL_SEQS = (0, 2**63 - 1)
+
+
+def seq_range(unit: Unit) -> tuple[int, int]:
+    """The ``[low, high)`` sequence numbers of ``unit``'s samples: a shard's own (a
+    preprocessor that adds rows still numbers them inside it), or every shard's for an
+    aggregate unit. What a pod asks the store for, so it never reads other shards' ids."""
+    if unit.kind == "aggregate":
+        return ALL_SEQS
+    return unit.shard * SEQ_STRIDE, (unit.shard + 1) * SEQ_STRIDE
+
+
 def model_slug(model: str) -> str:
     """A model id as a name fragment: ``openai:gpt-4.1-mini`` -> ``openai-gpt-4.1-mini``."""
     return re.sub(r"[^a-z0-9.-]+", "-", model.lower()).strip("-") or "model"

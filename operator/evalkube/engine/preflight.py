@@ -16,10 +16,13 @@ from urllib.parse import urlsplit
 
 from evalkube.engine.driver import has_model_access
 from evalkube.engine.loading import LoadedSuite, iter_dataset
-from evalkube.engine.runner import program_load_message, sandbox_environment
+from evalkube.engine.runner import CONVENIENCE_KEYS, program_load_message, sandbox_environment
 from evalkube.engine.runtime import TaskRuntime
-from evalkube.models import EvalRunSpec
+from evalkube.grading.template_fields import Path as Path_
+from evalkube.grading.template_fields import field_paths, missing, spelled
+from evalkube.models import EvalRunSpec, GraderSpec, TaskSpec
 from evalkube.models.errors import ConfigError
+from evalkube.models.grader import SubGraderSpec
 from evalkube.proxy import Upstream, UpstreamError
 from evalkube.proxy.providers import key_file_env, providers_from_spec
 from evalkube.sandbox import GraderSandbox, ProgramLoadError, SandboxBackend
@@ -35,15 +38,59 @@ def pays(loaded: LoadedSuite, spec: EvalRunSpec) -> bool:
 
 
 def check_datasets(loaded: LoadedSuite) -> list[str]:
-    """Every row of every dataset parses (file, line and what is wrong otherwise)."""
+    """Every row of every dataset parses (file, line and what is wrong otherwise), and has
+    every field the task's templates read (a missing one would fail every such sample)."""
     problems = []
     for task in loaded.suite.spec.tasks:
+        reads = [] if task.preprocess is not None else template_reads(task)
         try:
-            for _ in iter_dataset(loaded, task):
-                pass
+            for number, row in enumerate(iter_dataset(loaded, task)):
+                for field, path in list(reads):
+                    lacks = missing(row, path)
+                    if lacks is not None:
+                        reads.remove((field, path))  # once per template and field
+                        problems.append(
+                            f"tasks[{task.id}].{field}: `{spelled('item', path)}` is not in "
+                            f"row {number} of the dataset (it has no `{lacks}`); every "
+                            "sample of such a row would fail"
+                        )
         except ConfigError as exc:
             problems.append(str(exc))
     return problems
+
+
+def template_reads(task: TaskSpec) -> list[tuple[str, Path_]]:
+    """``(field, path)`` of each row field the task's templates always read: the prompt and
+    target (``item``/``row``) and the built-in criteria's inputs (``item``; an evalkube
+    task's convenience keys are not row fields)."""
+    templates: list[tuple[str, str, bool]] = []
+    if isinstance(task.prompt, str):
+        templates.append(("prompt", task.prompt, False))
+    elif task.prompt is not None:
+        templates += [(f"prompt[{i}].content", m.content, False) for i, m in enumerate(task.prompt)]
+    if task.target is not None:
+        templates.append(("target", task.target, False))
+    for kind, spec in task.grader_fields():
+        subs: list[tuple[str, GraderSpec | SubGraderSpec]] = [
+            (f"{kind}.graders.{k}", g) for k, g in (spec.graders or {}).items()
+        ]
+        for at, sub in [(kind, spec), *subs]:
+            value = sub.input
+            if isinstance(value, str):
+                templates.append((f"{at}.input", value, True))
+            elif isinstance(value, list):
+                templates += [
+                    (f"{at}.input[{i}].content", m.content, True) for i, m in enumerate(value)
+                ]
+            if sub.reference is not None:
+                templates.append((f"{at}.reference", sub.reference, True))
+    convenience = set() if task.grader_inputs == "openai" else set(CONVENIENCE_KEYS)
+    reads: list[tuple[str, Path_]] = []
+    for field, source, grader in templates:
+        for _, path in field_paths(source, ("item",) if grader else ("item", "row")):
+            if not (grader and path[0] in convenience):
+                reads.append((field, path))
+    return reads
 
 
 def check_imports(loaded: LoadedSuite, backend: SandboxBackend | None) -> list[str]:

@@ -13,14 +13,14 @@ import itertools
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from evalkube import limits
+from evalkube import jsonfast, limits
 from evalkube.engine.candidates import Candidate, CandidateSource
 from evalkube.engine.judging import judge_samples
-from evalkube.engine.plan import SEQ_STRIDE, Unit, sample_id
+from evalkube.engine.plan import SEQ_STRIDE, Unit, sample_id, seq_range
 from evalkube.engine.runtime import TaskRuntime, task_criteria
 from evalkube.grading import (
     Criterion,
@@ -157,6 +157,7 @@ class _Prepared:
     record: SampleRecord
     choices: list[str] = field(default_factory=list)
     output_tools: list[dict[str, Any]] = field(default_factory=list)
+    sample_extra: dict[str, Any] = field(default_factory=dict)
 
 
 class UnitFailed(RuntimeError):
@@ -167,9 +168,9 @@ def _error(stage: str, kind: str, message: str, traceback: str = "") -> dict[str
     return {"stage": stage, "type": kind, "message": message, "traceback": traceback}
 
 
-def _outcome(execution: Execution, metric_id: str) -> GradeOutcome:
+def _outcome(execution: Execution, metric_id: str, declared: Collection[str] = ()) -> GradeOutcome:
     if execution.status == "returned":
-        return validate_return(execution.value, metric_id)
+        return validate_return(execution.value, metric_id, declared)
     error = execution.error or {}
     return invalid(
         metric_id,
@@ -180,12 +181,27 @@ def _outcome(execution: Execution, metric_id: str) -> GradeOutcome:
     )
 
 
+def record_bytes(record: SampleRecord) -> int:
+    """About how many bytes ``record`` takes once encoded for the store: its texts and its
+    judge (up to :data:`limits.RESULT_PAYLOAD_BYTES` each), the part a grader controls."""
+    size = 512
+    for text in (record.output_text, record.extracted_output, record.target, record.stdout):
+        size += len(text) if text else 0
+    size += len(record.stderr) if record.stderr else 0
+    for value in (record.judge, record.error, record.prompt):
+        if value is not None:
+            size += len(value) if isinstance(value, str) else len(jsonfast.dumps(value))
+    return size
+
+
 class _Buffer:
     """Collects records and hands them to the store in chunks (on a writer thread)."""
 
     def __init__(self, ctx: UnitContext, unit: Unit) -> None:
         self.ctx, self.unit = ctx, unit
         self.records: list[SampleRecord] = []
+        #: Estimated bytes of :attr:`records` (flushed at :data:`limits.STORE_CHUNK_BYTES`).
+        self.bytes = 0
         self.written = 0
         self.shared = ctx.writer is not None
         self.writer = ctx.writer if ctx.writer is not None else SampleWriter(ctx.store)
@@ -204,7 +220,8 @@ class _Buffer:
                 None if error is None else f"{error.get('type')}: {error.get('message')}",
             )
         self.records.append(record)
-        if len(self.records) >= limits.STORE_CHUNK_SIZE:
+        self.bytes += record_bytes(record)
+        if len(self.records) >= limits.STORE_CHUNK_SIZE or self.bytes >= limits.STORE_CHUNK_BYTES:
             self.submit()
 
     def submit(self) -> None:
@@ -217,7 +234,12 @@ class _Buffer:
             self.ctx.observe(self.records)
         self.ctx.progress.advance(self.unit, len(self.records))
         self.written += len(self.records)
+        for record in self.records:
+            # encoded for the store already; the shard's samples stay listed until the unit
+            # ends, so a judge of up to 1 MB each would otherwise stay in memory with them
+            record.judge = None
         self.records = []
+        self.bytes = 0
 
     def close(self) -> None:
         """Submit what is left; with its own writer, wait until every sample is committed."""
@@ -268,9 +290,11 @@ def run_shard(ctx: UnitContext, unit: Unit, rows: list[dict[str, Any]]) -> UnitR
     try:
         prepared = _preprocess(ctx, sandbox, unit, rows, buffer)
         if ctx.resuming:
-            done = ctx.store.recorded_sample_ids(ctx.run_id, unit.task_id, unit.model)
+            # this shard's ids only: a retried pod's download does not grow with the shards
+            seqs = seq_range(unit)
+            done = ctx.store.recorded_sample_ids(ctx.run_id, unit.task_id, unit.model, seqs)
             if ctx.answers is not None:  # failed model calls are made again
-                done -= ctx.answers.retry_ids(unit.task_id, unit.model)
+                done -= ctx.answers.retry_ids(unit.task_id, unit.model, seqs)
             report.skipped = sum(1 for p in prepared if p.sample_id in done)
             prepared = [p for p in prepared if p.sample_id not in done]
         ctx.progress.unit_started(unit, len(prepared) + buffer.written + len(buffer.records))
@@ -578,10 +602,11 @@ def _apply_candidate(
         )
         return False
     p.output_tools = candidate.output_tools
+    p.sample_extra = candidate.sample_extra
     text = candidate.output_text or ""
     record.output_text = apply_stop(text, stop) if stop else text
-    if candidate.extracted_output is not None:
-        record.extracted_output = candidate.extracted_output
+    if candidate.extracted_given or candidate.extracted_output is not None:
+        record.extracted_output = candidate.extracted_output  # None: no parsed answer
         return True
     try:
         record.extracted_output = runtime.extractor.extract(record.output_text, p.choices)
@@ -591,13 +616,53 @@ def _apply_candidate(
     return True
 
 
-def grader_inputs(p: _Prepared) -> tuple[dict[str, Any], dict[str, Any]]:
+#: What an evalkube task's ``item`` adds to the row (DESIGN.md §1).
+CONVENIENCE_KEYS = ("prompt", "target", "reference_answer", "choices", "task_id")
+
+
+def _parsed_arguments(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool calls whose JSON ``arguments`` are parsed, for OpenAI's templates: they read
+    ``{{ sample.output_tools[0].function.arguments.symbols }}`` (a Python grader gets the
+    string, as the Chat Completions shape has it)."""
+    out = []
+    for call in tools:
+        function = call.get("function")
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        parsed = parse_output_json(arguments) if isinstance(arguments, str) else None
+        if isinstance(parsed, dict | list):
+            call = {**call, "function": {**function, "arguments": parsed}}  # type: ignore[dict-item]
+        out.append(call)
+    return out
+
+
+def grader_inputs(
+    p: _Prepared, openai: bool = False, templated: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(sample, item)`` as graders receive them (DESIGN.md §1).
 
     ``item`` is the row plus convenience fields; the row's own fields win (an OpenAI dataset's
     ``reference_answer`` column is the reference, whatever the target template says).
+    ``openai`` (a task with ``graderInputs: openai``): OpenAI's namespaces instead, so an
+    imported grader's ``item.get("reference_answer", item["answer"])`` falls back as it did;
+    ``templated``: for a built-in criterion's templates (tool-call arguments parsed).
     """
     record = p.record
+    if openai:
+        sample = {
+            "output_text": record.output_text,
+            "output_tools": _parsed_arguments(p.output_tools) if templated else p.output_tools,
+            "choices": p.sample_extra.get("choices")
+            or [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": record.output_text},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+        if "output_json" in p.sample_extra:
+            sample["output_json"] = p.sample_extra["output_json"]
+        return sample, dict(p.row)
     sample = {
         "output_text": record.output_text,
         "output_json": parse_output_json(record.output_text),
@@ -630,13 +695,15 @@ def _grade_samples(
     if len(fields) == 1 and not fields[0][1].builtin:
         program, spec = fields[0]
         for p, execution in _execute_criterion(ctx, sandbox, program, spec, ready, buffer):
-            _record_outcome(p.record, execution, _outcome(execution, spec.metric_id))
+            outcome = _outcome(execution, spec.metric_id, task.metrics or ())
+            _record_outcome(p.record, execution, outcome)
             buffer.add(p.record)
         return
     # Several criteria share the candidates: the shard's samples are in memory already
     # (candidates are fetched per shard), so each criterion takes its turn over all of them.
     samples = list(ready)
     criteria = task_criteria(task)
+    openai = task.grader_inputs == "openai"
     graded: dict[str, list[tuple[Criterion, GradeOutcome, Execution | None]]] = {
         p.sample_id: [] for p in samples
     }
@@ -645,7 +712,7 @@ def _grade_samples(
         if isinstance(builtin, ModelJudge | EmbeddingJudge):
             outcomes = judge_samples(
                 builtin,
-                [grader_inputs(p) for p in samples],
+                [grader_inputs(p, openai, templated=True) for p in samples],
                 ctx.model_endpoint,
                 functools.partial(_open_tokens, ctx, buffer, samples),
             )
@@ -654,13 +721,13 @@ def _grade_samples(
             continue
         if builtin is not None:
             for p in samples:
-                sample, item = grader_inputs(p)
+                sample, item = grader_inputs(p, openai, templated=True)
                 graded[p.sample_id].append((criterion, builtin.grade(sample, item), None))
             continue
         for p, execution in _execute_criterion(
             ctx, sandbox, field_name, spec, iter(samples), buffer
         ):
-            outcome = _outcome(execution, spec.metric_id)
+            outcome = _outcome(execution, spec.metric_id, task.metrics or ())
             graded[p.sample_id].append((criterion, outcome, execution))
     for p in samples:
         results = graded[p.sample_id]
@@ -720,6 +787,7 @@ def _execute_criterion(
     """``(sample, execution)`` of one criterion's grader over ``ready``, in order."""
     in_flight: deque[_Prepared] = deque()
     bridge = ctx.bridge
+    openai = ctx.runtime.task.grader_inputs == "openai"
 
     def tokened() -> Iterator[tuple[_Prepared, str]]:
         """Samples with their execution ids: fresh tokens, opened a batch at a time, when
@@ -740,7 +808,7 @@ def _execute_criterion(
 
     def requests() -> Iterator[tuple[list[Any], str | None]]:
         for p, execution_id in tokened():
-            sample, item = grader_inputs(p)
+            sample, item = grader_inputs(p, openai)
             in_flight.append(p)
             yield [sample, item], execution_id
 
@@ -765,13 +833,42 @@ def batch_sample(record: SampleRecord) -> dict[str, Any]:
     }
 
 
+def batch_records(ctx: UnitContext, unit: Unit) -> list[SampleRecord]:
+    """The task x model's samples for ``grade_batch``, read until they pass
+    :data:`limits.BATCH_SAMPLES_MAX` or :data:`limits.BATCH_SAMPLES_BYTES`: then
+    :class:`UnitFailed`, naming the task and what to do, before the runner runs out of memory."""
+    records: list[SampleRecord] = []
+    size = 0
+    samples = ctx.store.iter_samples(ctx.run_id, task_id=unit.task_id, model=unit.model)
+    try:
+        for record in samples:
+            records.append(record)
+            size += record_bytes(record) + len(jsonfast.dumps(record.dataset_row))
+            if len(records) > limits.BATCH_SAMPLES_MAX or size > limits.BATCH_SAMPLES_BYTES:
+                raise UnitFailed(batch_too_large(unit, len(records), size))
+    finally:
+        getattr(samples, "close", lambda: None)()  # the store's cursor, or the HTTP stream
+    return records
+
+
+def batch_too_large(unit: Unit, samples: int, size: int) -> str:
+    return (
+        f"task {unit.task_id!r}, model {unit.model!r}: grade_batch gets every sample of the "
+        f"task and model at once, and they pass its limit of "
+        f"{limits.BATCH_SAMPLES_MAX:,} samples or {limits.BATCH_SAMPLES_BYTES // 2**20} MiB "
+        f"(read so far: {samples:,} samples, {size / 2**20:.1f} MiB); split the task's dataset "
+        "into several tasks (each gets its own grade_batch), or grade it per sample "
+        "(contract: sample) and compute corpus metrics from `evalkube samples --format jsonl`"
+    )
+
+
 def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
     """Run ``grade_batch`` once over the task x model's samples; apply metrics and updates."""
     started = time.perf_counter()
     runtime = ctx.runtime
     task = runtime.task
     grader_spec = task.primary_grader
-    records = list(ctx.store.iter_samples(ctx.run_id, task_id=unit.task_id, model=unit.model))
+    records = batch_records(ctx, unit)
     ctx.progress.unit_started(unit, len(records))
     by_id = {r.sample_id: r for r in records}
     report = UnitReport(unit, samples=len(records))

@@ -118,7 +118,7 @@ class TaskRuntime:
             if not spec.builtin:
                 continue
             try:
-                builtins[kind] = _builtin(spec, f"{where}.{kind}")
+                builtins[kind] = builtin_criterion(spec, f"{where}.{kind}")
             except MissingLibrary as exc:
                 raise ConfigError(f"{where}.{kind}: {exc}") from None
             except (TemplateError, FormulaError) as exc:
@@ -136,7 +136,9 @@ class TaskRuntime:
         )
 
 
-def _builtin(spec: GraderSpec, where: str) -> Builtin:
+def builtin_criterion(spec: GraderSpec, where: str) -> Builtin:
+    """A built-in criterion compiled (templates, formula, library); raises
+    :class:`TemplateError`, :class:`FormulaError` or :class:`MissingLibrary`."""
     if spec.type in ("score_model", "label_model"):
         assert isinstance(spec.input, list)
         return ModelJudge(

@@ -4,6 +4,7 @@ from evalkube.models.errors import ConfigError, SpecError, format_validation_err
 from evalkube.models.gate import BaselineSpec, GateCheck, GateSpec, GateStatus, ThresholdSpec
 from evalkube.models.grader import GraderSpec, PreprocessSpec
 from evalkube.models.meta import ObjectMeta
+from evalkube.models.refs import ConfigMapKeyRef, SecretKeyRef
 from evalkube.models.run import (
     PRECOMPUTED,
     Condition,
@@ -14,7 +15,6 @@ from evalkube.models.run import (
     GenerationSpec,
     ProviderSpec,
     SampleCounts,
-    SecretKeyRef,
     SuiteRef,
     TaskModelResult,
 )
@@ -25,8 +25,8 @@ from evalkube.models.schedule import (
     RunReference,
     RunTemplate,
 )
+from evalkube.models.storage import S3StorageSpec, StorageSpec
 from evalkube.models.suite import (
-    ConfigMapKeyRef,
     DatasetSpec,
     EvalSuite,
     EvalSuiteSpec,
@@ -35,6 +35,7 @@ from evalkube.models.suite import (
     OutputsSpec,
     TaskSpec,
 )
+from evalkube.models.tracking import MlflowTrackingSpec, TrackingSpec
 
 __all__ = [
     "PRECOMPUTED",
@@ -59,19 +60,23 @@ __all__ = [
     "GenerationSpec",
     "GraderSpec",
     "Message",
+    "MlflowTrackingSpec",
     "ObjectMeta",
     "OutputsSpec",
     "PreprocessSpec",
     "ProviderSpec",
     "RunReference",
     "RunTemplate",
+    "S3StorageSpec",
     "SampleCounts",
     "SecretKeyRef",
     "SpecError",
+    "StorageSpec",
     "SuiteRef",
     "TaskModelResult",
     "TaskSpec",
     "ThresholdSpec",
+    "TrackingSpec",
     "format_validation_error",
     "validate_spec",
 ]

@@ -134,7 +134,7 @@ class SamplingParams(SpecModel):
     """Seed, where the provider supports one."""
     max_completions_tokens: int | None = Field(default=None, ge=1)
     """Output token cap (sent as ``max_output_tokens``)."""
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     """Reasoning effort of reasoning models."""
 
 
@@ -308,11 +308,36 @@ class GraderSpec(_CodeRef):
             )
         if self.range is not None and self.range[0] >= self.range[1]:
             raise ValueError("`range` is [min, max] with min < max")
+        bounds = self.score_bounds
+        if self.pass_threshold is not None and bounds is not None:
+            low, high = bounds
+            if not low < self.pass_threshold <= high:
+                raise ValueError(
+                    f"`passThreshold` {self.pass_threshold} is outside the score range "
+                    f"({low}, {high}] of a {self.type} grader: "
+                    + (
+                        "no sample could pass"
+                        if self.pass_threshold > high
+                        else "every sample passes"
+                    )
+                )
         if self.labels is not None and self.passing_labels is not None:
             unknown = sorted(set(self.passing_labels) - set(self.labels))
             if unknown:
                 raise ValueError(f"`passingLabels` {unknown} are not among `labels`")
         return self
+
+    @property
+    def score_bounds(self) -> tuple[float, float] | None:
+        """The scores a built-in grader gives (``None``: any number, python and multi)."""
+        if self.type == "score_model":
+            low, high = self.range or (0.0, 1.0)
+            return float(low), float(high)
+        if self.evaluation_metric == "cosine":
+            return -1.0, 1.0
+        if self.type in ("string_check", "text_similarity", "label_model"):
+            return 0.0, 1.0
+        return None
 
     @property
     def builtin(self) -> bool:

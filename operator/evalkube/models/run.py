@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -12,6 +12,9 @@ from evalkube.models.base import SpecModel
 from evalkube.models.crd import Rule, cel, cluster
 from evalkube.models.gate import GateSpec, GateStatus
 from evalkube.models.meta import ObjectMeta
+from evalkube.models.refs import SecretKeyRef
+from evalkube.models.storage import StorageSpec
+from evalkube.models.tracking import TrackingSpec
 
 MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9_-]*(:.+)?$")
 #: A Kueue LocalQueue name as a label value can hold it (a DNS subdomain within 63 characters).
@@ -20,15 +23,6 @@ PRECOMPUTED = "precomputed"
 #: A model id; a cluster also checks its shape with the pattern (the CLI's validator names the
 #: offending id instead).
 ModelId = Annotated[str, Field(json_schema_extra=cluster(max_length=256, pattern=MODEL_ID.pattern))]
-
-
-class SecretKeyRef(SpecModel):
-    """A key of a Secret in the run's namespace."""
-
-    name: str = Field(min_length=1, json_schema_extra=cluster(max_length=253))
-    """Secret name."""
-    key: str = Field(min_length=1, json_schema_extra=cluster(max_length=253))
-    """Key within the Secret."""
 
 
 ProviderAPI = Literal["responses", "chat_completions"]
@@ -84,16 +78,82 @@ class ProviderSpec(SpecModel):
 
 
 class GenerationSpec(SpecModel):
-    """Candidate generation parameters sent with every Responses API request."""
+    """Candidate generation parameters sent with every Responses API request (a Chat
+    Completions provider gets their Chat counterparts: docs/proxy.md)."""
 
     temperature: float | None = Field(default=None, ge=0, le=2)
     """Sampling temperature."""
     max_output_tokens: int | None = Field(default=None, ge=1)
     """Output token cap."""
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    """Nucleus sampling."""
+    seed: int | None = Field(default=None, strict=True)
+    """Seed, where the provider supports one."""
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    """Reasoning effort of reasoning models (sent as ``reasoning.effort``)."""
+    response_format: dict[str, Any] | None = None
+    """Structured output: ``{type: json_object}`` or ``{type: json_schema, json_schema:
+    {name, schema, strict}}`` (OpenAI's ``response_format``; sent as ``text.format``). An
+    imported OpenAI task's graders then get ``sample.output_json``."""
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, json_schema_extra=cluster(max_items=128)
+    )
+    """Tools the model may call: function tools in the Chat Completions shape (``{type:
+    function, function: {name, description, parameters, strict}}``) or the Responses shape
+    (``{type: function, name, ...}``); calls reach graders as ``sample.output_tools``."""
+    tool_choice: str | dict[str, Any] | None = None
+    """``auto``, ``none``, ``required``, or one function (``{type: function, function:
+    {name}}`` or ``{type: function, name}``)."""
     concurrency: int = Field(default=limits.GENERATION_CONCURRENCY_DEFAULT, ge=1, le=256)
     """Concurrent requests per unit."""
     retries: int = Field(default=limits.GENERATION_RETRIES_DEFAULT, ge=0, le=20)
     """Retries on 429, 5xx and timeouts (exponential backoff, honouring Retry-After)."""
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return value
+        kind = value.get("type")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise ValueError(
+                f"responseFormat.type {kind!r} must be text, json_object or json_schema"
+            )
+        schema = value.get("json_schema")
+        if kind == "json_schema" and not (
+            isinstance(schema, dict) and isinstance(schema.get("name"), str)
+        ):
+            raise ValueError(
+                "responseFormat of type json_schema needs json_schema: {name, schema, strict}"
+            )
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for index, tool in enumerate(value or []):
+            function = tool.get("function", tool)
+            if tool.get("type") != "function" or not isinstance(function, dict):
+                raise ValueError(
+                    f"tools[{index}]: only function tools ({{type: function, function: "
+                    f"{{name, parameters}}}}) can be carried, not type {tool.get('type')!r}"
+                )
+            if not isinstance(function.get("name"), str) or not function["name"]:
+                raise ValueError(f"tools[{index}]: a function tool needs a `name`")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if value is None or value in ("auto", "none", "required"):
+            return value
+        if isinstance(value, dict) and value.get("type") == "function":
+            function = value.get("function", value)
+            if isinstance(function, dict) and isinstance(function.get("name"), str):
+                return value
+        raise ValueError(
+            "toolChoice must be auto, none, required or {type: function, function: {name}}"
+        )
 
 
 class SuiteRef(SpecModel):
@@ -145,8 +205,9 @@ class EvalRunSpec(SpecModel):
     """Providers by name, as used in model ids."""
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     """Candidate generation parameters."""
-    shard_size: int = Field(default=limits.SHARD_SIZE_DEFAULT, ge=1, le=1_000_000)
-    """Rows per work unit."""
+    shard_size: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Rows per work unit. Unset: in a cluster the operator's ``EVALKUBE_SHARD_SIZE``
+    (resolved once, into the run's snapshot), locally 10,000."""
     gate: GateSpec | None = None
     """Thresholds, error rate and baseline the finished run must pass (the Passed condition)."""
     queue_name: str | None = Field(
@@ -154,6 +215,10 @@ class EvalRunSpec(SpecModel):
     )
     """Kueue LocalQueue of the run's work-unit Jobs: they get the label
     ``kueue.x-k8s.io/queue-name`` and start suspended until Kueue admits them (cluster only)."""
+    tracking: TrackingSpec | None = None
+    """Experiment trackers the finished run is logged to (MLflow)."""
+    storage: StorageSpec | None = None
+    """How the run reaches the object store of the suite's ``s3://`` datasets and outputs."""
 
     @field_validator("models")
     @classmethod
@@ -245,7 +310,11 @@ class TaskModelResult(SpecModel):
     model: str
     """Model id."""
     metrics: dict[str, float] = Field(default_factory=dict)
-    """Mean of each per-sample score (missing counts 0) and the batch metrics."""
+    """Mean of each per-sample score (missing counts 0) and the batch metrics: the declared
+    ones, then others in name order up to 64 in all."""
+    metrics_omitted: int | None = None
+    """Metric names left out of ``metrics`` by the cap (at least this many); their scores stay
+    on the samples in the store."""
     counts: SampleCounts = Field(default_factory=SampleCounts)
     """Samples by outcome."""
     criteria: dict[str, CriterionCounts] = Field(default_factory=dict)

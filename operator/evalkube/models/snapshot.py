@@ -39,11 +39,13 @@ class SnapshotSuite(_Document):
 
 
 class SnapshotDataset(_Document):
-    """A task's dataset: its size, and the ConfigMap key holding it (absent for inline rows)."""
+    """A task's dataset: its size, and the ConfigMap key holding it (absent for inline rows);
+    for a ``uri`` dataset the size comes with the run's pins, made by its prepare pod."""
 
-    rows: int = Field(ge=0)
+    rows: int | None = Field(default=None, ge=0)
     config_map: str | None = Field(default=None, alias="configMap")
     key: str | None = None
+    uri: str | None = None
 
 
 class RunSnapshot(_Document):

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from evalkube import limits
 from evalkube.models.base import SpecModel
 from evalkube.models.run import Condition
 
@@ -25,11 +26,38 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def cap_message(message: str, chars: int = limits.STATUS_MESSAGE_CHARS) -> str:
+    """``message`` in at most ``chars`` characters: a longer one is cut, and says how many
+    characters it lost. Every message the operator writes into a status or an Event goes
+    through this (:data:`~evalkube.limits.STATUS_MESSAGE_CHARS`,
+    :data:`~evalkube.limits.EVENT_MESSAGE_CHARS`): messages name units, tasks and errors a
+    run can have without bound."""
+    if len(message) <= chars:
+        return message
+    keep = max(0, chars - len(f"... [{len(message)} more characters]"))
+    return f"{message[:keep]}... [{len(message) - keep} more characters]"
+
+
+def list_message(head: str, items: Sequence[str], chars: int, more: str = "") -> str:
+    """``head: item; item; ...`` in at most ``chars`` characters: the items that fit, in
+    order, then ``; and N more`` (``more``: where to find them all)."""
+    out = head
+    for shown, item in enumerate(items):
+        piece = ("; " if shown else ": ") + item
+        after = len(items) - shown - 1
+        reserve = len(f"; and {after} more{more}") if after else 0
+        if len(out) + len(piece) + reserve > chars:
+            return cap_message(f"{out}; and {len(items) - shown} more{more}", chars)
+        out += piece
+    return cap_message(out, chars)
+
+
 def condition(
     kind: str, status: bool, reason: str, message: str, generation: int | None
 ) -> Condition:
     """A condition that changed now (:func:`merge_conditions` keeps the older time when its
-    status did not change)."""
+    status did not change); its message capped (:func:`cap_message`)."""
+    message = cap_message(message, limits.STATUS_MESSAGE_CHARS)
     return Condition(
         type=kind,
         status="True" if status else "False",

@@ -10,40 +10,63 @@ from evalkube.models.base import SpecModel
 from evalkube.models.crd import Rule, cel, cluster, present
 from evalkube.models.grader import GraderSpec, PreprocessSpec
 from evalkube.models.meta import ObjectMeta
+from evalkube.models.refs import ConfigMapKeyRef
 from evalkube.models.run import Condition
 
+#: A source URI's scheme as a cluster can read it (a local path is for ``evalkube run``).
+CLUSTER_URI = r"^(s3|pvc|https)://"
+#: A SHA-256 in hex, as ``sha256sum`` prints it.
+SHA256_HEX = r"^[0-9a-f]{64}$"
+#: Formats a ``uri`` source may hold; default from the name (``.jsonl``, ``.jsonl.gz``,
+#: ``.jsonl.zst``, ``.parquet``, ``.csv``, ``.csv.gz``).
+SourceFormat = Literal["jsonl", "parquet", "csv"]
 
-class ConfigMapKeyRef(SpecModel):
-    """A key of a ConfigMap in the suite's namespace."""
 
-    name: str = Field(min_length=1, json_schema_extra=cluster(max_length=253))
-    """ConfigMap name."""
-    key: str = Field(min_length=1, json_schema_extra=cluster(max_length=253))
-    """Key within the ConfigMap."""
+def _uri_rules(kind: str) -> list[Rule]:
+    """CEL rules of a ``uri`` source (``kind``: the field's name in messages)."""
+    return [
+        Rule(
+            rule=f"!{present('uri')} || self.uri.matches('{CLUSTER_URI}')",
+            message=(
+                f"{kind}.uri must be s3://BUCKET/KEY, pvc://CLAIM/PATH or https://... in a "
+                "cluster (a local path is for `evalkube run`; `evalkube submit` uploads it)"
+            ),
+            reason="FieldValueInvalid",
+            field_path=".uri",
+        ),
+        Rule(
+            rule=f"!{present('uri')} || !self.uri.startsWith('https://') || {present('sha256')}",
+            message=f"an https:// {kind}.uri needs `sha256`: what is read is pinned to it",
+            reason="FieldValueRequired",
+            field_path=".sha256",
+        ),
+    ]
 
 
 class DatasetSpec(SpecModel):
-    """Where a task's rows come from: inline rows, a JSONL file, or a ConfigMap key."""
+    """Where a task's rows come from: inline rows, a local file, a ConfigMap key, or a ``uri``
+    (an object store, a PersistentVolumeClaim, a pinned HTTPS URL, a local file)."""
 
     model_config = ConfigDict(
         json_schema_extra=cel(
             Rule(
                 rule=(
-                    f"[{present('rows')}, {present('path')}, {present('configMapRef')}]"
-                    ".filter(x, x).size() == 1"
+                    f"[{present('rows')}, {present('path')}, {present('configMapRef')}, "
+                    f"{present('uri')}].filter(x, x).size() == 1"
                 ),
-                message="set exactly one of `rows`, `path` or `configMapRef`",
+                message="set exactly one of `rows`, `path`, `configMapRef` or `uri`",
             ),
             Rule(
                 rule=f"!{present('path')}",
                 message=(
                     "`path` names a file on your machine and is for local runs "
-                    "(`evalkube run`); in a cluster put the JSONL in a ConfigMap and use "
-                    "`configMapRef: {name, key}`"
+                    "(`evalkube run`); in a cluster use `uri` (s3://, pvc://, https:// with "
+                    "sha256), or put the JSONL in a ConfigMap and use `configMapRef: {name, key}`"
                 ),
                 reason="FieldValueForbidden",
                 field_path=".path",
             ),
+            *_uri_rules("dataset"),
         )
     )
 
@@ -55,15 +78,42 @@ class DatasetSpec(SpecModel):
     """A JSONL (or ``.json`` array) file, relative to the suite file (local runs only)."""
     config_map_ref: ConfigMapKeyRef | None = None
     """A ConfigMap key holding JSONL (cluster runs)."""
+    uri: str | None = Field(default=None, min_length=1, json_schema_extra=cluster(max_length=4_096))
+    """``s3://BUCKET/KEY`` (the run's ``storage.s3``), ``pvc://CLAIM/PATH`` (mounted read-only
+    into the runner), ``https://...`` (with ``sha256``), or a local path / ``file://`` URL
+    (local runs). JSONL (plain, ``.gz``, ``.zst``), Parquet or CSV; shards read only their
+    rows."""
+    format: SourceFormat | None = None
+    """Format of ``uri``; default from its name."""
+    sha256: str | None = Field(default=None, pattern=SHA256_HEX)
+    """SHA-256 of the object at ``uri`` (required for https://): a run reads those bytes or
+    fails naming the object."""
     id_field: str | None = Field(default=None, json_schema_extra=cluster(max_length=253))
     """Row field holding a stable row id; default: the row's position."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DatasetSpec:
-        given = [n for n in ("rows", "path", "config_map_ref") if getattr(self, n) is not None]
+        given = [
+            n for n in ("rows", "path", "config_map_ref", "uri") if getattr(self, n) is not None
+        ]
         if len(given) != 1:
-            raise ValueError("set exactly one of `rows`, `path` or `configMapRef`")
+            raise ValueError("set exactly one of `rows`, `path`, `configMapRef` or `uri`")
+        _check_uri_source(self.uri, self.sha256, self.format)
         return self
+
+
+def _check_uri_source(uri: str | None, sha256: str | None, format: str | None) -> None:
+    """The checks a ``uri`` source gets wherever it is loaded (the CRD repeats them in CEL)."""
+    if uri is None:
+        if sha256 is not None or format is not None:
+            raise ValueError("`sha256` and `format` describe a `uri`; set `uri` too")
+        return
+    if uri.startswith("https://") and sha256 is None:
+        raise ValueError("an https:// uri needs `sha256`: what is read is pinned to it")
+    if uri.startswith("http://"):
+        raise ValueError(
+            f"uri {uri!r}: plain http:// is not accepted; use https:// with sha256 (or s3://)"
+        )
 
 
 class Message(SpecModel):
@@ -124,9 +174,23 @@ class OutputsSpec(SpecModel):
     model_config = ConfigDict(
         json_schema_extra=cel(
             Rule(
-                rule=f"{present('column')} != {present('path')}",
-                message="set exactly one of `column` or `path`",
-            )
+                rule=(
+                    f"[{present('column')}, {present('path')}, {present('uri')}]"
+                    ".filter(x, x).size() == 1"
+                ),
+                message="set exactly one of `column`, `path` or `uri`",
+            ),
+            Rule(
+                rule=f"!{present('path')}",
+                message=(
+                    "outputs.path names a file on your machine and is for local runs; in a "
+                    "cluster use outputs.uri (s3://, pvc://, https:// with sha256) or "
+                    "outputs.column"
+                ),
+                reason="FieldValueForbidden",
+                field_path=".path",
+            ),
+            *_uri_rules("outputs"),
         )
     )
 
@@ -136,11 +200,18 @@ class OutputsSpec(SpecModel):
     """Dataset column holding ``extracted_output`` (skips extraction)."""
     path: str | None = Field(default=None, json_schema_extra=cluster(max_length=4_096))
     """JSONL file of ``{id, output_text, extracted_output?, model?}`` keyed by row id."""
+    uri: str | None = Field(default=None, min_length=1, json_schema_extra=cluster(max_length=4_096))
+    """The same records (JSONL, Parquet or CSV) at a ``uri``, as ``dataset.uri`` takes it."""
+    format: SourceFormat | None = None
+    """Format of ``uri``; default from its name."""
+    sha256: str | None = Field(default=None, pattern=SHA256_HEX)
+    """SHA-256 of the object at ``uri`` (required for https://)."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> OutputsSpec:
-        if (self.column is None) == (self.path is None):
-            raise ValueError("set exactly one of `column` or `path`")
+        if sum(getattr(self, n) is not None for n in ("column", "path", "uri")) != 1:
+            raise ValueError("set exactly one of `column`, `path` or `uri`")
+        _check_uri_source(self.uri, self.sha256, self.format)
         return self
 
 
@@ -191,6 +262,13 @@ class TaskSpec(SpecModel):
     needs a unique ``name``, which is its default ``metricId``."""
     metrics: list[MetricName] | None = Field(default=None, json_schema_extra=cluster(max_items=64))
     """Declared metric ids; undeclared batch metrics are dropped from aggregates."""
+    grader_inputs: Literal["evalkube", "openai"] = "evalkube"
+    """What graders get as ``sample`` and ``item``. ``evalkube`` (DESIGN.md §1): the row
+    plus ``prompt``, ``target``, ``reference_answer``, ``choices``, ``task_id``, and a sample
+    with ``extracted_output``, ``model``, ids. ``openai`` (``evalkube import openai`` writes
+    it): OpenAI's namespaces, ``item`` the row exactly and ``sample`` with ``output_text``,
+    ``output_tools``, ``choices`` and, when the run asks for structured output,
+    ``output_json``."""
 
     @model_validator(mode="after")
     def _one_grader_field(self) -> TaskSpec:

@@ -7,9 +7,11 @@ import typer
 from evalkube.reporting.report import report
 from evalkube.reporting.runs import runs
 from evalkube.reporting.samples import samples
+from evalkube.reporting.track import track
 
 
 def register(app: typer.Typer) -> None:
     app.command("runs")(runs)
     app.command("samples")(samples)
     app.command("report")(report)
+    app.command("track")(track)

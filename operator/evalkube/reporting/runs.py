@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from evalkube.cli_support import DbOption, console, open_store, shown_store, store_url
-from evalkube.store import ResultStore, RunRecord
+from evalkube.cli_support import (
+    DbOption,
+    console,
+    json_printable,
+    open_store,
+    shown_store,
+    store_url,
+)
+from evalkube.store import RunRecord
 
 COUNTED = ("valid", "invalid", "errored", "pending")
 
 
-def run_overview(store: ResultStore, record: RunRecord) -> dict[str, Any]:
+class StatusCounts(Protocol):
+    def status_counts(self, run_id: str) -> dict[tuple[str, str], dict[str, int]]: ...
+
+
+def run_overview(store: StatusCounts, record: RunRecord) -> dict[str, Any]:
     """A run as ``runs --json`` gives it: what ran, how it ended, and its scores.
 
     A finished run's results come from its summary; a run without one (still running,
@@ -110,7 +121,11 @@ def runs(
         store.close()
     where = shown_store(url)
     if as_json:
-        print(json.dumps({"store": where, "runs": overviews}, indent=2, ensure_ascii=False))
+        print(
+            json_printable(
+                json.dumps({"store": where, "runs": overviews}, indent=2, ensure_ascii=False)
+            )
+        )
         return
     table = Table(title=f"runs in {escape(where)}", title_justify="left")
     table.add_column("run", no_wrap=True)

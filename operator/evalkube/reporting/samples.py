@@ -19,10 +19,12 @@ from evalkube.cli_support import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
     DbOption,
+    SafeConsole,
     console,
     errors,
     fail,
     open_store,
+    printable,
     shown_store,
     store_url,
     utf8,
@@ -78,6 +80,10 @@ def samples(
         str | None,
         typer.Option(help="Only samples whose output, target or error contains this (any case)"),
     ] = None,
+    row: Annotated[
+        str | None,
+        typer.Option(help="Only this dataset row's samples (its idField value, else position)"),
+    ] = None,
     limit: Annotated[
         int | None,
         typer.Option(
@@ -112,6 +118,7 @@ def samples(
             min_score=min_score or (),
             max_score=max_score or (),
             search=search,
+            row=row,
         )
     except ValueError as exc:
         fail(str(exc), EXIT_CONFIG)
@@ -172,7 +179,7 @@ def _write(
             _print_panels(views, console, limit)
         else:
             with out.open("w", encoding="utf-8", errors="backslashreplace") as handle:
-                _print_panels(views, Console(file=handle, width=160, no_color=True), limit)
+                _print_panels(views, SafeConsole(file=handle, width=160, no_color=True), limit)
         return
     if out is not None:
         with out.open("wb") as binary, text_stream(binary) as stream:
@@ -180,12 +187,24 @@ def _write(
         errors.print(f"wrote {count} samples to {out}", highlight=False, soft_wrap=True)
         return
     sys.stdout.flush()
-    stream = text_stream(sys.stdout.buffer)
+    terminal = text_stream(sys.stdout.buffer)
     try:
-        _export(views, fmt, stream, metrics)
+        # a CSV printed to a terminal: its cells' control characters shown, not run
+        target: Any = _Printable(terminal) if sys.stdout.isatty() else terminal
+        _export(views, fmt, target, metrics)
     finally:
-        stream.flush()
-        stream.detach()
+        terminal.flush()
+        terminal.detach()
+
+
+class _Printable:
+    """A text stream that writes :func:`printable` text (for CSV on a terminal)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(printable(text, line_ends=True))
 
 
 def _export(views: Iterator[dict[str, Any]], fmt: str, stream: IO[str], metrics: list[str]) -> int:
@@ -216,10 +235,16 @@ def _plain(text: str) -> Text:
     return Text(utf8(text).decode())
 
 
+def _row(view: dict[str, Any]) -> str:
+    """The dataset row id people know a sample by (views from before row ids: the sample id)."""
+    row_id = view.get("row_id")
+    return str(view["sample_id"]) if row_id is None else str(row_id)
+
+
 def panel(view: dict[str, Any]) -> Panel:
     """One sample for a person: text fields as text, structures as indented JSON, and an
     error's traceback as the lines Python printed (never a JSON string with ``\\n`` in it)."""
-    parts: list[Text] = []
+    parts: list[Text] = [Text("sample: ", style="bold") + _plain(str(view["sample_id"]))]
     for key in _SHOWN:
         value = view.get(key)
         if value is None or value == {}:
@@ -241,7 +266,7 @@ def panel(view: dict[str, Any]) -> Panel:
     return Panel(
         Group(*parts),
         title=(
-            f"{escape(view['sample_id'])} · {escape(view['task_id'])} · {escape(view['model'])} · "
+            f"row {escape(_row(view))} · {escape(view['task_id'])} · {escape(view['model'])} · "
             f"[{color}]{view['status']}[/]"
         ),
         title_align="left",

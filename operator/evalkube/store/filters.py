@@ -57,6 +57,8 @@ class SampleFilter:
     status: str | None = None
     scores: tuple[ScoreRange, ...] = field(default_factory=tuple)
     search: str | None = None
+    #: The dataset row id (the task's ``idField`` value, else the row's position), exactly.
+    row: str | None = None
     #: ``(task, metric)``: each task's main metric, which ``wrong`` looks at first.
     main_metrics: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
@@ -74,6 +76,7 @@ class SampleFilter:
         min_score: Sequence[str] = (),
         max_score: Sequence[str] = (),
         search: str | None = None,
+        row: str | None = None,
         prefix: str = "--",
     ) -> SampleFilter:
         """Build a filter from option text; :class:`ValueError` names the bad option.
@@ -96,6 +99,7 @@ class SampleFilter:
             status=status or None,
             scores=tuple(ranges),
             search=search or None,
+            row=row or None,
         )
 
 
@@ -155,6 +159,8 @@ def conditions(where: SampleFilter, table: Table, dialect: str) -> list[ColumnEl
             out.append(_wrong(where, table, dialect))
     for bound in where.scores:
         out.append(_any_score(c.scores, dialect, bound.metric, bound.low, bound.high))
+    if where.row is not None:
+        out.append(_detail_text(c.detail, dialect, ("row_id",)) == where.row)
     if where.search is not None:
         out.append(
             or_(

@@ -19,7 +19,11 @@ class SampleStore(Protocol):
 
     def record_samples(self, records: Sequence[SampleRecord]) -> None: ...
 
-    def recorded_sample_ids(self, run_id: str, task_id: str, model: str) -> set[str]: ...
+    def recorded_sample_ids(
+        self, run_id: str, task_id: str, model: str, seqs: tuple[int, int] | None = None
+    ) -> set[str]:
+        """Ids of recorded samples of the task x model (``seqs``: with sequence numbers in
+        ``[low, high)``, one shard's)."""
 
     def iter_samples(
         self, run_id: str, *, task_id: str | None = None, model: str | None = None

@@ -20,6 +20,7 @@ import httpx
 import tenacity
 
 from evalkube import jsonfast
+from evalkube._net import release
 from evalkube.store.records import SampleRecord, TaskResultRecord
 
 SAMPLE_FIELDS = {f.name for f in dataclasses.fields(SampleRecord)}
@@ -100,6 +101,7 @@ class RemoteStore:
 
     def _once(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         response = self.client.request(method, url, **kwargs)
+        release(response)  # the posted chunk is freed with the response, not at a full GC
         if response.status_code >= 400:
             raise RemoteStoreError(response)
         return response
@@ -121,8 +123,10 @@ class RemoteStore:
     def record_samples(self, records: Sequence[SampleRecord]) -> None:
         self.write_encoded(self.encode_samples(records))
 
-    def recorded_sample_ids(self, run_id: str, task_id: str, model: str) -> set[str]:
-        response = self._request("GET", "/sample-ids", params={"task": task_id, "model": model})
+    def recorded_sample_ids(
+        self, run_id: str, task_id: str, model: str, seqs: tuple[int, int] | None = None
+    ) -> set[str]:
+        response = self._request("GET", "/sample-ids", params=_ids_query(task_id, model, seqs))
         return set(response.json()["sample_ids"])
 
     def iter_samples(
@@ -165,8 +169,10 @@ class RemoteStore:
             found.update(self._post("/answers:lookup", body).json()["answers"])
         return found
 
-    def generation_errored_ids(self, run_id: str, task_id: str, model: str) -> set[str]:
-        params = {"task": task_id, "model": model}
+    def generation_errored_ids(
+        self, run_id: str, task_id: str, model: str, seqs: tuple[int, int] | None = None
+    ) -> set[str]:
+        params = _ids_query(task_id, model, seqs)
         response = self._request("GET", "/generation-errored-ids", params=params)
         return set(response.json()["sample_ids"])
 
@@ -183,8 +189,27 @@ class RemoteStore:
             },
         )
 
+    def prepared(self, task_id: str | None = None) -> dict[str, Any]:
+        """What the run's prepare pod reported: every task's row count and the pins of
+        ``task_id``'s sources (of every task when ``None``)."""
+        params = {"task": task_id} if task_id is not None else {}
+        return dict(self._request("GET", "/prepared", params=params).json())
+
     def mark_unit_done(self, unit_id: str, info: dict[str, Any]) -> None:
         self._post(f"/units/{quote(unit_id, safe='')}:done", info)
+
+    def mark_unit_failed(self, unit_id: str, reason: str) -> None:
+        """The unit cannot run (:class:`~evalkube.engine.runner.UnitFailed`): the reason
+        becomes the unit's failure reason in the run's status."""
+        self._post(f"/units/{quote(unit_id, safe='')}:failed", {"reason": reason})
+
+
+def _ids_query(task_id: str, model: str, seqs: tuple[int, int] | None) -> dict[str, str]:
+    """``?task=&model=`` and, for one shard's ids only, ``&seq_from=&seq_to=``."""
+    params = {"task": task_id, "model": model}
+    if seqs is not None:
+        params["seq_from"], params["seq_to"] = str(seqs[0]), str(seqs[1])
+    return params
 
 
 class RemoteStoreError(RuntimeError):

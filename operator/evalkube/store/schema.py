@@ -95,10 +95,24 @@ task_results = Table(
     Column("problems", Text),
     Column("model_calls", Text),
 )
+#: Each finished unit's aggregate of its samples (a partial :class:`TaskAggregate` as JSON),
+#: computed once from the stored samples when the unit is done: the run's results are the
+#: merge of these, not a read of every sample's scores (``evalkube.controller.results``).
+#: Reporting a unit done again drops its row, so it is computed afresh.
+unit_aggregates = Table(
+    "evalkube_unit_aggregates",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("unit_id", String(253), primary_key=True),
+    Column("task_id", String(63), nullable=False),
+    Column("model", String(253), nullable=False),
+    Column("aggregate", Text, nullable=False),
+)
+
 #: The Alembic revision (``migrations/versions``) that gives the tables the shape declared
 #: here: a new revision file changes it. An up-to-date store is one whose version table says
 #: this, which :meth:`ResultStore.open` checks without importing Alembic.
-REVISION = "0002"
+REVISION = "0003"
 #: Nullable columns added to existing tables since revision 0001, oldest first (the revision
 #: in ``migrations/versions`` that adds it, table, column): a store written before migrations
 #: existed is at the last revision whose column it has (see ``evalkube.store.migrate``).

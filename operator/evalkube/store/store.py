@@ -29,7 +29,9 @@ from typing import Any
 
 import tenacity
 from sqlalchemy import (
+    ColumnElement,
     Engine,
+    Select,
     and_,
     bindparam,
     cast,
@@ -272,19 +274,114 @@ class ResultStore:
 
     # -- units ------------------------------------------------------------------------------
     def mark_unit_done(self, run_id: str, unit_id: str, info: dict[str, Any] | None = None) -> None:
+        """Record the unit done (again: a replayed report). Its aggregate, if one was kept,
+        is dropped in the same transaction, to be computed afresh from its samples."""
+        row = {
+            "run_id": run_id,
+            "unit_id": unit_id,
+            "state": "done",
+            "info": _json(info),
+            "finished_at": datetime.now(UTC),
+        }
+        with self.engine.begin() as conn:
+            conn.execute(
+                _upsert_statement(self._dialect, schema.units, row, ("run_id", "unit_id")), [row]
+            )
+            kept = schema.unit_aggregates.c
+            conn.execute(
+                schema.unit_aggregates.delete().where(
+                    kept.run_id == run_id, kept.unit_id == unit_id
+                )
+            )
+
+    # -- per-unit aggregates (evalkube.controller.results) ---------------------------------
+    def unit_scores(
+        self, run_id: str, task_id: str, model: str, seqs: tuple[int, int]
+    ) -> Iterator[tuple[str, dict[str, float], dict[str, Any]]]:
+        """Stream ``(status, scores, model_calls)`` of the task x model's samples with sequence
+        numbers in ``[low, high)`` (one unit's), by the order index."""
+        c = schema.samples.c
+        query = select(c.status, c.scores, c.model_calls).where(
+            *_task_model(run_id, task_id, model, seqs)
+        )
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=5000).execute(query):
+                yield row[0], jsonfast.loads(row[1]), (_load(row[2]) or {})
+
+    def save_unit_aggregate(
+        self, run_id: str, unit_id: str, task_id: str, model: str, aggregate: dict[str, Any]
+    ) -> None:
+        """Keep a unit's aggregate (replacing an earlier one of the unit)."""
         self._upsert(
-            schema.units,
+            schema.unit_aggregates,
             [
                 {
                     "run_id": run_id,
                     "unit_id": unit_id,
-                    "state": "done",
-                    "info": _json(info),
-                    "finished_at": datetime.now(UTC),
+                    "task_id": task_id,
+                    "model": model,
+                    "aggregate": _dumps(aggregate),
                 }
             ],
             ("run_id", "unit_id"),
         )
+
+    def unit_aggregate_ids(self, run_id: str) -> set[str]:
+        """The units of the run whose aggregate is kept."""
+        c = schema.unit_aggregates.c
+        with self.engine.connect() as conn:
+            return {row[0] for row in conn.execute(select(c.unit_id).where(c.run_id == run_id))}
+
+    def unit_aggregates(self, run_id: str) -> dict[str, tuple[str, str, dict[str, Any]]]:
+        """``unit id -> (task, model, aggregate)`` of every unit aggregate kept for the run."""
+        c = schema.unit_aggregates.c
+        query = select(c.unit_id, c.task_id, c.model, c.aggregate).where(c.run_id == run_id)
+        with self.engine.connect() as conn:
+            return {row[0]: (row[1], row[2], jsonfast.loads(row[3])) for row in conn.execute(query)}
+
+    def sample_counts(self, run_id: str) -> dict[tuple[str, str], int]:
+        """Samples per task x model (a count over the order index, no sample read)."""
+        c = schema.samples.c
+        query = (
+            select(c.task_id, c.model, func.count())
+            .where(c.run_id == run_id)
+            .group_by(c.task_id, c.model)
+        )
+        with self.engine.connect() as conn:
+            return {(row[0], row[1]): int(row[2]) for row in conn.execute(query)}
+
+    def mark_unit_failed(self, run_id: str, unit_id: str, reason: str) -> None:
+        """A unit's runner found it cannot run (its programs do not load, a ``grade_batch``
+        past its limits): the reason, for the run's status. Never over a unit done."""
+        row = {
+            "run_id": run_id,
+            "unit_id": unit_id,
+            "state": "failed",
+            "info": _json({"reason": reason[: limits.ERROR_MESSAGE_CHARS]}),
+            "finished_at": datetime.now(UTC),
+        }
+        insert = (postgresql.insert if self._dialect == "postgresql" else sqlite.insert)(
+            schema.units
+        )
+        statement = insert.on_conflict_do_update(
+            index_elements=["run_id", "unit_id"],
+            set_={name: insert.excluded[name] for name in ("state", "info", "finished_at")},
+            where=schema.units.c.state != "done",
+        )
+        with self.engine.begin() as conn:
+            conn.execute(statement, [row])
+
+    def failed_units(self, run_id: str) -> dict[str, str]:
+        """``unit -> reason`` of the units their runner reported failed (and not done since)."""
+        units = schema.units.c
+        query = select(units.unit_id, units.info).where(
+            units.run_id == run_id, units.state == "failed"
+        )
+        with self.engine.connect() as conn:
+            return {
+                row[0]: str((_load(row[1]) or {}).get("reason") or "the unit's runner failed")
+                for row in conn.execute(query)
+            }
 
     def done_units(self, run_id: str) -> set[str]:
         with self.engine.connect() as conn:
@@ -331,30 +428,23 @@ class ResultStore:
                 chunk = jsonfast.dumps_str([own(row) for row in group])
                 conn.exec_driver_sql(self._sample_chunk_sql, (chunk, run_id, task_id, model))
 
-    def recorded_sample_ids(self, run_id: str, task_id: str, model: str) -> set[str]:
-        c = schema.samples.c
+    def recorded_sample_ids(
+        self, run_id: str, task_id: str, model: str, seqs: tuple[int, int] | None = None
+    ) -> set[str]:
+        """Ids of the task x model's recorded samples; ``seqs``: only those whose sequence
+        number is in ``[low, high)`` (one shard's: :func:`evalkube.engine.plan.seq_range`)."""
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(c.sample_id).where(
-                    and_(c.run_id == run_id, c.task_id == task_id, c.model == model)
-                )
-            )
-            return {row[0] for row in rows}
+            return {row[0] for row in conn.execute(ids_query(run_id, task_id, model, seqs))}
 
-    def generation_errored_ids(self, run_id: str, task_id: str, model: str) -> set[str]:
+    def generation_errored_ids(
+        self, run_id: str, task_id: str, model: str, seqs: tuple[int, int] | None = None
+    ) -> set[str]:
         """Samples whose model call failed: a resumed run calls again (a failure cost
-        nothing, and its cause, a missing key or a provider down, may be fixed by now)."""
-        c = schema.samples.c
+        nothing, and its cause, a missing key or a provider down, may be fixed by now);
+        ``seqs`` as for :meth:`recorded_sample_ids`."""
+        query = ids_query(run_id, task_id, model, seqs, error_stage="generation")
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(c.sample_id).where(
-                    c.run_id == run_id,
-                    c.task_id == task_id,
-                    c.model == model,
-                    c.error_stage == "generation",
-                )
-            )
-            return {row[0] for row in rows}
+            return {row[0] for row in conn.execute(query)}
 
     def iter_samples(
         self,
@@ -387,9 +477,13 @@ class ResultStore:
         if limit is not None:
             query = query.limit(limit)
         with self.engine.connect() as conn:
-            result = conn.execution_options(yield_per=2000).execute(query)
-            for row in result:
-                yield _sample(row)
+            # rows fetched at a time: a sample's judge may hold up to 1 MB
+            result = conn.execution_options(yield_per=SAMPLES_FETCHED).execute(query)
+            try:
+                for row in result:
+                    yield _sample(row)
+            finally:  # a reader that stops early (a page full) closes the server's cursor
+                result.close()
 
     def page_samples(
         self,
@@ -401,22 +495,38 @@ class ResultStore:
         cursor: str | None = None,
         limit: int = 10,
         where: SampleFilter | None = None,
+        max_bytes: int | None = None,
     ) -> tuple[list[SampleRecord], str | None]:
-        """One page of the debugging view and the opaque cursor of the next page."""
+        """One page of the debugging view and the opaque cursor of the next page.
+
+        ``max_bytes``: the page also ends before its samples' texts, judges and rows (as
+        stored) pass this many bytes, after at least one sample; the cursor goes on from there,
+        so a page's memory is bounded whatever the samples hold."""
         after = decode_cursor(cursor) if cursor else None
-        page = list(
-            self.iter_samples(
-                run_id,
-                task_id=task_id,
-                model=model,
-                status=status,
-                after=after,
-                limit=limit + 1,
-                where=where,
-            )
+        page: list[SampleRecord] = []
+        size, more = 0, False
+        rows = self.iter_samples(
+            run_id,
+            task_id=task_id,
+            model=model,
+            status=status,
+            after=after,
+            limit=limit + 1,
+            where=where,
         )
-        more = len(page) > limit
-        page = page[:limit]
+        try:
+            for record in rows:
+                if len(page) == limit:
+                    more = True
+                    break
+                if max_bytes is not None:
+                    size += sample_bytes(record)
+                    if page and size > max_bytes:
+                        more = True
+                        break
+                page.append(record)
+        finally:
+            getattr(rows, "close", lambda: None)()
         next_cursor = encode_cursor(page[-1]) if more and page else None
         return page, next_cursor
 
@@ -563,15 +673,19 @@ class ResultStore:
         """Stream ``(task, model, key, status, scores)`` of every sample, where ``key`` names
         the dataset row across runs (its id, else ``#position``): paired comparisons."""
         c = schema.samples.c
+        # the row id only, taken out of ``detail`` by the database (a judge may be 1 MB)
+        if self._dialect == "postgresql":
+            row_id: Any = cast(c.detail, JSONB)["row_id"].astext
+        else:
+            row_id = func.json_extract(c.detail, "$.row_id")
         query = (
-            select(c.task_id, c.model, c.detail, c.seq, c.status, c.scores)
+            select(c.task_id, c.model, row_id, c.seq, c.status, c.scores)
             .where(c.run_id == run_id)
             .order_by(c.task_id, c.model, c.seq)
         )
         with self.engine.connect() as conn:
             for row in conn.execution_options(yield_per=5000).execute(query):
-                row_id = (_load(row[2]) or {}).get("row_id")
-                key = str(row_id) if row_id is not None else f"#{row[3]}"
+                key = str(row[2]) if row[2] is not None else f"#{row[3]}"
                 yield row[0], row[1], key, row[4], jsonfast.loads(row[5])
 
     # -- model answers ----------------------------------------------------------------------
@@ -648,13 +762,74 @@ class ResultStore:
     def _upsert(self, table: Any, rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
         if not rows:
             return
-        insert = (postgresql.insert if self._dialect == "postgresql" else sqlite.insert)(table)
-        columns = [name for name in rows[0] if name not in keys]
-        statement = insert.on_conflict_do_update(
-            index_elements=list(keys), set_={name: insert.excluded[name] for name in columns}
-        )
         with self.engine.begin() as conn:
-            conn.execute(statement, rows)
+            conn.execute(_upsert_statement(self._dialect, table, rows[0], keys), rows)
+
+
+def _upsert_statement(dialect: str, table: Any, row: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    """``INSERT ... ON CONFLICT (keys) DO UPDATE`` of rows shaped like ``row``."""
+    insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+    columns = [name for name in row if name not in keys]
+    return insert.on_conflict_do_update(
+        index_elements=list(keys), set_={name: insert.excluded[name] for name in columns}
+    )
+
+
+def ids_query(
+    run_id: str,
+    task_id: str,
+    model: str,
+    seqs: tuple[int, int] | None = None,
+    error_stage: str | None = None,
+) -> Select[str]:
+    """Sample ids of a task x model (with sequence numbers in ``[low, high)``, and an error
+    stage): one range of the ``(run_id, task_id, model, seq)`` index, whatever the run's size."""
+    c = schema.samples.c
+    query = select(c.sample_id).where(*_task_model(run_id, task_id, model, seqs))
+    if error_stage is not None:
+        query = query.where(c.error_stage == error_stage)
+    return query
+
+
+def _task_model(
+    run_id: str, task_id: str, model: str, seqs: tuple[int, int] | None
+) -> list[ColumnElement[bool]]:
+    """A task x model's samples (those with sequence numbers in ``[low, high)``)."""
+    c = schema.samples.c
+    where = [c.run_id == run_id, c.task_id == task_id, c.model == model]
+    if seqs is not None:
+        where += [c.seq >= seqs[0], c.seq < seqs[1]]
+    return where
+
+
+#: Sample rows the store fetches from the database at a time when it streams whole samples.
+SAMPLES_FETCHED = 100
+
+
+def sample_bytes(record: SampleRecord) -> int:
+    """About how many bytes ``record`` holds: its texts, and its judge, error, scores and
+    dataset row as JSON (what bounds a page of samples)."""
+    size = 256
+    for text in (
+        record.prompt if isinstance(record.prompt, str) else None,
+        record.target,
+        record.output_text,
+        record.stdout,
+        record.stderr,
+    ):
+        size += len(text) if text else 0
+    for value in (
+        record.judge,
+        record.error,
+        record.scores,
+        record.dataset_row,
+        record.extracted_output,
+    ):
+        if value:
+            size += len(value) if isinstance(value, str) else len(jsonfast.dumps(value))
+    if record.prompt is not None and not isinstance(record.prompt, str):
+        size += len(jsonfast.dumps(record.prompt))
+    return size
 
 
 def encode_cursor(record: SampleRecord) -> str:

@@ -81,6 +81,15 @@ TASK_RESULT = Shape(
 )
 
 
+class UnitFailure(_Body):
+    """Why a unit's runner could not run it."""
+
+    reason: str = Field(min_length=1)
+
+
+UNIT_FAILURE = Shape(UnitFailure, '{"reason": str}')
+
+
 #: What a kept answer is for: a candidate, or the list of a sample's grader ``ctx`` calls.
 AnswerPurpose = Literal["candidate", "ctx"]
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -221,14 +221,19 @@ _RBAC_KINDS = {
 }
 
 
-def chart_identity(cp: ControlPlane, system: str, watch: list[str], workdir: Path) -> Path:
+def chart_identity(
+    cp: ControlPlane, system: str, watch: list[str], workdir: Path, values: Sequence[str] = ()
+) -> Path:
     """A kubeconfig of the chart's operator ServiceAccount (release ``evalkube`` in
-    ``system``) with exactly the chart's RBAC: every namespace, or a Role in each of ``watch``.
-    The operator tests run as this account, so they fail if the chart grants too little."""
+    ``system``) with exactly the chart's RBAC: every namespace, or a Role in each of ``watch``
+    (and the chart ``values`` given as ``--set`` arguments). The operator tests run as this
+    account, so they fail if the chart grants too little."""
     import yaml
 
     cp.kubectl("create", "namespace", system, check=False)
     args = ["template", "evalkube", str(CHART), "--namespace", system]
+    for value in values:
+        args += ["--set", value]
     for i, ns in enumerate(watch):
         args += ["--set", f"watchNamespaces[{i}]={ns}"]
     done = cp.run("helm", *args, timeout=120)
@@ -251,6 +256,7 @@ def running_operator(
     port: int,
     *,
     watch: list[str] | None = None,
+    chart_values: Sequence[str] = (),
     **settings: str,
 ) -> Iterator[OperatorUrl]:
     """Run the operator (KopfRunner) until the block ends; yields its ingest URL (with the API
@@ -264,7 +270,7 @@ def running_operator(
 
     api_port = _free_port()
     system = settings.get("operator_namespace") or f"evk-sys-{uuid.uuid4().hex[:8]}"
-    kubeconfig = chart_identity(cp, system, watch or [], store.parent)
+    kubeconfig = chart_identity(cp, system, watch or [], store.parent, chart_values)
     scope = [a for ns in watch for a in ("--namespace", ns)] if watch else ["-A"]
     env = {
         "KUBECONFIG": str(kubeconfig),

@@ -22,6 +22,7 @@ import yaml
 from tests.cluster.ctrlplane import ControlPlane
 
 from evalkube.controller import crds
+from evalkube.controller.settings import OperatorSettings
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -34,6 +35,8 @@ ENV_NAMES = {
     "EVALKUBE_SHARD_SIZE",
     "EVALKUBE_PARALLELISM",
     "EVALKUBE_PROXY_ENGINE",
+    "EVALKUBE_IPV6",
+    "EVALKUBE_GRADER_LOG_BYTES",
     "EVALKUBE_STORE_URL",
     "EVALKUBE_INGEST_URL",
     "EVALKUBE_LISTEN",
@@ -148,6 +151,9 @@ def test_defaults_render_a_locked_down_operator(control_plane: ControlPlane) -> 
     assert env["EVALKUBE_SANDBOX_IMAGE"] == "ghcr.io/evalkube/evalkube-sandbox:0.1.0"
     assert env["EVALKUBE_PEERING"] == "false"
     assert env["EVALKUBE_PROXY_ENGINE"] == "auto"
+    assert env["EVALKUBE_IPV6"] == "disable"
+    assert OperatorSettings(ipv6=env["EVALKUBE_IPV6"]).ipv6 == "disable"
+    assert int(env["EVALKUBE_GRADER_LOG_BYTES"]) == 1 << 20
     assert "EVALKUBE_NAMESPACE" not in env
     labels = json.loads(env["EVALKUBE_OPERATOR_POD_LABELS"])
     assert labels.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()

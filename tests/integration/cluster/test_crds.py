@@ -123,7 +123,9 @@ def test_valid_suite_and_run_are_accepted_with_defaults(
     # free-form rows survive untouched
     assert task["dataset"]["rows"][0]["meta"] == {"any": ["thing"]}
     created_run = create(cp, ns, run())
-    assert created_run["spec"]["shardSize"] == 10_000
+    # no schema default: an unset shardSize is the operator's EVALKUBE_SHARD_SIZE, which it
+    # writes into the run's snapshot (tests/unit/controller/test_run_limits.py)
+    assert "shardSize" not in created_run["spec"]
     assert created_run["spec"]["providers"]["openai"]["timeoutSeconds"] == 60
 
 
@@ -150,6 +152,26 @@ def test_explicit_null_counts_as_absent(
     # as in the CLI (pydantic), `source: null` next to `file` is not "both"
     obj = suite(grader={"type": "python", "file": "graders/grade.py", "source": None})
     create(crds_installed, cluster_namespace, obj)
+
+
+def test_kubectl_apply_drops_null_values_from_inline_rows(
+    crds_installed: ControlPlane, cluster_namespace: str
+) -> None:
+    """A limitation docs/migrating-from-openai.md names: an item field that is null (an
+    imported OpenAI item's `{"answer": null}`) is kept by the API server (`kubectl create`,
+    server-side apply) but dropped by a client-side `kubectl apply`, whose patch reads null as
+    "remove"; a ConfigMap dataset (`configMapRef`, JSONL text) keeps it whatever the client."""
+    rows = [{"question": "q", "answer": None, "meta": {"n": None}}]
+    created = create(crds_installed, cluster_namespace, suite("kept", dataset={"rows": rows}))
+    assert created["spec"]["tasks"][0]["dataset"]["rows"] == rows
+    for args in ((), ("--server-side",)):
+        name = "ssa" if args else "applied"
+        obj = {**suite(name, dataset={"rows": rows}), "metadata": {"name": name}}
+        crds_installed.kubectl("apply", "-n", cluster_namespace, *args, "-f", "-",
+                               input=json.dumps(obj))  # fmt: skip
+        got = crds_installed.kubectl_json("get", "evalsuite", name, "-n", cluster_namespace)
+        dropped = [{"question": "q", "meta": {}}]
+        assert got["spec"]["tasks"][0]["dataset"]["rows"] == (rows if args else dropped), args
 
 
 # -- rejected, with field-named messages ----------------------------------------------------
@@ -219,7 +241,7 @@ def test_dataset_needs_exactly_one_source(
     for dataset in (both, {}):
         message = rejected(crds_installed, cluster_namespace, suite(dataset=dataset))
         assert "spec.tasks[0].dataset" in message
-        assert "set exactly one of `rows`, `path` or `configMapRef`" in message
+        assert "set exactly one of `rows`, `path`, `configMapRef` or `uri`" in message
 
 
 def test_regex_extraction_needs_a_pattern(

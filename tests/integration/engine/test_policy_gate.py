@@ -4,15 +4,22 @@ real sockets on loopback: a listening canary is "policy not enforced yet", a ref
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
 import pytest
 
 from evalkube.engine.policy_gate import (
+    IPv6Present,
     PolicyNotEnforced,
     canary_reachable,
+    refuse_ipv6,
     wait_for_enforced_policy,
 )
 
@@ -72,3 +79,59 @@ def test_the_runner_goes_on_once_the_policy_takes_effect(listener: socket.socket
 def test_a_canary_without_a_port_is_a_configuration_error() -> None:
     with pytest.raises(ValueError, match="needs a host and a port"):
         canary_reachable("http://10.96.0.40")
+
+
+# -- IPv6 ---------------------------------------------------------------------------------------
+PROBE = (
+    "import json; from evalkube.engine.policy_gate import ipv6_routes; "
+    "print(json.dumps(ipv6_routes()))"
+)
+
+
+def _routes_in_a_fresh_netns(setup: str) -> list[str]:
+    """``ipv6_routes()`` in a network namespace of its own after the shell ``setup``."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare (util-linux) for a network namespace")
+    script = f'{setup}\nexec "{sys.executable}" -c "{PROBE}"'
+    out = subprocess.run(
+        ["unshare", "--net", "sh", "-euc", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    routes: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
+    return routes
+
+
+# a link with IPv6 on it, as a pod's veth has: link-local comes with the link going up
+VETH = (
+    "ip link set lo up; ip link add evk0 type veth peer name evk1; "
+    "ip link set evk0 up; ip link set evk1 up; "
+    "for i in $(seq 50); do ip -6 addr show dev evk0 | grep -q 'scope link' && "
+    "! ip -6 addr show dev evk0 | grep -q tentative && break; sleep 0.1; done"
+)
+
+
+def test_a_link_local_ipv6_address_is_a_route_the_runner_refuses() -> None:
+    routes = _routes_in_a_fresh_netns(VETH)
+    assert any(r.startswith("ff02::1%evk0 from fe80:") for r in routes), routes
+    with pytest.raises(IPv6Present) as refused:
+        # the runner's own check, in the same kind of namespace
+        _check_in_netns(VETH)
+    assert "allowedUnsafeSysctls" in str(refused.value)
+
+
+def test_with_ipv6_disabled_there_is_no_route() -> None:
+    disabled = VETH + "; sysctl -q -w net.ipv6.conf.all.disable_ipv6=1"
+    assert _routes_in_a_fresh_netns(disabled) == []
+    assert _routes_in_a_fresh_netns("ip link set lo up") == []  # loopback is never a way out
+
+
+def _check_in_netns(setup: str) -> None:
+    """``refuse_ipv6()`` in a fresh netns: re-raised here with its message."""
+    routes = _routes_in_a_fresh_netns(setup)
+    if routes:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("evalkube.engine.policy_gate.ipv6_routes", lambda: routes)
+            refuse_ipv6()

@@ -19,6 +19,8 @@ TRACEBACK = (
     "    return {'score': answers[item['id']]}\n"
     "KeyError: 'q9'"
 )
+#: A dataset row id is untrusted too (a dataset's idField value): shown as text, never markup.
+ROW_INJECTION = "<i id=rowinjected>es</i>"
 JUDGE = {"verdict": "partially right", "rubric": {"accuracy": 2, "style": 1}}
 #: What the report's scores table must show (summary of a finished run).
 SUMMARY = {
@@ -56,25 +58,25 @@ def make_report_store(path: Path) -> str:
         store.create_run(RunRecord(RUN, "report-suite", "sha256:0", {}, "process"))
         store.record_samples(
             [
-                SampleRecord(RUN, "cap-paris", "capitals", "gpt-x", 0, "valid",
+                SampleRecord(RUN, "cap-paris", "capitals", "gpt-x", 0, "valid", row_id="fr",
                              prompt="Capital of France?", target="Paris", output_text="Paris",
                              scores={"exact": 1.0, "f1": 1.0}),
-                SampleRecord(RUN, "cap-rome", "capitals", "gpt-x", 1, "valid",
+                SampleRecord(RUN, "cap-rome", "capitals", "gpt-x", 1, "valid", row_id="it",
                              prompt="Capital of Italy?", target="Rome", output_text="Milan",
                              scores={"exact": 0.0, "f1": 0.25}, judge=JUDGE),
-                SampleRecord(RUN, "cap-evil", "capitals", "gpt-x", 2, "valid",
+                SampleRecord(RUN, "cap-evil", "capitals", "gpt-x", 2, "valid", row_id=ROW_INJECTION,
                              prompt="Capital of Spain?", target="Madrid", output_text=INJECTION,
                              scores={"exact": 1.0, "f1": 0.5}),
-                SampleRecord(RUN, "cap-empty", "capitals", "gpt-x", 3, "invalid",
+                SampleRecord(RUN, "cap-empty", "capitals", "gpt-x", 3, "invalid", row_id="pe",
                              prompt="Capital of Peru?", target="Lima", output_text="",
                              scores={"exact": 0.0}),
-                SampleRecord(RUN, "cap-crash", "capitals", "gpt-x", 4, "errored",
+                SampleRecord(RUN, "cap-crash", "capitals", "gpt-x", 4, "errored", row_id="td",
                              prompt="Capital of Chad?", target="N'Djamena", output_text="?",
                              error={"stage": "grading", "type": "KeyError", "message": "'q9'",
                                     "traceback": TRACEBACK}),
-                SampleRecord(RUN, "math-1", "math", "gpt-x", 0, "valid", target="4",
+                SampleRecord(RUN, "math-1", "math", "gpt-x", 0, "valid", row_id="0", target="4",
                              output_text="4", scores={"exact": 1.0}),
-                SampleRecord(RUN, "math-2", "math", "gpt-x", 1, "valid", target="5",
+                SampleRecord(RUN, "math-2", "math", "gpt-x", 1, "valid", row_id="1", target="5",
                              output_text="6", scores={"exact": 0.0}),
             ]
         )  # fmt: skip

@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import require
-from tests.integration.reporting.report_data import INJECTION, RUN, TRACEBACK, make_report_store
+from tests.integration.reporting.report_data import (
+    INJECTION,
+    ROW_INJECTION,
+    RUN,
+    TRACEBACK,
+    make_report_store,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -136,6 +142,32 @@ def test_filters_hide_rows(page: Any) -> None:
     Select(page.find_element(By.NAME, "task")).select_by_value("")
     page.find_element(By.NAME, "text").send_keys("MILAN")
     assert visible_samples(page) == ["cap-rome"]
+
+
+def test_the_line_a_person_scans_names_the_dataset_row(page: Any) -> None:
+    """Each sample's summary line leads with its dataset row id, the sample id beside it, and
+    the text filter finds a sample by its row id."""
+    from selenium.webdriver.common.by import By
+
+    lines = [
+        (
+            article.find_element(By.CSS_SELECTOR, "summary .rid").text,
+            article.find_element(By.CSS_SELECTOR, "summary .sid").text,
+        )
+        for article in page.find_elements(By.CSS_SELECTOR, "article.sample")
+    ]
+    assert lines == [
+        ("fr", "cap-paris"),
+        ("it", "cap-rome"),
+        (ROW_INJECTION, "cap-evil"),
+        ("pe", "cap-empty"),
+        ("td", "cap-crash"),
+        ("0", "math-1"),
+        ("1", "math-2"),
+    ]
+    assert page.find_elements(By.ID, "rowinjected") == []  # a row id is text, not markup
+    page.find_element(By.NAME, "text").send_keys("rowinjected")
+    assert visible_samples(page) == ["cap-evil"]
 
 
 def test_injected_markup_is_shown_as_text_and_never_runs(page: Any) -> None:

@@ -33,17 +33,19 @@ TRACEBACK = "Traceback (most recent call last):\n  File \"grader.py\", line 3\nK
 
 def sample(i: int) -> SampleRecord:
     """Every 5th errored (with a traceback), every 7th invalid, the rest valid: odd ones
-    wrong (exact 0)."""
+    wrong (exact 0). Samples 2k and 2k+1 grade dataset row ``q{k}``."""
     if i % 5 == 0:
         return SampleRecord(
-            RUN, f"s{i:05d}", "qa", "m", i, "errored", target=str(i), output_text=f"out {i}",
+            RUN, f"s{i:05d}", "qa", "m", i, "errored", row_id=f"q{i // 2}", target=str(i),
+            output_text=f"out {i}",
             error={"stage": "grading", "type": "KeyError", "message": "'x'",
                    "traceback": TRACEBACK},
         )  # fmt: skip
     status = "invalid" if i % 7 == 0 else "valid"
     return SampleRecord(
         RUN, f"s{i:05d}", "qa" if i % 2 else "math", "m", i, status,  # type: ignore[arg-type]
-        target=str(i), output_text=f'said "{i}",\nthen, more' if i == 3 else f"out {i}",
+        row_id=f"q{i // 2}", target=str(i),
+        output_text=f'said "{i}",\nthen, more' if i == 3 else f"out {i}",
         scores={"exact": float(i % 2 == 0), "f1": round((i % 100) / 100, 2)},
     )  # fmt: skip
 
@@ -124,6 +126,24 @@ def test_filters_select_exactly_the_matching_samples(store: ResultStore, tmp_pat
         [r for r in records if r.status == "errored"][:7]
     )
     assert exported("--search", "then, MORE") == ["s00003"]
+    assert exported("--row", "q7") == ["s00014", "s00015"]
+    assert exported("--row", "q7", "--task", "qa") == ["s00015"]
+    assert exported("--row", "q1173") == []  # past the last row
+    assert exported("--row", "Q7") == []  # ids match exactly
+
+
+def test_the_table_names_each_sample_by_its_row(store: ResultStore, tmp_path: Path) -> None:
+    """The panel's title (the line a person scans) leads with the dataset row id; the sample
+    id is in the panel."""
+    seed(store)
+    table = evalkube("samples", RUN, "--row", "q21", "--db", url_of(store), cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    titles = [line for line in table.stdout.splitlines() if line.startswith("╭")]
+    assert len(titles) == 2
+    assert titles[0].startswith("╭─ row q21 · math · m · invalid ")
+    assert titles[1].startswith("╭─ row q21 · qa · m · valid ")
+    assert "│ sample: s00042 " in table.stdout
+    assert "│ sample: s00043 " in table.stdout
 
 
 def test_json_stays_an_array_and_the_table_shows_ten(store: ResultStore, tmp_path: Path) -> None:
@@ -241,6 +261,9 @@ def test_api_export_filters_and_csv(api: tuple[str, list[SampleRecord]], tmp_pat
     ]
     assert sorted(row["sample_id"] for row in rows) == ids(expected)
     assert {row["score:exact"] for row in rows} == {"0.0"}
+    row = api_samples(base, tmp_path, "-f", "jsonl", "--row", "q101", "--task", "math")
+    assert row.returncode == 0, row.stderr
+    assert [json.loads(line)["sample_id"] for line in row.stdout.splitlines()] == ["s00202"]
     limited = api_samples(base, tmp_path, "-f", "jsonl", "--limit", "1500")
     assert limited.returncode == 0, limited.stderr
     assert len(limited.stdout.splitlines()) == 1500

@@ -74,7 +74,8 @@ def _pre_migration_store(url: str, *, without: tuple[str, ...] = ()) -> None:
     engine = create_engine(url)
     try:
         with engine.begin() as conn:
-            schema.metadata.create_all(conn)
+            # the tables that evalkube created (later revisions add the others)
+            schema.metadata.create_all(conn, tables=list(migrate._PRE_MIGRATION_TABLES))
             for name in without:
                 table, _, column = name.partition(".")
                 if column:

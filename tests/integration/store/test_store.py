@@ -16,6 +16,7 @@ from evalkube.store import (
     decode_cursor,
     encode_cursor,
 )
+from evalkube.store.store import ids_query
 
 RUN = "run-1"
 
@@ -215,6 +216,53 @@ def test_recorded_sample_ids_per_task_and_model(store: ResultStore) -> None:
     }
     assert store.recorded_sample_ids(RUN, "t2", "precomputed") == {"s_t2_precomputed_0"}
     assert store.recorded_sample_ids(RUN, "t3", "precomputed") == set()
+
+
+def test_a_shards_ids_are_its_range_of_sequence_numbers(store: ResultStore) -> None:
+    """What a retried pod asks for: its shard's recorded (and generation-errored) ids only,
+    never its task x model's other shards'."""
+    stride = 1_000_000_000
+    errored = {"stage": "generation", "type": "GenerationError"}
+    store.record_samples(
+        [
+            sample(shard * stride + i, **({"error": errored} if i == 0 else {}))
+            for shard in range(3)
+            for i in range(4)
+        ]
+    )
+    shard_1 = (stride, 2 * stride)
+    assert store.recorded_sample_ids(RUN, "t1", "precomputed", shard_1) == {
+        f"s_t1_precomputed_{stride + i}" for i in range(4)
+    }
+    assert store.generation_errored_ids(RUN, "t1", "precomputed", shard_1) == {
+        f"s_t1_precomputed_{stride}"
+    }
+    assert len(store.generation_errored_ids(RUN, "t1", "precomputed")) == 3
+    assert store.recorded_sample_ids(RUN, "t1", "precomputed", (3 * stride, 4 * stride)) == set()
+
+
+@pytest.mark.parametrize("error_stage", [None, "generation"])
+def test_a_shards_ids_are_read_through_the_order_index(
+    store: ResultStore, error_stage: str | None
+) -> None:
+    """The ids query is a range scan of ``ix_evalkube_samples_order`` (run, task, model, seq)
+    on both databases, so a pod's lookup costs its shard's rows, not the run's."""
+    store.record_samples([sample(i) for i in range(50)])
+    query = ids_query(RUN, "t1", "precomputed", (10, 20), error_stage=error_stage)
+    with store.engine.connect() as conn:
+        if store.engine.dialect.name == "sqlite":
+            sql = str(query.compile(store.engine, compile_kwargs={"literal_binds": True}))
+            plan = " ".join(
+                str(row[-1]) for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")
+            )
+            assert "USING INDEX ix_evalkube_samples_order" in plan, plan
+            assert "seq>? AND seq<?" in plan, plan
+        else:
+            conn.exec_driver_sql("SET enable_seqscan = off")
+            sql = str(query.compile(store.engine, compile_kwargs={"literal_binds": True}))
+            plan = " ".join(row[0] for row in conn.exec_driver_sql(f"EXPLAIN {sql}"))
+            assert "ix_evalkube_samples_order" in plan, plan
+            assert "seq >=" in plan, plan
 
 
 @pytest.fixture
@@ -488,6 +536,7 @@ def test_a_store_without_later_columns_is_upgraded_and_keeps_its_records(
     url = store.engine.url.render_as_string(hide_password=False)
     with store.engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")
+        conn.exec_driver_sql("DROP TABLE evalkube_unit_aggregates")  # revision 0003's
         conn.exec_driver_sql("ALTER TABLE evalkube_task_results DROP COLUMN model_calls")
         conn.exec_driver_sql(
             "INSERT INTO evalkube_task_results (run_id, task_id, model, metrics, problems) "

@@ -11,8 +11,12 @@ suspended by Kueue).
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from lightkube import ApiError
+from lightkube.models.meta_v1 import Status
 
 from evalkube.controller.kube import EvalRunResource
 from evalkube.controller.reconcile import JobState, job_index_entry
@@ -28,6 +32,13 @@ class FakeKube:
         self.objects: dict[Key, dict[str, Any]] = {}
         self.status_patches: list[tuple[str, str, dict[str, Any]]] = []
         self.service_ips: dict[tuple[str, str], str] = {}
+        #: Status patches larger than this (bytes of JSON) are refused as the API server
+        #: refuses an object past etcd's request limit (HTTP 500); ``None``: no limit.
+        self.status_bytes_max: int | None = None
+        #: Status patches are refused with this HTTP code until it is cleared (``None``).
+        self.refuse_status: int | None = None
+        #: Status patches holding results are refused as too large (HTTP 500).
+        self.refuse_results = False
 
     # -- helpers for tests ------------------------------------------------------------------
     def put(self, manifest: Mapping[str, Any]) -> None:
@@ -64,6 +75,12 @@ class FakeKube:
         self, kind: Any, namespace: str, name: str, status: dict[str, Any]
     ) -> None:
         assert kind is EvalRunResource, "the run reconciler patches EvalRun statuses only"
+        size = len(json.dumps(status))
+        if self.refuse_status is not None:
+            raise api_error(self.refuse_status, "the server is currently unable to handle it")
+        too_large = self.status_bytes_max is not None and size > self.status_bytes_max
+        if too_large or (self.refuse_results and status.get("results")):
+            raise api_error(500, "etcdserver: request is too large")
         self.status_patches.append((namespace, name, dict(status)))
         run = self.objects.get(("EvalRun", namespace, name))
         if run is not None:
@@ -115,3 +132,8 @@ class LiveJobIndex(Mapping[tuple[str, str], list[tuple[str, JobState]]]):
 
     def __len__(self) -> int:
         return len(self.kube.job_index())
+
+
+def api_error(code: int, message: str) -> ApiError:
+    """The error lightkube raises for an API server answer of ``code``."""
+    return ApiError(status=Status(code=code, message=message, reason="", status="Failure"))

@@ -26,7 +26,7 @@ NS = "team-a"
 RUN = "nightly"
 RUN_ID = "team-a.nightly.0f1e2d3c"
 TOKEN = "the-ingest-token"
-OTHER_RUN, OTHER_RUN_ID, OTHER_TOKEN = "weekly", "team-a.weekly.99999999", "another-token"
+OTHER_RUN, OTHER_RUN_ID, OTHER_TOKEN = "weekly", "team-a.weekly.99999999", "another-ingest-token"
 BASE = f"/api/v1/namespaces/{NS}/evalruns/{RUN}"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 READ_TOKEN = "read-secret"
@@ -149,21 +149,68 @@ def test_every_runner_route_needs_the_token(harness: Harness, method: str, path:
     assert harness.store.done_units(RUN_ID) == set()
 
 
-def test_unknown_run_is_404(harness: Harness) -> None:
+def test_unknown_run_is_404_only_to_the_read_token(harness: Harness) -> None:
     async def body(client: TestClient[Any, Any]) -> None:
         for namespace, name in (("team-a", "nope"), ("team-b", RUN)):
             base = f"/api/v1/namespaces/{namespace}/evalruns/{name}"
-            response = await client.post(
-                f"{base}/samples", json={"samples": [sample(0)]}, headers=AUTH
-            )
+            response = await client.get(f"{base}/samples", headers=READ)
             assert response.status == 404
             assert "not known" in (await response.json())["error"]["message"]
-            assert (await client.get(f"{base}/samples", headers=READ)).status == 404
 
     harness.serve(body)
 
 
-# -- ingest -----------------------------------------------------------------------------------
+def test_ingest_answers_alike_for_existing_and_absent_runs(harness: Harness) -> None:
+    """A forged token learns nothing: the same status and body for a run that exists (in this
+    namespace or another) and for one that does not, on runner and reading routes."""
+    forged = {"Authorization": "Bearer forged-token-0123456789abcdef"}
+    answers: dict[tuple[str, str, str], tuple[int, Any]] = {}
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        for namespace, name in ((NS, RUN), (NS, "absent"), ("team-b", RUN)):
+            base = f"/api/v1/namespaces/{namespace}/evalruns/{name}"
+            for method, path in (("POST", "/samples"), ("GET", "/samples")):
+                for headers in ({}, forged, AUTH if name != RUN or namespace != NS else {}):
+                    response = await client.request(
+                        method, base + path, json={"samples": []}, headers=headers
+                    )
+                    answers[(namespace, name, method + str(headers))] = (
+                        response.status,
+                        await response.json(),
+                    )
+
+    harness.serve(body)
+    by_route: dict[str, set[str]] = {}
+    for (_ns, _name, route), (status, payload) in answers.items():
+        assert status == 401, (route, payload)
+        by_route.setdefault(route, set()).add(json.dumps(payload))
+    assert all(len(bodies) == 1 for bodies in by_route.values()), by_route
+
+
+def test_the_token_is_checked_before_any_lookup(harness: Harness) -> None:
+    """No token, or text that cannot be a token, is refused without looking the run up; a run
+    found absent is looked up once per interval, however many requests name it."""
+    lookups: list[tuple[str, str]] = []
+
+    async def resolve(namespace: str, name: str) -> RunEntry | None:
+        lookups.append((namespace, name))
+        return None
+
+    harness.api.registry = RunRegistry()
+    harness.api.resolve = resolve
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        base = f"/api/v1/namespaces/{NS}/evalruns/absent/samples"
+        for headers in ({}, {"Authorization": "Bearer short"}, {"Authorization": "Bearer a b"}):
+            assert (await client.post(base, json={}, headers=headers)).status == 401
+        assert lookups == []
+        for _ in range(20):
+            assert (await client.post(base, json={}, headers=AUTH)).status == 401
+        assert lookups == [(NS, "absent")]
+
+    harness.serve(body)
+
+
 def test_ingest_is_idempotent_by_sample_id(harness: Harness) -> None:
     batch = [sample(i) for i in range(20)]
 
@@ -239,6 +286,15 @@ def test_sample_ids_list_what_this_run_recorded(harness: Harness) -> None:
             f"{BASE}/sample-ids", params={"task": "qa", "model": "m"}, headers=AUTH
         )
         assert await response.json() == {"sample_ids": ["s_0", "s_1", "s_2"]}
+        # one shard's range of sequence numbers (what a pod asks for)
+        shard = {"task": "qa", "model": "m", "seq_from": "1", "seq_to": "2"}
+        response = await client.get(f"{BASE}/sample-ids", params=shard, headers=AUTH)
+        assert await response.json() == {"sample_ids": ["s_1"]}
+        for bad in ({"seq_from": "1"}, {"seq_from": "x", "seq_to": "2"}):
+            query = {"task": "qa", "model": "m", **bad}
+            response = await client.get(f"{BASE}/sample-ids", params=query, headers=AUTH)
+            assert response.status == 400
+            assert "seq_from and seq_to" in (await response.json())["error"]["message"]
 
     harness.serve(body)
 
@@ -432,6 +488,23 @@ def test_unit_done_is_recorded_observed_and_idempotent(harness: Harness) -> None
     assert harness.store.done_units(RUN_ID) == {"qa.m.00000"}
     assert harness.store.done_units(OTHER_RUN_ID) == set()
     assert harness.done == [(RUN, "qa.m.00000")] * 2
+
+
+def test_a_unit_failure_report_is_recorded_observed_and_checked(harness: Harness) -> None:
+    async def body(client: TestClient[Any, Any]) -> None:
+        url = f"{BASE}/units/qa.m.batch:failed"
+        response = await client.post(url, json={"reason": "too many samples"}, headers=AUTH)
+        assert await response.json() == {"failed": "qa.m.batch"}
+        bad = await client.post(url, json={"reason": ""}, headers=AUTH)
+        assert bad.status == 400
+        assert "reason" in (await bad.json())["error"]["message"]
+        refused = await client.post(url, json={"reason": "x"}, headers={})
+        assert refused.status == 401
+
+    harness.serve(body)
+    assert harness.store.failed_units(RUN_ID) == {"qa.m.batch": "too many samples"}
+    assert harness.store.failed_units(OTHER_RUN_ID) == {}
+    assert harness.done == [(RUN, "qa.m.batch")]  # the run's pass is woken
 
 
 def test_task_results_are_pinned_to_the_run(harness: Harness) -> None:
@@ -762,7 +835,7 @@ def test_a_replica_that_never_saw_the_run_resolves_it_from_durable_state(
         )
         assert wrong.status == 401
         gone = f"/api/v1/namespaces/{NS}/evalruns/nope/samples"
-        assert (await client.post(gone, json={"samples": []}, headers=AUTH)).status == 404
+        assert (await client.post(gone, json={"samples": []}, headers=AUTH)).status == 401
         finished = f"/api/v1/namespaces/{NS}/evalruns/finished/samples"
         assert (await client.post(finished, json={"samples": []}, headers=AUTH)).status == 401
 

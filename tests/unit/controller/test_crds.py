@@ -318,11 +318,15 @@ def test_python_graders_need_code_and_built_ins_none(suite: Schema) -> None:
 
 def test_dataset_rules(suite: Schema) -> None:
     node = at(suite, "spec.tasks.[].dataset")
-    exactly, no_path = rules(node)
-    assert "exactly one of `rows`, `path` or `configMapRef`" in exactly["message"]
+    exactly, no_path, cluster_uri, pinned_https = rules(node)
+    assert "exactly one of `rows`, `path`, `configMapRef` or `uri`" in exactly["message"]
     assert "configMapRef" in no_path["message"]
     assert no_path["fieldPath"] == ".path"
     assert no_path["reason"] == "FieldValueForbidden"
+    assert cluster_uri["rule"] == "!has(self.uri) || self.uri.matches('^(s3|pvc|https)://')"
+    assert cluster_uri["fieldPath"] == ".uri"
+    assert "sha256" in pinned_https["rule"]
+    assert pinned_https["fieldPath"] == ".sha256"
 
 
 def test_unique_task_ids_and_models(suite: Schema, run: Schema) -> None:
@@ -343,7 +347,11 @@ def test_run_rules(run: Schema) -> None:
 
 def test_extraction_and_outputs_rules(suite: Schema) -> None:
     assert len(rules(at(suite, "spec.tasks.[].extraction"))) == 2
-    assert messages(at(suite, "spec.tasks.[].outputs")) == ["set exactly one of `column` or `path`"]
+    exactly, no_path, cluster_uri, pinned_https = rules(at(suite, "spec.tasks.[].outputs"))
+    assert exactly["message"] == "set exactly one of `column`, `path` or `uri`"
+    assert no_path["fieldPath"] == ".path"
+    assert cluster_uri["fieldPath"] == ".uri"
+    assert pinned_https["fieldPath"] == ".sha256"
 
 
 # -- status ---------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from evalkube import limits
+from evalkube.cli_support import EXIT_CONFIG
 from evalkube.controller import manifests, names
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import Unit, plan_units
@@ -254,7 +256,9 @@ def test_every_container_is_restricted(name: str) -> None:
     ctx = container(job(), name)["securityContext"]
     assert ctx["readOnlyRootFilesystem"] is True
     assert ctx["runAsNonRoot"] is True
-    assert ctx["runAsUser"] == manifests.NOBODY != 0
+    uid = manifests.GRADER_UID if name == "grader" else manifests.RUNNER_UID
+    assert ctx["runAsUser"] == uid != 0
+    assert ctx["runAsGroup"] == manifests.NOBODY
     assert ctx["allowPrivilegeEscalation"] is False
     assert ctx["capabilities"] == {"drop": ["ALL"]}
     assert "add" not in ctx["capabilities"]
@@ -285,13 +289,72 @@ def test_grader_tmp_is_a_size_capped_memory_emptydir() -> None:
 
 
 def test_resources_limits_on_every_container() -> None:
+    """Memory, and ephemeral storage (what a container may write to the node's disk: its
+    logs); the grader's memory limit adds the sandbox's overhead to what its supervisor
+    enforces inside."""
     settings = OperatorSettings(grader_memory="2Gi", grader_cpu="500m", runner_memory="300Mi")
     j = job(settings=settings)
-    assert container(j, "grader")["resources"]["limits"] == {"memory": "2Gi", "cpu": "500m"}
-    assert container(j, "runner")["resources"]["limits"] == {"memory": "300Mi"}
-    assert container(j, "proxy")["resources"]["limits"] == {"memory": settings.proxy_memory}
+    grader = container(j, "grader")
+    assert grader["resources"]["limits"] == {
+        "memory": str(2 * 2**30 + limits.SANDBOX_MEMORY_OVERHEAD_BYTES),
+        "cpu": "500m",
+        "ephemeral-storage": manifests.EPHEMERAL_STORAGE["grader"],
+    }
+    flags = grader["command"][grader["command"].index("--connect") :]
+    assert dict(zip(flags[::2], flags[1::2], strict=True)) == {
+        "--connect": manifests.WORKER_SOCKET,
+        "--memory-bytes": str(2 * 2**30),
+        "--memory-from": "cgroup",
+        "--processes": str(limits.SANDBOX_PIDS),
+        "--log-bytes": str(settings.grader_log_bytes),
+    }
+    assert container(j, "runner")["resources"]["limits"] == {
+        "memory": "300Mi",
+        "ephemeral-storage": manifests.EPHEMERAL_STORAGE["runner"],
+    }
+    assert container(j, "proxy")["resources"]["limits"]["memory"] == settings.proxy_memory
     for name in ("proxy", "runner", "grader"):
-        assert container(j, name)["resources"]["requests"], name
+        assert container(j, name)["resources"]["requests"]["ephemeral-storage"], name
+
+
+def test_the_grader_mounts_the_runners_socket_folder_read_only() -> None:
+    grader = {m["name"]: m for m in container(job(), "grader")["volumeMounts"]}
+    runner = {m["name"]: m for m in container(job(), "runner")["volumeMounts"]}
+    assert grader["worker"]["readOnly"] is True
+    assert not runner["worker"].get("readOnly")
+
+
+@pytest.mark.parametrize(
+    ("ipv6", "sysctl", "runner_flag"),
+    [("disable", True, "refuse"), ("refuse", False, "refuse"), ("allow", False, "allow")],
+)
+def test_ipv6_is_disabled_by_sysctl_and_refused_by_the_runner(
+    ipv6: str, sysctl: bool, runner_flag: str
+) -> None:
+    j = job(settings=OperatorSettings(ipv6=ipv6))  # type: ignore[arg-type]
+    sysctls = pod_spec(j)["securityContext"].get("sysctls", [])
+    assert (sysctls == [{"name": "net.ipv6.conf.all.disable_ipv6", "value": "1"}]) is sysctl
+    args = container(j, "runner")["command"]
+    assert args[args.index("--ipv6") + 1] == runner_flag
+
+
+@pytest.mark.parametrize(
+    ("quantity", "size"),
+    [
+        ("1Gi", 2**30),
+        ("512Mi", 512 * 2**20),
+        ("1000000", 10**6),
+        ("1.5Gi", 3 * 2**29),
+        ("2G", 2 * 10**9),
+    ],
+)
+def test_memory_quantities(quantity: str, size: int) -> None:
+    assert manifests.quantity_bytes(quantity) == size
+
+
+def test_a_bad_memory_quantity_is_named() -> None:
+    with pytest.raises(ValueError, match="'lots' is not a memory quantity"):
+        manifests.quantity_bytes("lots")
 
 
 def test_datasets_and_snapshot_are_mounted_read_only_in_the_runner() -> None:
@@ -327,6 +390,25 @@ def test_deadline_of_an_aggregate_unit_and_the_cap() -> None:
     ] == (120 + 60)
     huge = Unit("t.m.00000", "t", "m", "shard", 0, 0, 1_000_000)
     assert job(huge, timeout_seconds=600)["spec"]["activeDeadlineSeconds"] == 86_400
+    # the cap is a setting, and the deadline says what it was made of
+    capped = OperatorSettings(unit_deadline_max_seconds=3_600)
+    assert job(huge, settings=capped, timeout_seconds=1)["spec"]["activeDeadlineSeconds"] == 3_600
+    deadline = manifests.unit_deadline(huge, 120, 0, OperatorSettings())
+    assert (deadline.seconds, deadline.worst, deadline.capped) == (86_400, 120_000_300, True)
+    assert "a spec.shardSize of at most 717" in deadline.explain(OperatorSettings())
+    ten_thousand = Unit("t.m.00000", "t", "m", "shard", 0, 0, 10_000)
+    assert manifests.unit_deadline(ten_thousand, 120, 0, OperatorSettings()).capped
+
+
+def test_a_runner_that_reports_its_unit_failed_is_not_retried() -> None:
+    """The runner exits with EXIT_CONFIG when its unit cannot run at all (after reporting why):
+    the Job's podFailurePolicy fails the Job at once instead of retrying it."""
+    [rule] = job()["spec"]["podFailurePolicy"]["rules"]
+    assert rule == {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": "runner", "operator": "In", "values": [EXIT_CONFIG]},
+    }
+    assert manifests.RUNNER_EXIT_UNIT_FAILED == EXIT_CONFIG
 
 
 def test_job_metadata_labels_annotation_and_owner() -> None:

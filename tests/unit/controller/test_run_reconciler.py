@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lightkube import ApiError
 from prometheus_client import CollectorRegistry
 
+from evalkube import limits
 from evalkube.controller import names
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunRegistry
-from evalkube.controller.runs import RunReconciler
+from evalkube.controller.runs import STATUS_REFUSALS_BEFORE_FAILING, RunReconciler
 from evalkube.controller.settings import OperatorSettings
+from evalkube.engine.plan import SEQ_STRIDE
 from evalkube.models import EvalRunStatus
 from evalkube.store import ResultStore, SampleRecord
 
@@ -70,7 +73,7 @@ def run(**spec: Any) -> dict[str, Any]:
 class Harness:
     """A reconciler over a fake cluster; :meth:`step` is one kopf pass."""
 
-    def __init__(self, tmp: Path, parallelism: int = 2) -> None:
+    def __init__(self, tmp: Path, parallelism: int = 2, **settings: Any) -> None:
         self.kube = FakeKube()
         self.store = ResultStore.open(f"sqlite:///{tmp / 'results.db'}")
         self.metrics = OperatorMetrics(CollectorRegistry())
@@ -80,7 +83,7 @@ class Harness:
             self.store,
             RunRegistry(),
             self.metrics,
-            OperatorSettings(parallelism=parallelism, runtime_class=None),
+            OperatorSettings(parallelism=parallelism, runtime_class=None, **settings),
             lambda body, kind, reason, message: self.events.append((kind, reason, message)),
         )
         self.reconciler.jobs = LiveJobIndex(self.kube)
@@ -123,8 +126,9 @@ class Harness:
     def run_id(self) -> str:
         return names.run_id(NS, "nightly", "uid-1")
 
-    def finish_unit(self, unit: str, score: float = 1.0) -> None:
-        """What a unit's pod does: record its samples, report it done; its Job completes."""
+    def finish_unit(self, unit: str, score: float = 1.0, extra_names: int = 0) -> None:
+        """What a unit's pod does: record its samples, report it done; its Job completes (if
+        it has one). ``extra_names``: score names of each sample's own besides exact_match."""
         task, model, shard = unit.split(".")
         start = int(shard) * 10
         self.store.record_samples(
@@ -134,15 +138,19 @@ class Harness:
                     f"{unit}.{i}",
                     task,
                     model,
-                    i,
+                    int(shard) * SEQ_STRIDE + i - start,  # as a runner numbers them
                     "valid",
-                    scores={"exact_match": score},
+                    scores={
+                        "exact_match": score,
+                        **{f"flood_{i}_{n:05d}_{'x' * 20}": 1.0 for n in range(extra_names)},
+                    },
                 )
                 for i in range(start, min(start + 10, len(ROWS)))
             ]
         )
         self.store.mark_unit_done(self.run_id(), unit, {"kind": "shard", "seconds": 1})
-        self.set_job_condition(unit, "Complete")
+        if unit in self.jobs():  # a unit done before its Job was created needs none
+            self.set_job_condition(unit, "Complete")
 
     def set_job_condition(self, unit: str, kind: str, reason: str = "", message: str = "") -> None:
         job = self._job(unit)
@@ -314,6 +322,79 @@ def test_finishing_writes_results_summary_conditions_gate_and_metrics(harness: H
     assert ("Normal", "RunSucceeded") in [e[:2] for e in harness.events]
     # a finished run is left alone
     assert harness.step() is None
+
+
+def _finish_with_score_flood(harness: Harness, names_per_sample: int) -> None:
+    """Every unit done, each sample with ``names_per_sample`` score names of its own (what a
+    grader flooding score names would have stored, had nothing capped them)."""
+    harness.step()
+    for unit in UNITS:
+        harness.finish_unit(unit, extra_names=names_per_sample)
+
+
+def test_a_score_name_flood_leaves_a_bounded_status_and_no_series(harness: Harness) -> None:
+    """Samples carrying 75,000 score names in all: the status reports the declared metric and
+    63 others (the rest counted as omitted), fits the API server's request limit, and only the
+    declared metric becomes a Prometheus series."""
+    harness.apply(run())
+    harness.kube.status_bytes_max = 1_500_000  # etcd's default request limit
+    _finish_with_score_flood(harness, names_per_sample=3_000)
+    asyncio.run(harness.reconciler.advance(NS, "nightly"))
+    status = harness.status
+    assert status["phase"] == "Succeeded", status.get("conditions")
+    [result] = status["results"]
+    assert len(result["metrics"]) == limits.METRICS_PER_RESULT
+    assert result["metrics"]["exact_match"] == 1.0
+    assert result["metricsOmitted"] >= limits.METRIC_NAMES_TRACKED - limits.METRICS_PER_RESULT
+    series = [
+        s.labels["metric"]
+        for family in harness.metrics.registry.collect()
+        if family.name == "evalkube_score"
+        for s in family.samples
+    ]
+    assert series == ["exact_match"]
+
+
+def test_a_status_the_api_server_refuses_ends_the_run_failed_with_the_reason(
+    harness: Harness,
+) -> None:
+    """A finished run's status refused for good (HTTP 422) ends the run ``Failed`` with the
+    refusal named and its results in the store, instead of leaving it ``Running``."""
+    harness.apply(run())
+    _finish_with_score_flood(harness, names_per_sample=1)
+    harness.kube.refuse_status = 422
+    with pytest.raises(ApiError):  # the refused patch, then the reduced one refused too
+        asyncio.run(harness.reconciler.advance(NS, "nightly"))
+    assert harness.reconciler._phases[(NS, "nightly")] == "Running"
+    harness.kube.refuse_status = None
+    harness.kube.refuse_results = True  # the status with results is too large, without fits
+    asyncio.run(harness.reconciler.advance(NS, "nightly"))
+    status = harness.status
+    assert status["phase"] == "Failed"
+    assert harness.condition("Succeeded")["reason"] == "StatusRejected"
+    assert "request is too large" in harness.condition("Succeeded")["message"]
+    assert "results" not in status or status["results"] == []
+    stored = harness.store.get_run(harness.run_id())
+    assert stored is not None
+    assert stored.phase == "Failed"
+    assert ("Warning", "StatusRejected") in [e[:2] for e in harness.events]
+
+
+def test_transient_refusals_are_retried_then_end_the_run(harness: Harness) -> None:
+    """A ``503`` on the final status keeps the run ``Running`` for the next pass; after
+    three refusals in a row it ends ``Failed`` with the reason (never ``Running`` forever)."""
+    harness.apply(run())
+    _finish_with_score_flood(harness, names_per_sample=1)
+    harness.kube.refuse_status = 503
+    for _ in range(STATUS_REFUSALS_BEFORE_FAILING - 1):
+        with pytest.raises(ApiError):
+            asyncio.run(harness.reconciler.advance(NS, "nightly"))
+        assert harness.reconciler._phases[(NS, "nightly")] == "Running"
+    harness.kube.refuse_status = None
+    harness.kube.refuse_results = True
+    asyncio.run(harness.reconciler.advance(NS, "nightly"))
+    assert harness.status["phase"] == "Failed"
+    assert "request is too large" in harness.condition("Succeeded")["message"]
 
 
 def test_an_invalid_suite_fails_the_run_with_the_reason_and_creates_nothing(

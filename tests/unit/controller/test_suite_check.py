@@ -55,3 +55,37 @@ def test_missing_config_map_keys_name_the_field_and_the_key() -> None:
     }
     assert check.datasets["p"].rows == 2
     assert (check.datasets["p"].config_map, check.datasets["p"].key) == ("code", "grade.py")
+
+
+def test_uri_sources_are_checked_without_reading_them() -> None:
+    """The operator checks a uri's shape only: its rows are counted by the run's prepare pod."""
+    grader = {"type": "python", "source": "def grade(sample, item):\n    return 1\n"}
+    tasks = [
+        {"id": "s", "dataset": {"uri": "s3://bucket/mmlu.parquet"}, "prompt": "x",
+         "grader": grader},
+        {"id": "o", "dataset": {"rows": [{"a": 1}]}, "outputs": {"uri": "pvc://claim/out.jsonl.gz"},
+         "grader": grader},
+        {"id": "l", "dataset": {"uri": "data/local.jsonl"}, "prompt": "x", "grader": grader},
+        {"id": "f", "dataset": {"uri": "s3://bucket/x.txt"}, "prompt": "x", "grader": grader},
+    ]  # fmt: skip
+    check = check_suite("ns", {"tasks": tasks}, lambda ns, cm, key: None)
+    assert check.problems == [
+        "spec.tasks[2].dataset.uri: 'data/local.jsonl' is a local path, which a cluster cannot "
+        "read; use s3://BUCKET/KEY, pvc://CLAIM/PATH or https://... with sha256 (`evalkube "
+        "submit` uploads local files)",
+        "spec.tasks[3].dataset.uri: cannot tell the format of 'x.txt' from its name; name it "
+        ".jsonl, .parquet or .csv (.gz or .zst compressed for JSONL and CSV) or set `format`",
+    ]
+    assert check.datasets["s"].uri == "s3://bucket/mmlu.parquet"
+    assert check.datasets["s"].rows is None
+
+
+def test_config_map_rows_are_counted_as_the_runner_reads_them() -> None:
+    """U+2028, U+2029 and U+0085 may stand raw inside a JSON string: they do not end a row."""
+    rows = '{"q": "a\u2028b"}\n\n{"q": "c\u0085d\u2029"}\n'
+    grader = {"type": "python", "source": "def grade(s, i): return 1"}
+    task = {"id": "t", "dataset": {"configMapRef": {"name": "d", "key": "rows.jsonl"}},
+            "prompt": "x", "grader": grader}  # fmt: skip
+    check = check_suite("ns", {"tasks": [task]}, lambda ns, cm, key: rows)
+    assert check.problems == []
+    assert check.datasets["t"].rows == 2

@@ -221,7 +221,7 @@ def test_task_id_accepted(task_id: str) -> None:
 )
 def test_dataset_needs_exactly_one_source(dataset: dict[str, Any]) -> None:
     assert problems(EvalSuiteSpec, {"tasks": [task("a", dataset=dataset)]}) == [
-        "spec.tasks[0].dataset: set exactly one of `rows`, `path` or `configMapRef`"
+        "spec.tasks[0].dataset: set exactly one of `rows`, `path`, `configMapRef` or `uri`"
     ]
 
 
@@ -240,7 +240,7 @@ def test_extraction_parameters(extraction: dict[str, Any], message: str) -> None
 
 def test_outputs_need_exactly_one_of_column_or_path() -> None:
     assert problems(EvalSuiteSpec, {"tasks": [task("a", outputs={})]}) == [
-        "spec.tasks[0].outputs: set exactly one of `column` or `path`"
+        "spec.tasks[0].outputs: set exactly one of `column`, `path` or `uri`"
     ]
 
 
@@ -284,7 +284,9 @@ def run_spec(**fields: Any) -> EvalRunSpec:
 
 def test_run_defaults() -> None:
     spec = run_spec(models=["precomputed"])
-    assert spec.shard_size == 10_000
+    # unset: the operator's EVALKUBE_SHARD_SIZE in a cluster (pinned into the snapshot), and
+    # 10,000 rows for `evalkube run` (engine.driver.plan_run)
+    assert spec.shard_size is None
     assert spec.generation.concurrency == 8
     assert spec.generation.retries == 4
     assert spec.providers == {}
