@@ -11,7 +11,8 @@ setup:
 	bash .ci/wordnet.sh
 
 # The grader environment (packages graders may import: sandbox_image/evalkube_sandbox/
-# grader-env.lock.txt) in a cache outside the work tree; prints its folder. Cached by the lock.
+# grader-env.lock.txt, and nltk-data.lock.txt's corpora) in a cache outside the work tree; prints its
+# folder. Cached by the two locks.
 grader-env:
 	bash .ci/grader-env.sh | tail -1
 

@@ -21,4 +21,10 @@ export EVALKUBE_PROXY_BIN
 # promtool checks and unit-tests the chart's alert rules and the dashboard's queries.
 EVALKUBE_PROMTOOL_BIN=$(bash .ci/promtool.sh | tail -1)
 export EVALKUBE_PROMTOOL_BIN
+# The MLflow tracking server the tracking tests start (a venv of its own, cached by its pin).
+EVALKUBE_MLFLOW_BIN=$(bash .ci/mlflow.sh | tail -1)
+export EVALKUBE_MLFLOW_BIN
+# SeaweedFS's weed: the S3-compatible store the s3:// dataset tests read from (Go, cached by key).
+EVALKUBE_WEED_BIN=$(bash .ci/seaweedfs.sh | tail -1)
+export EVALKUBE_WEED_BIN
 exec .venv/bin/python -m pytest "$@"

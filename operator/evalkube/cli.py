@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -51,7 +52,9 @@ from evalkube.engine.guard import RunAborted
 from evalkube.engine.preflight import preflight
 from evalkube.grading.gate import gate_message, gate_run
 from evalkube.models import EvalRunSpec, GateStatus
+from evalkube.reporting import track
 from evalkube.reporting.output import write_run_output
+from evalkube.reporting.tables import results_table
 from evalkube.sandbox import SandboxError, SandboxUnavailable, resolve_backend
 from evalkube.store import StoreError
 
@@ -160,44 +163,7 @@ class _RichProgress:
 
 
 def _results_table(summary: RunSummary) -> Table:
-    table = Table(title=f"{summary.suite} · run {summary.run_id}", title_justify="left")
-    table.add_column("task", overflow="fold")
-    table.add_column("model", overflow="fold")
-    table.add_column("metrics", overflow="fold")
-    for column in ("samples", "valid", "invalid", "errored"):
-        table.add_column(column, justify="right", min_width=len(column), no_wrap=True)
-    with_criteria = any(result.criteria for result in summary.results)
-    if with_criteria:
-        table.add_column("passed/failed", overflow="fold")
-    for result in summary.results:
-        metrics = (
-            "\n".join(f"{escape(name)} = {value:.4f}" for name, value in result.metrics.items())
-            or "-"
-        )
-        if result.error:
-            metrics += f"\n[red]batch failed: {escape(result.error)}[/]"
-        counts = result.counts
-        table.add_row(
-            result.task,
-            escape(result.model),
-            metrics,
-            str(counts.samples),
-            str(counts.valid),
-            f"[yellow]{counts.invalid}[/]" if counts.invalid else "0",
-            f"[red]{counts.errored}[/]" if counts.errored else "0",
-            *(
-                [
-                    "\n".join(
-                        f"{escape(name)}: {c.passed}/{c.failed}"
-                        for name, c in result.criteria.items()
-                    )
-                    or "-"
-                ]
-                if with_criteria
-                else []
-            ),
-        )
-    return table
+    return results_table(f"{summary.suite} · run {summary.run_id}", summary.results)
 
 
 @app.command()
@@ -256,6 +222,23 @@ def run(
             help="Processes grading shard units at once [default: one per core when each "
             "gets 10,000+ samples, else 1]",
             show_default=False,
+        ),
+    ] = None,
+    mlflow: Annotated[
+        str | None,
+        typer.Option(
+            "--mlflow",
+            envvar=track.URI_ENV,
+            help="Log the finished run to this MLflow tracking server (in the background; a "
+            "server that is down is a warning)",
+        ),
+    ] = None,
+    mlflow_experiment: Annotated[
+        str | None,
+        typer.Option(
+            "--mlflow-experiment",
+            envvar=track.EXPERIMENT_ENV,
+            help="MLflow experiment [default: the run file's, else evalkube/SUITE]",
         ),
     ] = None,
 ) -> None:
@@ -325,6 +308,9 @@ def run(
     for problem in summary.problems:
         errors.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
     gate = _local_gate(db, summary)
+    tracking = track.start(
+        db, summary.run_id, summary.suite, summary.results, gate, mlflow, mlflow_experiment
+    )
     if gate is not None:
         console.print(gate_table(gate))
     if output is not None:
@@ -332,6 +318,8 @@ def run(
         if gate is not None:
             document["gate"] = gate.to_wire()
         write_run_output(output, document, db, samples=output_samples)
+    if tracking is not None:
+        tracking.finish(summary.run_id)
     if gate is not None and not gate.passed:
         errors.print(f"[red]gate failed:[/] {escape(gate_message(gate))}", highlight=False)
         raise typer.Exit(EXIT_GATE_FAILED)
@@ -478,6 +466,64 @@ def validate(
     )
 
 
+@app.command()
+def submit(
+    suite: Annotated[Path, typer.Argument(help="EvalSuite YAML (may also hold the EvalRun)")],
+    run_file: Annotated[Path | None, typer.Argument(metavar="[RUN]", help="EvalRun YAML")] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            help="Upload local datasets and outputs to s3://BUCKET/PREFIX (the run's "
+            "spec.storage.s3 store) [default: small JSONL datasets go into ConfigMaps]",
+        ),
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace", "-n", help="[default: the files', else the kubeconfig context's]"
+        ),
+    ] = None,
+    context: Annotated[str | None, typer.Option(help="kubeconfig context")] = None,
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="kubeconfig file [default: $KUBECONFIG, ~/.kube/config]")
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(help="EvalRun name [default: the run file's, else SUITE-TIMESTAMP]"),
+    ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", help="Model(s) to run, overriding the run file"),
+    ] = None,
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="Apply, print the names and exit")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the manifests; upload and apply nothing"),
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars")] = False,
+) -> None:
+    """Run a suite in a Kubernetes cluster: upload its local files, apply the EvalSuite and
+    EvalRun, watch the run and print its scores (exit codes as `evalkube run`)."""
+    from evalkube.submit.command import submit as submit_command
+
+    submit_command(
+        suite,
+        run_file,
+        store=store,
+        namespace=namespace,
+        context=context,
+        kubeconfig_path=kubeconfig,
+        name=name,
+        models=model,
+        wait=not no_wait,
+        dry_run=dry_run,
+        quiet=quiet,
+    )
+
+
 import_app = typer.Typer(help="Convert evals from other systems into EvalSuite/EvalRun files.")
 app.add_typer(import_app, name="import")
 
@@ -493,25 +539,37 @@ def import_openai_command(
     """Write an OpenAI eval export as suite.yaml + run.yaml (see docs/migrating-from-openai.md)."""
     import yaml
 
+    from evalkube.engine.inputs import read_text
     from evalkube.engine.openai_import import import_openai
 
     try:
-        document = json.loads(export.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        _fail(f"{export}: cannot read the export as JSON ({exc})", EXIT_CONFIG)
+        text = read_text(export, str(export), limits.IMPORT_EXPORT_BYTES)
+        document = json.loads(text)
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    except ValueError as exc:
+        _fail(f"{export}: cannot read the export as JSON ({str(exc)[:200]})", EXIT_CONFIG)
+    except RecursionError:
+        _fail(f"{export}: the export's JSON nests too deeply", EXIT_CONFIG)
     try:
-        suite, run_resource = import_openai(document, name)
+        imported = import_openai(document, name)
     except ConfigError as exc:
         _fail(f"{export}: {exc}", EXIT_CONFIG)
     out.mkdir(parents=True, exist_ok=True)
-    for filename, resource in (("suite.yaml", suite), ("run.yaml", run_resource)):
+    for filename, resource in (("suite.yaml", imported.suite), ("run.yaml", imported.run)):
         (out / filename).write_text(
             yaml.safe_dump(resource.to_wire(), sort_keys=False, allow_unicode=True)
         )
-    rows = suite.spec.tasks[0].dataset.rows or []
+    task = imported.suite.spec.tasks[0]
+    extra = ""
+    if imported.outputs is not None:
+        with (out / "outputs.jsonl").open("w", encoding="utf-8") as lines:
+            for line in imported.outputs:
+                lines.write(json.dumps(line, ensure_ascii=False) + "\n")
+        extra = f", {out / 'outputs.jsonl'} (stored samples: no model is called)"
     console.print(
-        f"[green]ok[/]: {out / 'suite.yaml'} ({len(rows)} items, "
-        f"{len(suite.spec.tasks[0].criteria)} criteria) and {out / 'run.yaml'}"
+        f"[green]ok[/]: {out / 'suite.yaml'} ({len(task.dataset.rows or [])} items, "
+        f"{len(task.criteria)} criteria) and {out / 'run.yaml'}{extra}"
     )
 
 
@@ -549,7 +607,11 @@ def operator_command(
     import kopf
 
     import evalkube.controller.handlers  # noqa: F401 - registers the handlers
+    from evalkube.controller import tracking
     from evalkube.controller.settings import OperatorSettings
+    from evalkube.reporting.report import render_report
+
+    tracking.use_report(render_report)  # report.html with runs logged to MLflow
 
     settings = OperatorSettings()
     namespaces = list(namespace or settings.watched_namespaces())
@@ -560,11 +622,29 @@ def operator_command(
     )
 
 
+#: Options the pod commands (``unit``, ``prepare``) share, as their Jobs pass them.
+SnapshotFile = Annotated[Path, typer.Option(help="The run's snapshot.json (ConfigMap volume)")]
+IngestURL = Annotated[str, typer.Option(help="The operator's ingest API")]
+PolicyCanary = Annotated[
+    str | None, typer.Option(help="URL the pod's NetworkPolicy refuses: wait until it is refused")
+]
+EgressProxy = Annotated[
+    str | None, typer.Option(help="The egress gateway for s3:// and https:// sources")
+]
+EgressGrantFile = Annotated[
+    Path | None, typer.Option(help="The run's egress grant (with --egress-proxy)")
+]
+PvcRoot = Annotated[Path | None, typer.Option(help="Where pvc:// sources' claims are mounted")]
+CaBundle = Annotated[
+    Path | None, typer.Option(help="PEM certificates trusted for https:// sources")
+]
+
+
 @app.command("unit")
 def unit_command(
-    snapshot: Annotated[Path, typer.Option(help="The run's snapshot.json (ConfigMap volume)")],
+    snapshot: SnapshotFile,
     unit: Annotated[str, typer.Option(help="Unit id to run")],
-    ingest_url: Annotated[str, typer.Option(help="The operator's ingest API")],
+    ingest_url: IngestURL,
     worker: Annotated[
         str | None, typer.Option(help="unix:PATH of the grader container's socket")
     ] = None,
@@ -576,25 +656,33 @@ def unit_command(
     datasets: Annotated[
         Path | None, typer.Option(help="Where dataset ConfigMaps are mounted")
     ] = None,
-    policy_canary: Annotated[
-        str | None,
-        typer.Option(help="URL the pod's NetworkPolicy refuses: wait until it is refused"),
+    policy_canary: PolicyCanary = None,
+    ipv6: Annotated[
+        str,
+        typer.Option(help="refuse: run no grader code while the pod has an IPv6 route; allow"),
+    ] = "allow",
+    task: Annotated[
+        str | None, typer.Option(help="The unit's task (whose source pins are fetched)")
     ] = None,
+    egress_proxy: EgressProxy = None,
+    egress_grant_file: EgressGrantFile = None,
+    pvc_root: PvcRoot = None,
+    ca_bundle: CaBundle = None,
 ) -> None:
     """Run one work unit of an EvalRun (the runner container of a work-unit pod)."""
-    from evalkube.engine.pod import load_snapshot, run_pod_unit
-    from evalkube.engine.policy_gate import PolicyNotEnforced, wait_for_enforced_policy
+    from evalkube.engine.pod import run_pod_unit
+    from evalkube.engine.policy_gate import (
+        IPv6Present,
+        PolicyNotEnforced,
+        refuse_ipv6,
+        wait_for_enforced_policy,
+    )
     from evalkube.proxy.control import ControlClient
     from evalkube.sandbox.remote import PodSocketBackend
     from evalkube.store.remote import RemoteStore
 
-    token = os.environ.get("EVALKUBE_INGEST_TOKEN")
-    if not token:
-        _fail("EVALKUBE_INGEST_TOKEN is not set (the run's ingest Secret)", EXIT_CONFIG)
-    try:
-        loaded = load_snapshot(snapshot, datasets)
-    except (OSError, ValueError, ConfigError) as exc:
-        _fail(f"cannot read the snapshot {snapshot}: {exc}", EXIT_CONFIG)
+    token = _ingest_token()
+    loaded = _pod_snapshot(snapshot, datasets, egress_proxy, egress_grant_file, pvc_root, ca_bundle)
     if policy_canary:
         # before the grader gets code or samples: its container shares this pod's network
         try:
@@ -602,6 +690,12 @@ def unit_command(
         except PolicyNotEnforced as exc:
             _fail(str(exc), EXIT_RUNTIME)
         console.print(f"NetworkPolicy enforced (waited {waited:.1f} s)", highlight=False)
+    if ipv6 == "refuse":
+        try:
+            refuse_ipv6()
+        except IPv6Present as exc:
+            _fail(str(exc), EXIT_RUNTIME)
+        console.print("no IPv6 route in the pod", highlight=False)
     backend = PodSocketBackend(worker.removeprefix("unix:")) if worker else resolve_backend(sandbox)
     store = RemoteStore(ingest_url, loaded.namespace, loaded.name, token)
     # the control socket sits in a volume only the proxy and this container mount
@@ -614,8 +708,15 @@ def unit_command(
             backend=backend,
             bridge=control,
             bridge_control=bridge_control,
+            task_id=task,
         )
     except (ConfigError, UnitFailed) as exc:
+        # the run's condition names the cause (another try would fail the same way);
+        # run_pod_unit has reported a UnitFailed itself
+        if not isinstance(exc, UnitFailed):
+            with contextlib.suppress(Exception):
+                store.retry_seconds = 30
+                store.mark_unit_failed(unit, str(exc)[: limits.ERROR_MESSAGE_CHARS])
         _fail(str(exc), EXIT_CONFIG)
     finally:
         store.close()
@@ -626,3 +727,74 @@ def unit_command(
         f"{report.restarts} sandbox restarts, {report.seconds:.2f} s",
         highlight=False,
     )
+
+
+def _ingest_token() -> str:
+    """The run's ingest token, as a pod's runner has it (from the run's ingest Secret)."""
+    token = os.environ.get("EVALKUBE_INGEST_TOKEN")
+    if not token:
+        _fail("EVALKUBE_INGEST_TOKEN is not set (the run's ingest Secret)", EXIT_CONFIG)
+    return token
+
+
+def _pod_snapshot(
+    path: Path,
+    datasets: Path | None,
+    egress_proxy: str | None,
+    grant_file: Path | None,
+    pvc_root: Path | None,
+    ca_bundle: Path | None,
+) -> Any:
+    """The run's snapshot as a pod's runner loads it, its sources reached through the egress
+    gateway when one is given."""
+    from evalkube.engine.pod import load_snapshot
+    from evalkube.proxy.egress import EgressGateway
+
+    try:
+        loaded = load_snapshot(path, datasets)
+        if egress_proxy and grant_file:
+            loaded.loaded.access.proxy = EgressGateway(egress_proxy, grant_file).proxy_url
+        if pvc_root is not None:
+            loaded.loaded.access.pvc_root = pvc_root
+        loaded.loaded.access.ca_bundle = ca_bundle
+    except (OSError, ValueError, ConfigError) as exc:
+        _fail(f"cannot read the snapshot {path}: {exc}", EXIT_CONFIG)
+    return loaded
+
+
+@app.command("prepare")
+def prepare_command(
+    snapshot: SnapshotFile,
+    ingest_url: IngestURL,
+    policy_canary: PolicyCanary = None,
+    egress_proxy: EgressProxy = None,
+    egress_grant_file: EgressGrantFile = None,
+    pvc_root: PvcRoot = None,
+    ca_bundle: CaBundle = None,
+) -> None:
+    """Pin an EvalRun's uri sources and report them (the run's prepare pod)."""
+    from evalkube.engine.pod import PREPARE_UNIT, prepare_sources
+    from evalkube.engine.policy_gate import PolicyNotEnforced, wait_for_enforced_policy
+    from evalkube.store.remote import RemoteStore
+
+    token = _ingest_token()
+    loaded = _pod_snapshot(snapshot, None, egress_proxy, egress_grant_file, pvc_root, ca_bundle)
+    if policy_canary:  # the same confinement as a unit's pod, before anything is fetched
+        try:
+            wait_for_enforced_policy(policy_canary)
+        except PolicyNotEnforced as exc:
+            _fail(str(exc), EXIT_RUNTIME)
+    started = time.perf_counter()
+    report = prepare_sources(loaded)
+    store = RemoteStore(ingest_url, loaded.namespace, loaded.name, token)
+    try:
+        store.mark_unit_done(PREPARE_UNIT, report)
+    finally:
+        store.close()
+    if "error" in report:
+        console.print(f"[red]error[/]: {escape(report['error'])}", highlight=False)
+    else:
+        console.print(
+            f"pinned {len(report['pins'])} sources in {time.perf_counter() - started:.1f} s",
+            highlight=False,
+        )

@@ -6,13 +6,17 @@ without importing ``evalkube.cli``, which imports them to register them.
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
 from rich.markup import escape
+from rich.segment import Segment
+from rich.text import Text
 
 from evalkube.store import ResultStore, StoreError
 
@@ -22,9 +26,60 @@ EXIT_RUNTIME = 3
 EXIT_INTERRUPTED = 130
 DEFAULT_DB = ".evalkube/results.db"
 
+#: C0 controls but tab and newline, DEL, C1 controls, and the bidirectional overrides and
+#: isolates (text that reorders what follows it on screen).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: What JSON leaves raw but a terminal may act on: DEL, C1 and the bidirectional controls.
+_JSON_RAW = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, *, line_ends: bool = False) -> str:
+    """``text`` with every control character a terminal would act on (escape sequences:
+    window title, OSC 52 clipboard writes, screen clears, cursor moves; C1 and bidi
+    controls) written as a visible ``\\xNN`` / ``\\uNNNN`` escape; tabs and newlines kept
+    (and carriage returns, with ``line_ends``: CSV ends its rows with them)."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(
+        lambda m: (
+            m[0]
+            if line_ends and m[0] == "\r"
+            else f"\\x{ord(m[0]):02x}"
+            if ord(m[0]) < 0x100
+            else f"\\u{ord(m[0]):04x}"
+        ),
+        text,
+    )
+
+
+def json_printable(text: str) -> str:
+    """JSON text with DEL, C1 and bidi controls as ``\\u`` escapes (the same JSON value;
+    ``json.dumps`` already escapes C0)."""
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+
+
+class SafeConsole(Console):
+    """A rich console that never writes untrusted control characters: strings (markup,
+    table cells) are escaped before layout, and every text segment again before output, so
+    model output, grader text and metric names reach the terminal as text. Rich's own
+    control segments (cursor moves of progress bars) and styles are untouched."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(printable(text), **kwargs)
+
+    def render(
+        self, renderable: RenderableType, options: ConsoleOptions | None = None
+    ) -> Iterable[Segment]:
+        for segment in super().render(renderable, options):
+            if segment.control is None and _CONTROL.search(segment.text):
+                yield Segment(printable(segment.text), segment.style)
+            else:
+                yield segment
+
+
 # Piped or captured output has no terminal to fit: keep tables whole rather than at 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
-errors = Console(stderr=True)
+console = SafeConsole(width=None if sys.stdout.isatty() else 160)
+errors = SafeConsole(stderr=True)
 
 DbOption = Annotated[
     str | None,

@@ -26,6 +26,10 @@ delete but of EvalRuns a schedule no longer keeps (ownerReferences clean up the 
 # the run's ingest-token and egress-grant Secrets: created, the grant renewed in place; never
 # read (no get/list/watch), and patch is confined to those Secrets (secret-policy.yaml)
 - {apiGroups: [""], resources: [secrets], verbs: [create, patch]}
+{{- with .Values.rbac.trackingSecrets }}
+# the MLflow credentials of spec.tracking.mlflow: read by name, only those named here
+- {apiGroups: [""], resources: [secrets], verbs: [get], resourceNames: {{ toJson . }}}
+{{- end }}
 # grader files and datasets read by name, and watched so an edit re-checks the suites that
 # read them; the run's suite snapshot created
 - {apiGroups: [""], resources: [configmaps], verbs: [get, list, watch, create]}

@@ -68,6 +68,11 @@ class EgressGateway:
         raw = f"{GRANT_USER}:{self.grant()}".encode()
         return "Basic " + base64.b64encode(raw).decode("ascii")
 
+    def proxy_url(self) -> str:
+        """The gateway as a proxy URL carrying the current grant as its Basic credentials
+        (for clients configured with a proxy URL: botocore, httpx)."""
+        return str(self.proxy.with_user(GRANT_USER).with_password(self.grant()))
+
     def grant(self) -> str:
         """The current grant (re-read when the file changes)."""
         try:
