@@ -16,12 +16,15 @@ setup:
 grader-env:
 	bash .ci/grader-env.sh | tail -1
 
-# The isolating sandboxes `evalkube run --sandbox auto` chooses from (gVisor, bubblewrap, nsjail).
+# The isolating sandboxes `evalkube run --sandbox auto` chooses from: gVisor's runsc at the
+# project's pin (built from Go modules by .ci/gvisor.sh, cached), bubblewrap, nsjail.
 sandboxes: setup
 	EVALKUBE_PYTHON=$(VENV)/python bash .ci/sandboxes.sh
 
-demo: setup sandboxes
-	$(VENV)/evalkube run examples/recipes/suite.yaml --output results.json
+demo:
+	@start=$$(date +%s); $(MAKE) --no-print-directory setup sandboxes && \
+	  $(VENV)/evalkube run examples/recipes/suite.yaml --output results.json && \
+	  echo "make demo: done in $$(( $$(date +%s) - start )) s"
 
 # The native model bridge proxy (needs Go); `evalkube proxy` uses it when it is on PATH.
 native-proxy: setup

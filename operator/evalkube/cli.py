@@ -280,6 +280,11 @@ def run(
                 loaded, run_resource = load_files(suite, run_file)
                 spec = resolve_run_spec(loaded, run_resource, model)
                 errors.print(f"sandbox: [bold]{backend.describe()}[/]", highlight=False)
+                for skipped, why in backend.passed_over:
+                    errors.print(
+                        f"[yellow]warning:[/] sandbox {skipped} not used: {escape(why)}",
+                        highlight=False,
+                    )
                 summary = engine.start(loaded, spec, probe=probe)
     except (ConfigError, UnitFailed) as exc:
         _fail(str(exc) + _ended_failed(engine.run_id, reload=True), EXIT_CONFIG)

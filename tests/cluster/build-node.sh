@@ -3,7 +3,8 @@
 # by its own module under tests/cluster/tools/<tool>/ (go.mod + go.sum):
 #   node-k8s     kubelet, kube-proxy (k8s.io/kubernetes, same versions as tools/k8s)
 #   containerd   containerd, containerd-shim-runc-v2, ctr (containerd 2.x)
-#   gvisor       runsc, containerd-shim-runsc-v1 (gVisor's `go` branch + tools/gvisor/PATCH.md)
+#   gvisor       runsc, containerd-shim-runsc-v1 (gVisor's `go` branch + tools/gvisor/PATCH.md),
+#                built by .ci/gvisor.sh into its own cache, which local sandboxes share
 #   kube-router  kube-router (its NetworkPolicy controller only)
 #   coredns      coredns (the cluster DNS)
 # The node also uses Debian's runc and CNI plugins (installed by .ci/realnode.sh).
@@ -40,7 +41,8 @@ export GOFLAGS="-mod=readonly -trimpath -buildvcs=false"
 GOVER=$("$GO" env GOVERSION GOOS GOARCH | tr '\n' ' ')
 KEY=$({ echo "$GOVER"
         for t in "${MODULES[@]}"; do cat "$TOOLS/$t/go.mod" "$TOOLS/$t/go.sum"; done
-        cat "$TOOLS/gvisor/PATCH.md" "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
+        cat "$TOOLS/gvisor/PATCH.md" "${BASH_SOURCE[0]}" "$HERE/../../.ci/gvisor.sh"; } \
+      | sha256sum | cut -c1-16)
 ROOT=${EVALKUBE_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/evalkube-realnode}
 DIR=$ROOT/$KEY
 BIN=$DIR/bin
@@ -98,29 +100,11 @@ if need containerd containerd-shim-runc-v2 ctr; then
     github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
     github.com/containerd/containerd/v2/cmd/ctr
 fi
-# --- gVisor (patched copy of the pinned module) -------------------------------------------------
+# --- gVisor: the project's one runsc build (.ci/gvisor.sh; local sandboxes use the same) -------
 GV=$(modver gvisor gvisor.dev/gvisor)
 if need runsc containerd-shim-runsc-v1; then
-  (cd "$TOOLS/gvisor" && "$GO" mod download gvisor.dev/gvisor)
-  SRC=$(cd "$TOOLS/gvisor" && "$GO" list -m -f '{{.Dir}}' gvisor.dev/gvisor)
-  W=$DIR/gvisor-build; rm -rf "$W"; mkdir -p "$W"
-  cp -r "$SRC" "$W/gvisor-src"; chmod -R u+w "$W/gvisor-src"
-  cp "$TOOLS/gvisor/go.mod" "$TOOLS/gvisor/go.sum" "$W/"
-  M=$W/gvisor-src/pkg/shim/v1/manager.go
-  OLD='		return shim.BootstrapParams{}, fmt.Errorf("failed to set OOM Score on shim: %w", err)'
-  # (ignored silently: containerd reads the shim's stdout AND stderr as its bootstrap answer)
-  NEW='		_ = err // tests/cluster/tools/gvisor/PATCH.md'
-  grep -qxF "$OLD" "$M" || { log "PATCH.md no longer applies to $M"; exit 1; }
-  python3 - "$M" "$OLD" "$NEW" <<'PY'
-import sys
-path, old, new = sys.argv[1:]
-text = open(path).read()
-open(path, "w").write(text.replace(old + "\n", new + "\n", 1))
-PY
-  (cd "$W" && "$GO" mod edit -replace gvisor.dev/gvisor=./gvisor-src)
-  timed "gvisor $GV" gobuild "$W" -- -mod=mod -ldflags "-s -w" gvisor.dev/gvisor/runsc gvisor.dev/gvisor/shim
-  mv -f "$PART/shim" "$PART/containerd-shim-runsc-v1"
-  rm -rf "$W"
+  GVBIN=$(GO=$GO bash "$HERE/../../.ci/gvisor.sh" | tail -n1)
+  cp -f "$GVBIN/runsc" "$GVBIN/containerd-shim-runsc-v1" "$PART/"
 fi
 # --- kube-router --------------------------------------------------------------------------------
 KR=$(modver kube-router github.com/cloudnativelabs/kube-router/v2)

