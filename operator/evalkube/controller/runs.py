@@ -42,7 +42,7 @@ from evalkube.controller.reconcile import (
 from evalkube.controller.registry import RunEntry, RunRegistry, digest
 from evalkube.controller.results import record_done_units, run_aggregates
 from evalkube.controller.settings import OperatorSettings
-from evalkube.controller.snapshot import build_snapshot, check_cluster_suite
+from evalkube.controller.snapshot import build_snapshot, check_cluster_suite, image_policy
 from evalkube.controller.tracking import RunTracking
 from evalkube.engine.driver import grader_calls_models, judges_call_models
 from evalkube.engine.plan import Unit
@@ -374,7 +374,9 @@ class RunReconciler:
             if suite is None:
                 missing = f"EvalSuite {suite_name!r} does not exist in {namespace}"
                 raise _Blocked("Pending", "SuiteNotFound", missing)
-            check = await check_cluster_suite(self.kube, namespace, suite["spec"])
+            check = await check_cluster_suite(
+                self.kube, namespace, suite["spec"], image_policy(self.settings)
+            )
             if not check.ok:
                 raise _Blocked("Failed", "InvalidSuite", "; ".join(check.problems))
             snapshot = _pin_shard_size(

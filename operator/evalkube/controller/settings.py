@@ -24,6 +24,12 @@ class OperatorSettings(BaseSettings):
     """Image of the work-unit ``runner`` and ``proxy`` containers (this package)."""
     sandbox_image: str = "ghcr.io/evalkube/evalkube-sandbox:0.1.0"
     """Image of the ``grader`` container (``evalkube_sandbox`` + the grader environment)."""
+    grader_images: list[str] = Field(default_factory=list)
+    """Images a task's ``grader.environment`` may name besides the sandbox image: shell-style
+    patterns (JSON list; the chart's ``work.graderImages``), e.g. ``registry.example.com/evals/*``.
+    The image's own ``python3`` supervises the untrusted grader (its limits, its kill-all), so
+    name only images built ``FROM`` the sandbox image by people you trust. Empty: the sandbox
+    image only; a suite naming another image is ``Invalid`` and its runs fail."""
     runtime_class: str | None = "gvisor"
     """RuntimeClass of work-unit pods (gVisor); empty to use the node default."""
     shard_size: int = Field(default=limits.SHARD_SIZE_DEFAULT, ge=1)

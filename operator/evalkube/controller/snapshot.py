@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalkube.controller.kube import Kube
+from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.validate import check_source
 from evalkube.models import ConfigError, EvalRunSpec, EvalSuiteSpec, SpecError, validate_spec
 from evalkube.models.snapshot import (
@@ -23,7 +24,7 @@ from evalkube.models.snapshot import (
     SnapshotRun,
     SnapshotSuite,
 )
-from evalkube.sandbox.environment import is_path
+from evalkube.sandbox.environment import DEFAULT, STDLIB, image_allowed, is_path
 from evalkube.sources import parse_uri
 
 #: Reads ``(namespace, configmap, key)``; returns the value or ``None`` when absent.
@@ -46,7 +47,7 @@ class SuiteCheck:
 
 
 async def check_cluster_suite(
-    kube: Kube, namespace: str, spec_wire: Mapping[str, Any]
+    kube: Kube, namespace: str, spec_wire: Mapping[str, Any], images: ImagePolicy | None = None
 ) -> SuiteCheck:
     """:func:`check_suite` over the ConfigMaps the suite names, read from the cluster."""
     values = {
@@ -55,7 +56,11 @@ async def check_cluster_suite(
         for ref in config_map_refs(namespace, task)
     }
     return await asyncio.to_thread(
-        check_suite, namespace, spec_wire, lambda ns, cm, key: values.get((ns, cm, key))
+        check_suite,
+        namespace,
+        spec_wire,
+        lambda ns, cm, key: values.get((ns, cm, key)),
+        images,
     )
 
 
@@ -80,8 +85,27 @@ def _split_ref(ref: str) -> tuple[str, str] | None:
     return (name, key) if sep and name and key else None
 
 
-def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapReader) -> SuiteCheck:
-    """Validate a suite in a cluster: spec, code (parses, defines its entry point), references."""
+@dataclass(frozen=True)
+class ImagePolicy:
+    """Which grader images a cluster admits: its sandbox image and the platform's patterns."""
+
+    sandbox_image: str
+    patterns: tuple[str, ...] = ()
+
+
+def image_policy(settings: OperatorSettings) -> ImagePolicy:
+    return ImagePolicy(settings.sandbox_image, tuple(settings.grader_images))
+
+
+def check_suite(
+    namespace: str,
+    spec_wire: Mapping[str, Any],
+    read: ConfigMapReader,
+    images: ImagePolicy | None = None,
+) -> SuiteCheck:
+    """Validate a suite in a cluster: spec, code (parses, defines its entry point), references;
+    with ``images``, the grader images too (without: any image, as a client that does not know
+    the operator's policy checks)."""
     check = SuiteCheck()
     try:
         spec = validate_spec(EvalSuiteSpec, dict(spec_wire), prefix="spec")
@@ -153,6 +177,17 @@ def check_suite(namespace: str, spec_wire: Mapping[str, Any], read: ConfigMapRea
                 f"{where}.grader.environment: {environment!r} is a local directory, which a "
                 "cluster cannot mount; name an image built FROM the evalkube-sandbox image, "
                 "`default` or `stdlib`"
+            )
+        elif (
+            environment is not None
+            and environment not in (DEFAULT, STDLIB)
+            and images is not None
+            and not image_allowed(environment, images.sandbox_image, images.patterns)
+        ):
+            check.problems.append(
+                f"{where}.grader.environment: image {environment!r} is not one this cluster "
+                "admits (its image runs the grader's supervisor); use `default` or `stdlib`, "
+                "or ask the platform team to add a pattern to the chart's work.graderImages"
             )
         if task.outputs is not None and task.outputs.path is not None:
             check.problems.append(

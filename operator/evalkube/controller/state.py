@@ -17,7 +17,7 @@ from evalkube.controller.registry import RunRegistry
 from evalkube.controller.runs import EventSink, RunReconciler
 from evalkube.controller.schedules import ScheduleReconciler
 from evalkube.controller.settings import OperatorSettings
-from evalkube.controller.snapshot import check_cluster_suite
+from evalkube.controller.snapshot import check_cluster_suite, image_policy
 from evalkube.models.status import condition, merge_conditions, read_status
 from evalkube.models.suite import EvalSuiteStatus
 from evalkube.store import ResultStore
@@ -59,7 +59,10 @@ class OperatorState:
         """The EvalSuite's status (as patched) after checking its spec and the ConfigMaps it
         reads."""
         meta = suite["metadata"]
-        check = await check_cluster_suite(self.kube, meta["namespace"], suite.get("spec") or {})
+        images = image_policy(self.reconciler.settings)
+        check = await check_cluster_suite(
+            self.kube, meta["namespace"], suite.get("spec") or {}, images
+        )
         generation = meta.get("generation")
         if check.ok:
             message = f"{len(check.sources)} programs checked"

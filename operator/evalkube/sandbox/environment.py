@@ -23,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from functools import cache
 from pathlib import Path
 
@@ -134,6 +136,17 @@ def resolve_local(
             f"--target` directory, {DEFAULT!r} or {STDLIB!r}"
         )
     return LocalEnvironment(site_packages_of(directory.resolve()))
+
+
+def image_allowed(image: str, sandbox_image: str, patterns: Sequence[str]) -> bool:
+    """Whether a task may name ``image`` as its grader environment in a cluster.
+
+    The grader container runs the image's own ``python3`` as its supervisor, the process that
+    enforces the grader's memory, process and log limits and kills every grader process when
+    a worker ends: an image is therefore as trusted as the sandbox image, and only the
+    platform's own patterns (the operator's ``grader_images``) admit one.
+    """
+    return image == sandbox_image or any(fnmatchcase(image, p) for p in patterns)
 
 
 def cluster_image(value: str | None, default_image: str, *, field: str) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evalkube.controller.snapshot import check_suite
+from evalkube.controller.snapshot import ImagePolicy, check_suite
 from evalkube.models import EvalSuite, SpecError, validate_spec
 from evalkube.sandbox import environment
 from evalkube.sandbox.environment import EnvironmentProblem, cluster_image, resolve_local
@@ -96,3 +96,22 @@ def test_a_cluster_refuses_a_local_directory() -> None:
     assert cluster_image("stdlib", "sandbox:1", field="f") == "sandbox:1"
     check = check_suite("ns", _suite("/opt/venv")["spec"], lambda ns, cm, key: None)  # type: ignore[arg-type]
     assert any("spec.tasks[0].grader.environment" in p for p in check.problems)
+
+
+def test_a_cluster_admits_only_the_sandbox_image_and_the_platforms_patterns() -> None:
+    """An image's own python3 supervises the grader: a suite cannot bring one the platform
+    did not admit (its supervisor would drop the memory, process and log limits)."""
+    policy = ImagePolicy("reg.local/evalkube-sandbox:1", ("reg.local/evals/*",))
+
+    def problems(environment: str) -> list[str]:
+        spec = _suite(environment)["spec"]
+        return check_suite("ns", spec, lambda ns, cm, key: None, policy).problems  # type: ignore[arg-type]
+
+    for admitted in ("default", "stdlib", "reg.local/evalkube-sandbox:1", "reg.local/evals/nlp:2"):
+        assert problems(admitted) == [], admitted
+    refused = problems("docker.io/attacker/python:3")
+    assert len(refused) == 1
+    assert "spec.tasks[0].grader.environment: image 'docker.io/attacker/python:3'" in refused[0]
+    assert "work.graderImages" in refused[0]
+    # a client that does not know the operator's policy (submit --dry-run) checks no image
+    assert check_suite("ns", _suite("docker.io/x:1")["spec"], lambda ns, cm, key: None).ok  # type: ignore[arg-type]
