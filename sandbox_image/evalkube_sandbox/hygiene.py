@@ -177,6 +177,8 @@ def reap() -> None:
 #: Entries the wipe removes at most before it gives up (and the sandbox is replaced): a
 #: 64 MiB tmpfs holds at most a few hundred thousand.
 WIPE_ENTRIES_MAX = 1_000_000
+#: How the wipe's staging directory is named in the scratch directory (a random suffix).
+STAGING_PREFIX = ".evalkube-wipe-"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -184,44 +186,112 @@ def wipe(directory: str) -> None:
     """Remove everything inside ``directory`` (not the directory itself), whatever the
     sample did to it: directories it made unreadable or unwritable (``chmod 0500``/``000``)
     are given back to their owner first, trees deeper than ``PATH_MAX`` are flattened (each
-    directory's subdirectories are moved up to ``directory`` before it is removed, so no
-    path grows and no recursion happens), and hard links go with their names. What still
+    directory's subdirectories are moved into a staging directory before it is removed, so
+    no path grows and no recursion happens), and hard links go with their names. What still
     cannot be removed (a mount point) is left for :func:`verify` to report.
+
+    The sample may have made any name first, the wipe's own included: the staging directory
+    is made by the wipe (an exclusive ``mkdir`` under a random name, another name if that
+    one exists) and directories are moved into it under names only the wipe gives there.
+    When it cannot be made (a full filesystem), directories are moved up into ``directory``
+    under random names checked to be free.
     """
     try:
         root = os.open(directory, _DIR_FLAGS)
     except OSError:
         return
     try:
-        _wipe_flat(root)
+        staging = _make_staging(root)
+        if staging is None:
+            _wipe_flat(root, _Stage(root, f"{_staging_name()}-", check=True))
+            return
+        name, fd = staging
+        try:
+            _wipe_flat(root, _Stage(fd, ""), skip=name)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=root)
     finally:
         os.close(root)
 
 
-def _wipe_flat(root: int) -> None:
-    stuck: set[str] = set()
-    moved = 0
+def _staging_name() -> str:
+    return f"{STAGING_PREFIX}{os.urandom(8).hex()}"
+
+
+def _make_staging(root: int) -> tuple[str, int] | None:
+    """A directory the wipe made in ``root`` (its name, an open descriptor); ``None``: none."""
+    for _ in range(16):
+        name = _staging_name()
+        try:
+            os.mkdir(name, 0o700, dir_fd=root)  # fails if the name exists: it is ours
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+        try:
+            return name, os.open(name, _DIR_FLAGS, dir_fd=root)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=root)
+            return None
+    return None
+
+
+class _Stage:
+    """Where subdirectories are moved: fresh names in a directory (``fd``)."""
+
+    def __init__(self, fd: int, prefix: str, *, check: bool = False) -> None:
+        self.fd = fd
+        self.prefix = prefix
+        #: Names may exist there already (not the wipe's own directory): skip those.
+        self.check = check
+        self.count = 0
+
+    def fresh(self) -> str:
+        while True:
+            self.count += 1
+            name = f"{self.prefix}{self.count}"
+            if not self.check:
+                return name
+            try:
+                os.lstat(name, dir_fd=self.fd)
+            except OSError:  # free (or not to be known: a failed rename leaves it stuck)
+                return name
+
+
+def _wipe_flat(root: int, stage: _Stage, skip: str | None = None) -> None:
+    """Empty ``root`` (but its entry ``skip``) and the stage, round after round of listing
+    both until nothing more can be removed."""
+    parents = (root,) if stage.fd == root else (root, stage.fd)
+    stuck: set[tuple[int, str]] = set()
     removed = 0
     while removed < WIPE_ENTRIES_MAX:
-        try:
-            names = [n for n in os.listdir(root) if n not in stuck]
-        except OSError:
+        progress = False
+        for parent in parents:
+            try:
+                names = os.listdir(parent)
+            except OSError:
+                return
+            for name in names:
+                if (parent, name) in stuck or (parent == root and name == skip):
+                    continue
+                progress = True
+                removed += 1
+                if _is_dir(parent, name):
+                    _empty_into(parent, name, stage)
+                    try:
+                        os.rmdir(name, dir_fd=parent)
+                    except OSError:
+                        stuck.add((parent, name))  # a mount point, or a directory that refilled
+                else:
+                    try:
+                        os.unlink(name, dir_fd=parent)
+                    except OSError:
+                        stuck.add((parent, name))
+        if not progress:
             return
-        if not names:
-            return
-        for name in names:
-            removed += 1
-            if _is_dir(root, name):
-                moved = _empty_into(root, name, moved)
-                try:
-                    os.rmdir(name, dir_fd=root)
-                except OSError:
-                    stuck.add(name)  # a mount point, or a directory that refilled
-            else:
-                try:
-                    os.unlink(name, dir_fd=root)
-                except OSError:
-                    stuck.add(name)
 
 
 def _is_dir(parent: int, name: str) -> bool:
@@ -231,23 +301,22 @@ def _is_dir(parent: int, name: str) -> bool:
         return False
 
 
-def _empty_into(root: int, name: str, moved: int) -> int:
-    """Unlink the files of ``root/name`` and move its subdirectories up into ``root`` (under
-    fresh names); how many have been moved so far."""
+def _empty_into(parent: int, name: str, stage: _Stage) -> None:
+    """Unlink the files of ``parent/name`` and move its subdirectories into the stage (under
+    fresh names)."""
     with contextlib.suppress(OSError):
-        os.chmod(name, 0o700, dir_fd=root)
+        os.chmod(name, 0o700, dir_fd=parent)
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=root)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
     except OSError:
-        return moved
+        return
     try:
         for child in os.listdir(fd):
             if _is_dir(fd, child):
                 with contextlib.suppress(OSError):  # moving a directory rewrites its ``..``
                     os.chmod(child, 0o700, dir_fd=fd)
-                moved += 1
                 with contextlib.suppress(OSError):
-                    os.rename(child, f".evalkube-wipe-{moved}", src_dir_fd=fd, dst_dir_fd=root)
+                    os.rename(child, stage.fresh(), src_dir_fd=fd, dst_dir_fd=stage.fd)
             else:
                 with contextlib.suppress(OSError):
                     os.unlink(child, dir_fd=fd)
@@ -255,7 +324,6 @@ def _empty_into(root: int, name: str, moved: int) -> int:
         pass
     finally:
         os.close(fd)
-    return moved
 
 
 def verify(directory: str) -> str | None:

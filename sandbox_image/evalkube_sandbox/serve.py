@@ -17,6 +17,13 @@ What this design leaves it:
 - **Nothing outlives a worker.** When a worker ends (it exits, the runner ends it, or its
   processes hold too much memory), every other process of the container is killed and
   reaped before the runner hears of it and before the next worker starts.
+- **A clean scratch directory for every worker.** The grader's ``/tmp`` is the pod's
+  ``emptyDir``: a new worker does not get a new one, as a local sandbox would. A worker wipes it
+  after each sample that wrote files, but one that was killed (a timeout), crashed or gave up
+  (its wipe failed its check) may leave it full. So before each worker starts, with no
+  grader process left, this process wipes it and checks it is empty and free
+  (:mod:`evalkube_sandbox.hygiene`); when it is not, the worker is not started: the runner
+  hears at once that it ended, and why, and fails the unit after its retries.
 - **The local sandbox's limits.** Each worker starts with ``RLIMIT_AS`` (per process) and
   ``RLIMIT_NPROC`` (this user's processes), and a watchdog sums the resident memory of every
   grader process every :data:`WATCH_SECONDS`: past the limit they are all killed and the
@@ -29,7 +36,8 @@ What this design leaves it:
 Control messages are JSON lines. Runner to supervisor: ``{"op": "spawn", "id": N}`` with the
 worker's socket attached, ``{"op": "end", "id": N}``. Supervisor to runner:
 ``{"t": "hello", "v": 1}``, ``{"t": "started", "id": N}``, ``{"t": "ended", "id": N, "code":
-C, "reason": R, "stderr": TAIL}``.
+C, "reason": R, "stderr": TAIL}`` (also, right after ``started``, for a worker refused because
+the scratch directory could not be emptied).
 """
 
 from __future__ import annotations
@@ -55,6 +63,8 @@ POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
 HANGUP = POLLRDHUP | select.POLLHUP | select.POLLERR
 PR_SET_DUMPABLE = 4
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+#: The exit code reported for a worker not started: its scratch directory was not clean.
+SCRATCH_UNCLEAN_CODE = 75
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -220,8 +230,12 @@ class Supervisor:
         processes: int,
         log_bytes: int,
         memory_file: str | None = None,
+        scratch: str | None = None,
     ) -> None:
         self.control = control
+        #: The grader's scratch directory (the container's ``/tmp``), wiped and checked before
+        #: every worker starts; ``None``: none.
+        self.scratch = scratch
         self.memory_bytes = memory_bytes
         #: Where the grader's memory is read: a cgroup's usage, else resident sizes summed.
         self.memory_file = memory_file
@@ -255,6 +269,10 @@ class Supervisor:
             raise ValueError("a spawn request came without its socket")
         channel = self._fds.popleft()
         self._end_worker("the runner started another worker")
+        unclean = self._clear_scratch()
+        if unclean is not None:
+            self._refuse(worker_id, channel, unclean)
+            return
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -262,6 +280,38 @@ class Supervisor:
         os.close(write_end)
         self.worker = _Worker(worker_id, pid, channel, read_end)
         self._send({"t": "started", "id": worker_id})
+
+    def _clear_scratch(self) -> str | None:
+        """Empty the scratch directory for the next worker, with no grader process left; why
+        it could not be (``None``: it is empty and free)."""
+        if not self.scratch:
+            return None
+        from evalkube_sandbox.hygiene import verify, wipe
+
+        end_everything(self.me)  # nothing may write there while it is wiped
+        wipe(self.scratch)
+        return verify(self.scratch)
+
+    def _refuse(self, worker_id: int, channel: int, unclean: str) -> None:
+        """Tell the runner the worker ended before it started, and why."""
+        reason = (
+            f"the grader's scratch directory {self.scratch} could not be emptied for a new "
+            f"worker ({unclean}); no grader runs here on leftovers of another sample"
+        )
+        _log(reason)
+        with contextlib.suppress(OSError):
+            os.close(channel)
+        self._send({"t": "started", "id": worker_id})
+        self._send(
+            {
+                "t": "ended",
+                "id": worker_id,
+                "code": SCRATCH_UNCLEAN_CODE,
+                "reason": reason,
+                "why": "scratch",
+                "stderr": "",
+            }
+        )
 
     def _child(self, channel: int, stderr: int) -> None:
         """The worker process: the channel as stdin and stdout, the pipe as stderr, limits."""
@@ -401,8 +451,11 @@ def _arguments(argv: list[str]) -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     """``--connect PATH [--memory-bytes N] [--memory-from cgroup] [--processes N]
-    [--log-bytes N]``; ``--memory-from cgroup``: the container's own memory cgroup (a pod's
-    grader container), else the resident sizes of the supervisor's descendants."""
+    [--log-bytes N] [--scratch DIR]``; ``--memory-from cgroup``: the container's own memory
+    cgroup (a pod's grader container), else the resident sizes of the supervisor's
+    descendants. ``--scratch``: the directory wiped before every worker starts (the workers'
+    ``scratch_dir``); by default ``/tmp`` when this is the container's first process (PID 1:
+    its ``/tmp`` is the grader's own), none otherwise; ``--scratch ""``: none."""
     options = _arguments(argv)
     _prctl(PR_SET_DUMPABLE, 0)
     # orphans come here to be reaped and killed (init is one already, this says so elsewhere)
@@ -421,6 +474,7 @@ def main(argv: list[str]) -> int:
         processes=int(options.get("--processes", "0")),
         log_bytes=int(options.get("--log-bytes", str(1 << 20))),
         memory_file=memory_file,
+        scratch=options.get("--scratch", "/tmp" if os.getpid() == 1 else "") or None,
     )
     try:
         return supervisor.serve()

@@ -4,7 +4,8 @@ and ``sample``.
 
 Each attack fills the scratch filesystem and then makes what it wrote hard to remove:
 directories made unwritable (``chmod 0500``) and unreadable (``000``), a tree deeper than
-``PATH_MAX``, a file with many hard links, a deleted file the worker process itself keeps
+``PATH_MAX``, a file with many hard links, the names the wipe itself moves directories to
+taken first (``.evalkube-wipe-1/Z/<file>``), a deleted file the worker process itself keeps
 open (``unit`` only: a sample process dies with its descriptors). Every later sample must
 find the directory empty and at full capacity, and write and read 8 MB there; an attack
 whose leftovers cannot be wiped (the held-open file) gets its sandbox replaced (a restart).
@@ -44,6 +45,23 @@ ATTACKS = {
         fd = inner
     os.close(fd)
     os.chmod("n", 0o500)
+""",
+    # the wipe's own staging names taken first: moving Z up to ``.evalkube-wipe-1`` would
+    # target Z's own parent, so Z (and the file filling the scratch) would stay
+    "wipe_names_taken": """
+    for n in range(6):
+        os.makedirs(f".evalkube-wipe-{n}/Z")
+        with open(f".evalkube-wipe-{n}/Z/small", "wb") as handle:
+            handle.write(b"z")
+    fill(".evalkube-wipe-1/Z/big")
+""",
+    "wipe_names_taken_nested": """
+    os.makedirs(".evalkube-wipe-1/.evalkube-wipe-2/.evalkube-wipe-1/Z")
+    for n in range(6):
+        if not os.path.exists(f".evalkube-wipe-{n}"):
+            open(f".evalkube-wipe-{n}", "wb").close()
+    fill(".evalkube-wipe-1/.evalkube-wipe-2/.evalkube-wipe-1/Z/big")
+    os.chmod(".evalkube-wipe-1/.evalkube-wipe-2", 0o500)
 """,
     "hard_links": """
     os.mkdir("h")
@@ -130,3 +148,17 @@ def test_a_file_the_worker_holds_open_gets_the_sandbox_replaced(name: str) -> No
     values, restarts = _checks(name, HELD_OPEN, "unit")
     assert values == [CLEAN] * 3
     assert restarts == 1
+
+
+@pytest.mark.parametrize("attack", ["wipe_names_taken", "wipe_names_taken_nested"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_names_taken_before_the_wipe_do_not_stop_it(name: str, attack: str) -> None:
+    """The wipe itself empties the scratch directory, whatever names the sample took: no
+    replacement of the sandbox is needed (in a pod, replacing the worker keeps the pod's
+    ``/tmp``, so a wipe that gave up would leave it full for the rest of the unit)."""
+    values, restarts = _checks(name, ATTACKS[attack], "unit")
+    assert restarts == 0
+    for value in values:
+        if name == "process":  # the host's own disk: capacity is not the sandbox's
+            value = {**value, "free": 1.0}
+        assert value == CLEAN
