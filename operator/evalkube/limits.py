@@ -176,6 +176,9 @@ YAML_SCALAR_CHARS_PER_NODE: Final = 64
 #: Bytes of one line of a JSONL dataset or outputs file (a longer line is refused after this
 #: many bytes are read: parsing a line costs up to ~25 times its size in memory).
 DATASET_LINE_BYTES: Final = 8 * 1024 * 1024
+#: Fields of one CSV record (a CSV record, which quoted fields may spread over many lines, is
+#: read to at most :data:`DATASET_LINE_BYTES` as well).
+DATASET_CSV_FIELDS_MAX: Final = 10_000
 #: Bytes of a ``.json`` dataset (one array, parsed whole): larger datasets go in JSONL.
 DATASET_JSON_BYTES: Final = 16 * 1024 * 1024
 #: Bytes of an ``evalkube import openai`` export file (parsed whole).
@@ -186,6 +189,13 @@ IMPORT_EXPORT_BYTES: Final = 32 * 1024 * 1024
 SCHEMA_ITEM_STEPS_MAX: Final = 20_000
 SCHEMA_STEPS_MAX: Final = 1_000_000
 SCHEMA_DEPTH_MAX: Final = 64
+#: Values of one ``enum`` in an export's ``item_schema``, and JSON bytes of one ``enum`` or
+#: ``const`` value (a larger one is refused, naming it). Checking an item against them walks
+#: them whole, so each check is charged one schema step per
+#: :data:`SCHEMA_VALUE_NODES_PER_STEP` JSON values they hold (one value costs ~0.5 µs).
+SCHEMA_ENUM_VALUES_MAX: Final = 10_000
+SCHEMA_ENUM_BYTES_MAX: Final = 1024 * 1024
+SCHEMA_VALUE_NODES_PER_STEP: Final = 16
 #: Characters of one rendered template (prompt, target, a grader's input or reference).
 TEMPLATE_OUTPUT_CHARS: Final = 1_000_000
 #: Characters a template may build in one render (every string, list and number it makes

@@ -132,6 +132,61 @@ def test_a_recursive_ref_is_bounded(tmp_path: Path) -> None:
     _refused(_import(tmp_path, _with_schema(schema)), "nests deeper")
 
 
+def _enum_fan_out(values: int, fan: int = 100) -> dict[str, Any]:
+    """Every item gets ``fan`` tags, each checked against one ``values``-entry enum through
+    ``items: {$ref}``; each tag is the enum's last value (the whole enum is walked)."""
+    schema = {
+        "$defs": {"tag": {"enum": list(range(values))}},
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}}},
+    }
+    export = _with_schema(schema)
+    for line in export["run"]["data_source"]["source"]["content"]:
+        line["item"]["tags"] = [values - 1] * fan
+    return export
+
+
+def test_a_huge_enum_is_refused_naming_it(tmp_path: Path) -> None:
+    """100,000 values walked 100 times an item took 5 s an item, and was not refused."""
+    _refused(
+        _import(tmp_path, _enum_fan_out(100_000)),
+        "item_schema.$defs.tag.enum: 100,000 values; an enum may hold at most 10,000",
+    )
+
+
+def test_enum_fan_out_is_charged_by_the_enum_size(tmp_path: Path) -> None:
+    """An enum of the largest size allowed, reached 100 times an item, runs out of steps."""
+    _refused(_import(tmp_path, _enum_fan_out(10_000)), "item_schema", "schema steps")
+
+
+def test_an_enum_or_const_of_too_many_bytes_is_refused_naming_it(tmp_path: Path) -> None:
+    big = "x" * (1024 * 1024)
+    schema = {"type": "object", "properties": {"question": {"const": big}}}
+    _refused(
+        _import(tmp_path, _with_schema(schema, question=big)),
+        "item_schema.properties.question.const: 1,048,578 bytes of JSON",
+    )
+    schema = {"type": "object", "properties": {"question": {"enum": [big[:500_000]] * 3}}}
+    _refused(
+        _import(tmp_path, _with_schema(schema)),
+        "item_schema.properties.question.enum: 1,500,010 bytes of JSON",
+    )
+
+
+def test_a_small_enum_and_const_still_import(tmp_path: Path) -> None:
+    content = EXPORT["run"]["data_source"]["source"]["content"]
+    questions = [line["item"]["question"] for line in content]
+    schema = {
+        "type": "object",
+        "properties": {"question": {"enum": ["other", *questions]}, "kind": {"const": "qa"}},
+    }
+    export = _with_schema(schema)
+    for line in export["run"]["data_source"]["source"]["content"]:
+        line["item"]["kind"] = "qa"
+    outcome = _import(tmp_path, export)
+    assert outcome.code == 0, outcome.stderr[-3000:]
+
+
 def _set(export: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
     changed = copy.deepcopy(export)
     node = changed

@@ -4,8 +4,9 @@ with exit 2 and a message naming the field, within 500 MB of host RSS, never han
 Attacks: a YAML alias bomb (under 1 KB, billions of nodes once expanded) in a suite file and
 in a run file; a recursive alias; a dataset or outputs path that is ``/dev/zero``, a FIFO
 with no writer, or a file whose first line is 1 GB; a dataset line nested too deeply for
-the parser. Each runs ``evalkube validate`` / ``evalkube run`` in a child process
-(:mod:`tests.security.bounded`).
+the parser; a CSV record spread over lines past the record cap; an alias bomb or
+``/dev/zero`` as ``evalkube proxy --run-spec``. Each runs ``evalkube validate`` /
+``evalkube run`` / ``evalkube proxy`` in a child process (:mod:`tests.security.bounded`).
 """
 
 from __future__ import annotations
@@ -150,3 +151,42 @@ def test_a_grader_file_that_is_dev_zero_is_refused(tmp_path: Path) -> None:
         "tasks[qa].grader.file",
         "character device",
     )
+
+
+def test_a_csv_record_spread_over_many_lines_is_refused_at_the_cap(tmp_path: Path) -> None:
+    """Each 4 MiB line closes the quote the line before opened, then holds 4M empty fields
+    and opens another: one record of 80M fields (over 600 MB as a list) unless capped."""
+    rows = tmp_path / "rows.csv"
+    line = b'"' + b"," * (4 * 1024 * 1024) + b'"\n'
+    with rows.open("wb") as handle:
+        handle.write(b'a,out\n"\n')
+        for _ in range(20):
+            handle.write(line)
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(_suite({"uri": "rows.csv"}))
+    _refused(
+        ["validate", suite, "--sandbox", "process"],
+        tmp_path,
+        "tasks[qa].dataset.uri",
+        "rows.csv line 2: a CSV record longer than 8,388,608 bytes",
+    )
+
+
+def test_a_yaml_alias_bomb_as_the_proxy_run_spec_is_refused(tmp_path: Path) -> None:
+    """``evalkube proxy --run-spec`` reads its file as a run file is read: the bomb is
+    refused before any object is built, and nothing is served."""
+    spec = tmp_path / "run.yaml"
+    spec.write_text("models: [precomputed]\n" + _alias_bomb())
+    outcome = run_bounded("proxy", "--run-spec", spec, cwd=tmp_path, timeout=60)
+    assert outcome.code == 2, (outcome.code, outcome.stderr[-3000:])
+    assert "Traceback" not in outcome.stderr, outcome.stderr[-3000:]
+    assert f"evalkube proxy: {spec}: refused: its aliases expand" in outcome.stderr
+    assert outcome.peak_rss_mb < PEAK_RSS_MB, outcome.peak_rss_mb
+
+
+def test_a_proxy_run_spec_that_is_dev_zero_is_refused(tmp_path: Path) -> None:
+    outcome = run_bounded("proxy", "--run-spec", "/dev/zero", cwd=tmp_path, timeout=60)
+    assert outcome.code == 2, (outcome.code, outcome.stderr[-3000:])
+    assert "Traceback" not in outcome.stderr, outcome.stderr[-3000:]
+    assert "/dev/zero: is a character device" in outcome.stderr
+    assert outcome.peak_rss_mb < PEAK_RSS_MB, outcome.peak_rss_mb

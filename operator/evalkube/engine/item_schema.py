@@ -11,7 +11,10 @@ the import; ``file:///dev/zero`` grows memory until killed), run ``pattern`` and
 - patterns run in RE2, a linear-time engine; a pattern RE2 cannot run (lookaround,
   backreferences) is refused, naming where it is;
 - every keyword evaluation counts against :data:`limits.SCHEMA_STEPS_MAX` (the whole import)
-  and nesting against :data:`limits.SCHEMA_DEPTH_MAX`.
+  and nesting against :data:`limits.SCHEMA_DEPTH_MAX`;
+- ``enum`` and ``const`` walk their whole value: one holding more than
+  :data:`limits.SCHEMA_ENUM_VALUES_MAX` values or :data:`limits.SCHEMA_ENUM_BYTES_MAX` bytes
+  of JSON is refused, naming where it is, and each check is charged by the value's size.
 
 Every failure is a :class:`ConfigError` naming the field.
 """
@@ -19,6 +22,7 @@ Every failure is a :class:`ConfigError` naming the field.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -72,6 +76,15 @@ class _Budget:
         #: Per item; the schema's own check against the meta-schema gets the whole budget.
         self.item_cap = limits.SCHEMA_STEPS_MAX
         self.depth = 0
+        #: ``id(value) -> (value, JSON values in it)`` of the ``enum``/``const`` values seen.
+        self.sizes: dict[int, tuple[Any, int]] = {}
+
+    def charge_walk(self, value: Any) -> None:
+        """Charge a walk of ``value`` (an ``enum`` or ``const``) before it is made."""
+        known = self.sizes.get(id(value))
+        if known is None or known[0] is not value:
+            known = self.sizes[id(value)] = (value, _json_values(value))
+        self.charge(known[1] // limits.SCHEMA_VALUE_NODES_PER_STEP)
 
     def charge(self, steps: int = 1) -> None:
         self.steps += steps
@@ -89,6 +102,19 @@ class _Budget:
 
 
 Keyword = Callable[[Any, Any, Any, Any], Iterator[ValidationError] | None]
+
+
+def _json_values(value: Any) -> int:
+    """Values in ``value``: itself, and every item and key-value pair inside it."""
+    count, stack = 0, [value]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if isinstance(node, Mapping):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return count
 
 
 def _bounded(keyword: Keyword, budget: _Budget) -> Keyword:
@@ -146,18 +172,27 @@ def _additional_properties(
 
 def _keywords(budget: _Budget) -> dict[str, Keyword]:
     base: dict[str, Keyword] = dict(jsonschema.Draft202012Validator.VALIDATORS)
-    unique = base["uniqueItems"]
+    unique, enum, const = base["uniqueItems"], base["enum"], base["const"]
 
     def unique_items(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
         if value and isinstance(instance, list):  # quadratic for unhashable items
             budget.charge(len(instance) ** 2 // 100)
         return unique(validator, value, instance, schema)
 
+    def walked(keyword: Keyword) -> Keyword:
+        def run(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+            budget.charge_walk(value)
+            return keyword(validator, value, instance, schema)
+
+        return run
+
     base.update(
         pattern=_pattern,
         patternProperties=_pattern_properties,
         additionalProperties=_additional_properties,
         uniqueItems=unique_items,
+        enum=walked(enum),
+        const=walked(const),
     )
     return {name: _bounded(keyword, budget) for name, keyword in base.items()}
 
@@ -167,24 +202,55 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _walk_patterns(node: Any, at: str) -> Iterator[tuple[str, str, Any]]:
-    """``(where, keyword, value)`` of every ``pattern``/``patternProperties``/
-    ``unevaluatedProperties`` in a schema (iteratively: a schema may nest deeply)."""
+def _walk_keywords(
+    node: Any, at: str, keywords: tuple[str, ...], descend: bool = True
+) -> Iterator[tuple[str, str, Any]]:
+    """``(where, keyword, value)`` of every key named in ``keywords`` in a schema
+    (iteratively: a schema may nest deeply); not inside their values unless ``descend``."""
     stack = [(node, at)]
     while stack:
         node, at = stack.pop()
         if isinstance(node, Mapping):
             for key, value in node.items():
-                if key in ("pattern", "patternProperties", "unevaluatedProperties"):
+                if key in keywords:
                     yield f"{at}.{key}", str(key), value
+                    if not descend:
+                        continue
                 stack.append((value, f"{at}.{key}"))
         elif isinstance(node, list):
             stack.extend((value, f"{at}[{i}]") for i, value in enumerate(node))
 
 
+_PATTERN_KEYWORDS = ("pattern", "patternProperties", "unevaluatedProperties")
+
+
+def _check_values(schema: Any, where: str) -> None:
+    """Refuse an ``enum`` or ``const`` too large to walk at every check (their values are
+    data: not searched for more)."""
+    for at, keyword, value in _walk_keywords(schema, where, ("enum", "const"), descend=False):
+        if (
+            keyword == "enum"
+            and isinstance(value, list)
+            and len(value) > limits.SCHEMA_ENUM_VALUES_MAX
+        ):
+            raise ConfigError(
+                f"{at}: {len(value):,} values; an enum may hold at most "
+                f"{limits.SCHEMA_ENUM_VALUES_MAX:,} (check a larger set in a grader)"
+            )
+        try:
+            size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        except (TypeError, ValueError, RecursionError):
+            continue  # not JSON: the meta-schema check names it
+        if size > limits.SCHEMA_ENUM_BYTES_MAX:
+            raise ConfigError(
+                f"{at}: {size:,} bytes of JSON; an enum or const may hold at most "
+                f"{limits.SCHEMA_ENUM_BYTES_MAX:,} (check a larger value in a grader)"
+            )
+
+
 def _check_patterns(schema: Any, where: str) -> None:
     uses_unevaluated = uses_patterns = False
-    for at, keyword, value in _walk_patterns(schema, where):
+    for at, keyword, value in _walk_keywords(schema, where, _PATTERN_KEYWORDS):
         patterns: list[Any] = []
         if keyword == "pattern":
             patterns = [value]
@@ -219,6 +285,7 @@ def item_checker(schema: Any, where: str) -> Callable[[Any, str], None]:
     if not isinstance(schema, Mapping):
         raise ConfigError(f"{where}: expected a JSON Schema object, got {type(schema).__name__}")
     _check_patterns(schema, where)
+    _check_values(schema, where)
     budget = _Budget()
     cls = jsonschema.validators.extend(jsonschema.Draft202012Validator, _keywords(budget))
     meta = cls(jsonschema.Draft202012Validator.META_SCHEMA, registry=_REGISTRY)

@@ -20,11 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from evalkube.models.run import EvalRun, EvalRunSpec
 from evalkube.models.snapshot import RunSnapshot
 from evalkube.proxy.upstream import Provider
+from evalkube.sources.files import yaml_documents
 
 KEYS_DIR_ENV = "EVALKUBE_PROVIDER_KEYS_DIR"
 DEFAULT_KEYS_DIR = "/var/run/secrets/evalkube/providers"
@@ -60,8 +59,12 @@ def providers_from_spec(
 
 def load_run_spec(path: Path) -> EvalRunSpec:
     """An EvalRun (YAML or JSON; the first EvalRun document of the file), a bare spec, or a
-    work-unit pod's run snapshot (:class:`~evalkube.models.snapshot.RunSnapshot`)."""
-    documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    work-unit pod's run snapshot (:class:`~evalkube.models.snapshot.RunSnapshot`).
+
+    Read as a suite or run file is: a regular file of at most
+    :data:`~evalkube.limits.SUITE_FILE_BYTES`, its YAML within the alias budget; every
+    failure is a :class:`~evalkube.models.ConfigError` (a ``ValueError``) naming the file."""
+    documents = yaml_documents(path)
     for document in documents:
         if isinstance(document, dict) and document.get("kind") == "EvalRun":
             return EvalRun.model_validate(document).spec

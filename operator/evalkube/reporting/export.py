@@ -228,7 +228,10 @@ def _cell(value: Any) -> str:
 
 
 def csv_columns(metrics: Iterable[str]) -> list[str]:
-    return [*CSV_HEAD, *(f"score:{m}" for m in metrics), *CSV_TAIL]
+    """The header row. A metric name is a grader's choice (any characters, up to 128), so a
+    ``score:`` column is :func:`defused <defuse>` like a cell (``x;=HYPERLINK(...)`` would
+    be a formula in a ``;`` locale)."""
+    return [*CSV_HEAD, *(defuse(f"score:{m}") for m in metrics), *CSV_TAIL]
 
 
 def csv_row(view: dict[str, Any], metrics: list[str]) -> list[str]:

@@ -180,18 +180,44 @@ def _csv_records(
 ) -> Iterator[tuple[int, list[str], list[str]]]:
     """``(end offset of the header, header, header)`` first (unless not ``first``), then
     ``(start offset, fields, [])`` of every non-blank record. Offsets are exact because
-    :mod:`csv` reads no further than the record it returns."""
+    :mod:`csv` reads no further than the record it returns.
+
+    A record (quoted fields may span lines) is read to at most
+    :data:`limits.DATASET_LINE_BYTES` bytes, the JSONL line cap, and refused past it without
+    reading on; it holds at most :data:`limits.DATASET_CSV_FIELDS_MAX` fields."""
     position = [stream.tell() if stream.seekable() else 0]
+    line = [0, 1]  # lines read; the line the current record starts on
 
     def lines() -> Iterator[str]:
-        for _number, line in bounded_lines(stream, where, uri):
-            position[0] += len(line)
+        while True:
+            if position[0] == started:
+                line[1] = line[0] + 1
+            room = limits.DATASET_LINE_BYTES - (position[0] - started)
+            data = stream.readline(room + 1)
+            if not data:
+                return
+            line[0] += 1
+            position[0] += len(data)
+            if len(data) > room:
+                raise ConfigError(
+                    f"{where}: {uri} line {line[1]}: a CSV record longer than "
+                    f"{limits.DATASET_LINE_BYTES:,} bytes (still open at line {line[0]}: an "
+                    "unclosed quote?); a row must fit in at most that many bytes"
+                )
             try:
-                yield line.decode("utf-8")
+                yield data.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise ConfigError(
-                    f"{where}: {uri}: not UTF-8 text (byte {position[0] - len(line) + exc.start})"
+                    f"{where}: {uri}: not UTF-8 text (byte {position[0] - len(data) + exc.start})"
                 ) from None
+
+    def fields(record: list[str]) -> list[str]:
+        if len(record) > limits.DATASET_CSV_FIELDS_MAX:
+            raise ConfigError(
+                f"{where}: {uri} line {line[1]}: a CSV record of {len(record):,} fields; "
+                f"at most {limits.DATASET_CSV_FIELDS_MAX:,}"
+            )
+        return record
 
     reader = csv.reader(lines())
     started = position[0]
@@ -200,7 +226,7 @@ def _csv_records(
             header = next(reader, None)
             if header is None:
                 return
-            if len(set(header)) != len(header) or not all(header):
+            if len(set(fields(header))) != len(header) or not all(header):
                 raise ConfigError(
                     f"{where}: {uri}: the header row must name every column once: {header[:20]}"
                 )
@@ -208,10 +234,14 @@ def _csv_records(
             started = position[0]
         for record in reader:
             if record:
-                yield started, record, []
+                yield started, fields(record), []
             started = position[0]
     except csv.Error as exc:
         raise ConfigError(f"{where}: {uri} line {reader.line_num}: {exc}") from None
+    except MemoryError:
+        raise ConfigError(
+            f"{where}: {uri} line {line[1]}: a CSV record too large to parse in memory"
+        ) from None
 
 
 def _csv_row(names: list[str], fields: list[str], uri: str, where: str, row: int) -> dict[str, Any]:

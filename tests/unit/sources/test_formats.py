@@ -214,3 +214,47 @@ def test_a_file_that_is_not_parquet_is_named(tmp_path: Path) -> None:
     (tmp_path / "d.parquet").write_bytes(b"PAR1 but not really")
     with pytest.raises(ConfigError, match="is not a readable Parquet file"):
         prepare(parse_uri("d.parquet", "f", tmp_path), SourceAccess(), "w")
+
+
+def test_a_csv_record_spread_over_lines_is_capped_like_a_line(tmp_path: Path) -> None:
+    """Quoted newlines let one record span any number of lines: 4 MiB lines of empty
+    fields, each line closing the quote the previous one opened, make one record of
+    millions of fields unless its bytes are capped."""
+    line = b'"' + b"," * (4 * 1024 * 1024) + b'"\n'
+    with (tmp_path / "d.csv").open("wb") as handle:
+        handle.write(b'id,q\n1,a\n2,"\n')
+        for _ in range(3):
+            handle.write(line)
+    with pytest.raises(
+        ConfigError,
+        match=r"w: .*d\.csv line 3: a CSV record longer than 8,388,608 bytes "
+        r"\(still open at line 5",
+    ):
+        prepare(parse_uri("d.csv", "f", tmp_path), SourceAccess(), "w")
+
+
+def test_a_csv_record_of_too_many_fields_names_its_line(tmp_path: Path) -> None:
+    many = ",".join(["x"] * (limits.DATASET_CSV_FIELDS_MAX + 1))
+    (tmp_path / "d.csv").write_text(f'id,q\n1,a\n2,"b\n",{many}\n')
+    with pytest.raises(ConfigError, match=r"d\.csv line 3: a CSV record of 10,003 fields"):
+        prepare(parse_uri("d.csv", "f", tmp_path), SourceAccess(), "w")
+    (tmp_path / "h.csv").write_text(many + "\n")
+    with pytest.raises(ConfigError, match=r"h\.csv line 1: a CSV record of 10,001 fields"):
+        prepare(parse_uri("h.csv", "f", tmp_path), SourceAccess(), "w")
+
+
+def test_a_memory_error_while_parsing_csv_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "d.csv").write_text("id,q\n1,a\n")
+
+    def exhausted(lines: Any) -> Any:
+        next(lines)
+        raise MemoryError
+
+    def reader(lines: Any) -> Any:
+        return iter(lambda: exhausted(lines), None)
+
+    monkeypatch.setattr("evalkube.sources.formats.csv.reader", reader)
+    with pytest.raises(ConfigError, match=r"d\.csv line 1: a CSV record too large to parse"):
+        prepare(parse_uri("d.csv", "f", tmp_path), SourceAccess(), "w")
