@@ -15,7 +15,13 @@ imports, rendered on rows from datasets: all hostile (DESIGN.md §5). Here:
   (``center``, ``ljust``, ``replace``, ``join``, ``indent``, ``format``, ...) by their exact
   bound;
 - every loop step and every output checks the wall clock; output is counted as it is
-  produced, inside macros and ``{% set %}`` blocks too.
+  produced, inside macros and ``{% set %}`` blocks too;
+- list, tuple and dict literals and ``{% set %}`` values are charged their size, and the
+  operands of ``==``, ``<``, ``in`` (and the tests ``eq``, ``in``, ...) their walk: Python
+  compares containers element by element without ever checking the clock.
+
+Sizes (:func:`size_of`) count a shared part each time it appears, as ``str()`` and ``==``
+walk it: ``{% set a = [a, a] %}`` forty times is 41 objects that render 2**40 leaves.
 
 Limits: :data:`limits.TEMPLATE_OUTPUT_CHARS`, :data:`limits.TEMPLATE_WORK_CHARS`,
 :data:`limits.TEMPLATE_RENDER_SECONDS`. Going past one raises :class:`TemplateBudgetError`
@@ -26,11 +32,20 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import itertools
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    Callable,
+    ItemsView,
+    Iterable,
+    Iterator,
+    Mapping,
+    MappingView,
+    ValuesView,
+)
 from string import Formatter
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 from jinja2 import nodes
@@ -43,10 +58,30 @@ from evalkube import limits
 LOOP = "_evalkube_loop"
 OUT = "_evalkube_out"
 CONCAT = "_evalkube_concat"
+LIST = "_evalkube_list"
+TUPLE = "_evalkube_tuple"
+DICT = "_evalkube_dict"
+ASSIGNED = "_evalkube_assigned"
+COMPARED = "_evalkube_compared"
 _GROWING = frozenset({"+", "*", "**", "%"})
 # printf-style conversion specs: flags, width, precision (``*`` reads them from the args)
 _PRINTF = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?[a-zA-Z%]")
 _DIGITS = re.compile(r"\d+")
+_END = object()
+_SYMBOLS = {
+    "eq": "==",
+    "ne": "!=",
+    "lt": "<",
+    "lteq": "<=",
+    "gt": ">",
+    "gteq": ">=",
+    "in": "in",
+    "notin": "not in",
+}
+_COMPARING_TESTS = frozenset(
+    {"==", "eq", "equalto", "!=", "ne", ">", "gt", "greaterthan", ">=", "ge"}
+    | {"<", "lt", "lessthan", "<=", "le", "in"}
+)
 
 
 class TemplateBudgetError(jinja2.exceptions.SecurityError):
@@ -68,12 +103,11 @@ class _Budget:
                 f"rendering took longer than {limits.TEMPLATE_RENDER_SECONDS:g} s"
             )
 
-    def charge(self, size: int, what: str) -> None:
+    def charge(self, size: int, what: str, verb: str = "would build") -> None:
         self.tick()
         if size > limits.TEMPLATE_WORK_CHARS - self.work:
             raise TemplateBudgetError(
-                f"{what} would build more than {limits.TEMPLATE_WORK_CHARS:,} characters "
-                "in one render"
+                f"{what} {verb} more than {limits.TEMPLATE_WORK_CHARS:,} characters in one render"
             )
         self.work += size
 
@@ -99,41 +133,98 @@ def _budget() -> _Budget:
     return budget
 
 
+def _leaf_size(item: Any) -> int | None:
+    """Characters of a value with no parts to walk; ``None`` for a container."""
+    if isinstance(item, str | bytes):
+        return len(item)
+    if isinstance(item, bool) or item is None:
+        return 5
+    if isinstance(item, int):
+        return item.bit_length() // 3 + 1
+    if isinstance(item, float):
+        return 24
+    if isinstance(item, range):
+        return len(item) * 7
+    if isinstance(item, list | tuple | set | frozenset | Mapping | MappingView | Namespace):
+        return None
+    return 8
+
+
+def _parts(item: Any) -> tuple[int, Iterator[Any]]:
+    """A container's own characters (brackets, separators) and the values inside it."""
+    if isinstance(item, Namespace):
+        item = getattr(item, "_Namespace__attrs", {})
+    if isinstance(item, Mapping):
+        return 2 + len(item), itertools.chain.from_iterable(item.items())
+    if isinstance(item, ItemsView):  # ``d.items()`` renders a ``(k, v)`` per entry
+        return 2 + 5 * len(item), itertools.chain.from_iterable(item)
+    return 2 + len(item), iter(item)
+
+
+class _Open:
+    """A container being walked: what it holds, not yet counted, and its size so far."""
+
+    __slots__ = ("container", "parts", "size")
+
+    def __init__(self, container: Any) -> None:
+        self.container = container
+        self.size, self.parts = _parts(container)
+
+
 def size_of(value: Any, cap: int = limits.TEMPLATE_WORK_CHARS) -> int:
-    """Characters ``value`` stands for when rendered or joined (deep, each object once,
-    stopping past ``cap``): what building it again would cost."""
-    total = 0
-    seen: set[int] = set()
-    stack = [value]
-    while stack and total <= cap:
-        item = stack.pop()
-        if isinstance(item, str | bytes):
-            total += len(item)
-        elif isinstance(item, bool) or item is None:
-            total += 5
-        elif isinstance(item, int):
-            total += item.bit_length() // 3 + 1
-        elif isinstance(item, float):
-            total += 24
-        elif isinstance(item, range):
-            total += len(item) * 7
-        elif id(item) in seen:
-            continue
-        elif isinstance(item, list | tuple | set | frozenset):
-            seen.add(id(item))
-            total += 2 + len(item)
-            stack.extend(item)
-        elif isinstance(item, Mapping):
-            seen.add(id(item))
-            total += 2 + len(item)
-            for key, entry in item.items():
-                stack.extend((key, entry))
-        elif isinstance(item, Namespace):
-            seen.add(id(item))
-            stack.append(dict(getattr(item, "_Namespace__attrs", {})))
+    """Characters ``value`` stands for when rendered, joined or compared: what building it
+    again, or walking it with ``==``, costs. A part held twice counts twice, as ``str()``
+    prints it twice: ``{% set a = [a, a] %}`` doubles the size, not the objects.
+
+    Each container is walked once (its size remembered), so that list nested 40 times is
+    40 steps, not 2**40; the walk stops as soon as a size passes ``cap`` and returns
+    ``cap + 1``, as it does for a container that holds itself (``==`` on it never ends).
+    """
+    leaf = _leaf_size(value)
+    if leaf is not None:
+        return leaf
+    done: dict[int, tuple[Any, int]] = {}  # the container too: its id stays unique
+    walking = {id(value)}
+    stack = [_Open(value)]
+    steps = 0
+    size: int | None
+    while True:
+        top = stack[-1]
+        item = next(top.parts, _END)
+        if item is _END:  # every part of ``top`` counted
+            stack.pop()
+            if not stack:
+                return top.size
+            walking.discard(id(top.container))
+            done[id(top.container)] = (top.container, top.size)
+            size = top.size
         else:
-            total += 8
-    return total
+            size = _leaf_size(item)
+            if size is None:
+                if id(item) in walking:  # it holds itself
+                    return cap + 1
+                if id(item) not in done:
+                    walking.add(id(item))
+                    stack.append(_Open(item))
+                    continue
+                size = done[id(item)][1]
+        steps += 1
+        stack[-1].size += size
+        if stack[-1].size > cap or steps > cap:  # a part is never larger than its whole
+            return cap + 1
+
+
+def _compare_size(op: str, side: str, value: Any) -> int:
+    """What ``value`` costs as the ``side`` (``left``/``right``) operand of ``op``.
+
+    ``==`` and ordering walk both containers in step (charged as both); ``in`` hashes or
+    compares the needle, and walks a list or tuple haystack, while a dict or set haystack
+    is one lookup. Strings, numbers and ranges (at most ``MAX_RANGE`` long in the sandbox)
+    compare in one pass of C and are not charged.
+    """
+    if op in ("in", "notin") and side == "right":
+        return size_of(value) if isinstance(value, list | tuple | ValuesView) else 0
+    return size_of(value) if _leaf_size(value) is None else 0
 
 
 def _count_width(number: int, what: str) -> int:
@@ -235,15 +326,25 @@ def _filter_size(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> in
     return 6 * (size_of(args) + size_of(kwargs))
 
 
-def _wrap_filter(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` charged its result size first; ``pass_context`` so Jinja never calls it
-    while compiling (constant folding)."""
+def _test_size(name: str, args: tuple[Any, ...]) -> int:
+    """What the comparing tests (``x is eq y``, ``x is in y``) walk; the others are O(1)."""
+    if name not in _COMPARING_TESTS:
+        return 0
+    op = "in" if name == "in" else "eq"
+    return sum(
+        _compare_size(op, side, arg) for side, arg in zip(("left", "right"), args, strict=False)
+    )
+
+
+def _bounded(function: Callable[..., Any], charge: Callable[..., None]) -> Callable[..., Any]:
+    """``function`` with ``charge(args, kwargs)`` first; ``pass_context`` so Jinja never
+    calls it while compiling (constant folding)."""
     wants = getattr(getattr(function, "jinja_pass_arg", None), "name", None)
 
     @pass_context
     @functools.wraps(function)
     def bounded(context: Any, *args: Any, **kwargs: Any) -> Any:
-        _budget().charge(_filter_size(name, args, kwargs), f"the `{name}` filter")
+        charge(args, kwargs)
         if wants == "context":
             return function(context, *args, **kwargs)
         if wants == "eval_context":
@@ -255,6 +356,24 @@ def _wrap_filter(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
     return bounded
 
 
+def _wrap_filter(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` charged its result size first."""
+
+    def charge(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        _budget().charge(_filter_size(name, args, kwargs), f"the `{name}` filter")
+
+    return _bounded(function, charge)
+
+
+def _wrap_test(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` charged the containers it compares first."""
+
+    def charge(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        _budget().charge(_test_size(name, args), f"the `{name}` test", "would compare")
+
+    return _bounded(function, charge)
+
+
 def _loop(iterable: Any) -> Iterator[Any]:
     budget = _budget()
     for item in iterable:
@@ -263,7 +382,8 @@ def _loop(iterable: Any) -> Iterator[Any]:
 
 
 def _out(value: Any) -> Any:
-    _budget().emit(size_of(value))
+    budget = _budget()
+    budget.emit(size_of(value, budget.output_cap - budget.output))
     return value
 
 
@@ -271,6 +391,43 @@ def _concat(*parts: Any) -> str:
     budget = _budget()
     budget.charge(sum(size_of(p) for p in parts), "`~`")
     return "".join(map(str, parts))
+
+
+def _list(*items: Any) -> list[Any]:
+    """A list literal, charged before it exists (``[a, a]`` is twice ``a``)."""
+    _budget().charge(size_of(items), "a list literal")
+    return list(items)
+
+
+def _tuple(*items: Any) -> tuple[Any, ...]:
+    """A tuple literal, charged before it exists."""
+    _budget().charge(size_of(items), "a tuple literal")
+    return items
+
+
+def _dict(*pairs: Any) -> dict[Any, Any]:
+    """A dict literal from its keys and values in turn, charged before its keys are hashed
+    (hashing a nested tuple walks all of it)."""
+    _budget().charge(size_of(pairs), "a dict literal")
+    return dict(zip(pairs[::2], pairs[1::2], strict=True))
+
+
+def _assigned(value: Any, what: str) -> Any:
+    """A ``{% set %}`` value, charged when it is a container: a list grown in place after
+    it was built (``x.append(...)`` where ``x`` is shared) is counted in full here too."""
+    if _leaf_size(value) is None:
+        _budget().charge(size_of(value), what, "would hold")
+    return value
+
+
+def _compared(value: Any, op: str, side: str) -> Any:
+    """An operand of ``op``, charged what comparing it walks (:func:`_compare_size`)."""
+    _budget().charge(_compare_size(op, side, value), f"`{_SYMBOLS[op]}`", "would compare")
+    return value
+
+
+# called on every comparison and literal: straight, past the sandbox's per-call checks
+_HELPERS = frozenset(map(id, (_loop, _out, _concat, _list, _tuple, _dict, _assigned, _compared)))
 
 
 class BoundedEnvironment(SandboxedEnvironment):
@@ -281,8 +438,22 @@ class BoundedEnvironment(SandboxedEnvironment):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.filters = {name: _wrap_filter(name, f) for name, f in self.filters.items()}
+        tests = cast("dict[str, Callable[..., Any]]", self.tests)  # jinja2: dict[str, function]
+        for name in _COMPARING_TESTS:
+            tests[name] = _wrap_test(name, tests[name])
         self.globals.pop("lipsum", None)  # lipsum(n) writes n paragraphs
-        self.globals.update({LOOP: _loop, OUT: _out, CONCAT: _concat})
+        self.globals.update(
+            {
+                LOOP: _loop,
+                OUT: _out,
+                CONCAT: _concat,
+                LIST: _list,
+                TUPLE: _tuple,
+                DICT: _dict,
+                ASSIGNED: _assigned,
+                COMPARED: _compared,
+            }
+        )
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         """``str.format``/``format_map`` as Jinja's sandbox wraps them, charged first."""
@@ -302,12 +473,14 @@ class BoundedEnvironment(SandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if id(__obj) in _HELPERS:  # charged inside, knowing what it does
+            kwargs.pop("_loop_vars", None)
+            kwargs.pop("_block_vars", None)
+            return __obj(*args, **kwargs)
         owner = getattr(__obj, "__self__", None)
         name = getattr(__obj, "__name__", "a call")
         if isinstance(owner, str):
             size = _str_method_size(name, owner, args, kwargs)
-        elif __obj is _loop or __obj is _out or __obj is _concat:
-            size = 0
         else:
             size = size_of(args) + size_of(kwargs)
         _budget().charge(size, f"`{name}`")
@@ -315,12 +488,59 @@ class BoundedEnvironment(SandboxedEnvironment):
 
 
 class _Guard(NodeTransformer):
-    """Routes every loop, output and ``~`` of a parsed template through the budget."""
+    """Routes every loop, output, ``~``, literal, ``{% set %}`` and comparison of a parsed
+    template through the budget."""
 
     def _call(self, name: str, args: list[Any], lineno: int) -> nodes.Call:
         call = nodes.Call(nodes.Name(name, "load"), args, [], None, None)
         call.set_lineno(lineno)
         return call
+
+    def _compared(self, expr: nodes.Expr, op: str, side: str) -> nodes.Expr:
+        if isinstance(expr, nodes.Const):  # a string or number: never charged
+            return expr
+        return self._call(COMPARED, [expr, nodes.Const(op), nodes.Const(side)], expr.lineno)
+
+    def visit_List(self, node: nodes.List) -> nodes.Node:
+        self.generic_visit(node)
+        return self._call(LIST, list(node.items), node.lineno)
+
+    def visit_Tuple(self, node: nodes.Tuple) -> nodes.Node:
+        self.generic_visit(node)
+        if node.ctx != "load":  # ``{% for k, v in ... %}``: names, not a value
+            return node
+        return self._call(TUPLE, list(node.items), node.lineno)
+
+    def visit_Dict(self, node: nodes.Dict) -> nodes.Node:
+        self.generic_visit(node)
+        parts = [part for pair in node.items for part in (pair.key, pair.value)]
+        return self._call(DICT, parts, node.lineno)
+
+    def visit_Assign(self, node: nodes.Assign) -> nodes.Node:
+        fresh = isinstance(node.node, nodes.Const | nodes.List | nodes.Tuple | nodes.Dict)
+        self.generic_visit(node)
+        if fresh:  # a constant, or a literal charged as it is built
+            return node
+        target = node.target
+        if isinstance(target, nodes.Name):
+            what = f"`{{% set {target.name} %}}`"
+        elif isinstance(target, nodes.NSRef):
+            what = f"`{{% set {target.name}.{target.attr} %}}`"
+        else:
+            what = "`{% set %}`"
+        node.node = self._call(ASSIGNED, [node.node, nodes.Const(what)], node.lineno)
+        return node
+
+    def visit_Compare(self, node: nodes.Compare) -> nodes.Node:
+        """Each operand charged as it is evaluated, so ``a < b < c`` still stops early; a
+        middle operand is charged as the right of one operator and the left of the next."""
+        self.generic_visit(node)
+        node.expr = self._compared(node.expr, node.ops[0].op, "left")
+        for operand, following in itertools.zip_longest(node.ops, node.ops[1:]):
+            operand.expr = self._compared(operand.expr, operand.op, "right")
+            if following is not None:
+                operand.expr = self._compared(operand.expr, following.op, "left")
+        return node
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
         self.generic_visit(node)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import time
 
 import pytest
 
@@ -92,6 +93,75 @@ def test_an_attack_is_refused_naming_the_field(source: str, refused: str) -> Non
     assert re.search(refused.replace("(", r"\(").replace("*", r"\*"), answer), answer
 
 
+def _doubled(names: str, depth: int) -> str:
+    """``{% set a = [a, a] %}`` ``depth`` times for each of ``names``: a list that stands
+    for 2**depth copies of its leaf in ``depth + 1`` objects."""
+    return "".join(f"{{% set {n} = [{n}, {n}] %}}" for _ in range(depth) for n in names)
+
+
+# a (x) and b (y) nest 2**13 references to an empty list each: cheap to build, and once x
+# and y each hold a (separately built) list of 2**13 leaves, a == b walks 2**26 leaves
+_GRAFTED = (
+    "{% set x = [] %}{% set y = [] %}{% set a = [x] %}{% set b = [y] %}"
+    + _doubled("ab", 13)
+    + "{% set c = [b] %}{% set d = [a, b] %}{% set p = ['z'] %}{% set q = ['z'] %}"
+    + _doubled("pq", 13)
+    + "{{ x.append(p) or '' }}{{ y.append(q) or '' }}"
+)
+_CHARGED = "would (build|hold|compare) more than 16,000,000 characters"
+
+
+@pytest.mark.parametrize(
+    ("source", "refused"),
+    [
+        # the same list twice is twice its size: 40 doublings render 2**40 * 12 characters
+        ("{% set a = ['xxxxxxxx'] %}" + _doubled("a", 40) + "{{ a }}", _CHARGED),
+        (
+            "{% set a = ('xxxxxxxx',) %}"
+            + "{% set a = (a, a) %}" * 40
+            + "{{ a|length }}{{ a|string }}",
+            _CHARGED,
+        ),
+        (
+            "{% set a = {'k': 'xxxxxxxx'} %}" + "{% set a = {'l': a, 'r': a} %}" * 40 + "{{ a }}",
+            _CHARGED,
+        ),
+        (
+            "{% set a = dict(k='xxxxxxxx') %}" + "{% set a = dict(l=a, r=a) %}" * 40 + "{{ a }}",
+            _CHARGED,
+        ),
+        # grown after it was built: charged where it is used
+        (
+            "{% set x = [] %}{% set a = [x] %}"
+            + _doubled("a", 17)
+            + "{{ x.append('y' * 100000) or '' }}{{ a }}",
+            "renders more than 1,000,000 characters",
+        ),
+        # CPU: two lists built apart compare leaf by leaf, 2**26 times, in one `==`
+        (
+            "{% set a = ['xxxxxxxx'] %}{% set b = ['xxxxxxxx'] %}"
+            + _doubled("ab", 26)
+            + "{{ a == b }}",
+            _CHARGED,
+        ),
+        (_GRAFTED + "{{ a == b }}", "`==` would compare more than 16,000,000"),
+        (_GRAFTED + "{{ a != b or a < b }}", "`!=` would compare more than 16,000,000"),
+        (_GRAFTED + "{{ a in c }}", "`in` would compare more than 16,000,000"),
+        (_GRAFTED + "{{ a is eq b }}", "the `eq` test would compare more than 16,000,000"),
+        (_GRAFTED + "{{ a is in c }}", "the `in` test would compare more than 16,000,000"),
+        (_GRAFTED + "{{ c.count(a) }}", "`count` would build more than 16,000,000"),
+        (_GRAFTED + "{{ d|sort }}", "the `sort` filter would build more than 16,000,000"),
+        (_GRAFTED + "{{ [a, b]|max }}", "a list literal would build more than 16,000,000"),
+    ],
+)
+def test_a_shared_or_compared_container_is_charged_in_full(source: str, refused: str) -> None:
+    started = time.monotonic()
+    answer = refusal(source)
+    assert answer.startswith("refused: prompt: "), answer
+    assert re.search(refused, answer), answer
+    assert time.monotonic() - started < 10, "refused only after it ran"
+
+
 def test_a_grader_template_names_its_field() -> None:
     template = GraderTemplate("{% for i in range(10**5) %}{{ 'x' * 99 }}{% endfor %}", "g.input")
     with pytest.raises(TemplateError, match=r"^g\.input: renders more than"):
@@ -109,6 +179,21 @@ def test_a_grader_template_names_its_field() -> None:
             "18446744073709551616 [1, 2, 3] hello!",
         ),
         ("{{ item.q|center(9) }}|{{ ', '.join(['a', 'b']) }}", "  hello  |a, b"),
+        (
+            "{% set l = [item.q, item.q] %}{% set d = {'k': l} %}{{ d.k|join('-') }} "
+            "{{ (1, [2]) }} {{ {'a': 1}['a'] }}",
+            "hello-hello (1, [2]) 1",
+        ),
+        (
+            "{% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %} "
+            "{% set u, v = 5, 6 %}{{ u * v }}",
+            "37 30",
+        ),
+        (
+            "{{ [1, [2]] == [1, [2]] }} {{ 'q' in item }} {{ 3 in range(10) }} "
+            "{{ 1 < 2 < 3 }} {{ 'h' in item.q }} {{ [1] is in [[1]] }} {{ 2 is eq 2 }}",
+            "True True True True True True True",
+        ),
     ],
 )
 def test_ordinary_templates_render_as_before(source: str, expected: str) -> None:
