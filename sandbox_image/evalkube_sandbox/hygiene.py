@@ -77,6 +77,28 @@ class Hygiene:
         self._installed = True
         become_subreaper()
         sys.addaudithook(self._audit)
+        self._flag_unaudited()
+
+    def _flag_unaudited(self) -> None:
+        """Calls that leave processes or files behind but raise no audit event (creating a
+        FIFO or a device node, ``_posixsubprocess.fork_exec`` called directly) mark the
+        sample too: wrapped where graders find them, before any grader code runs."""
+
+        def flagging(call: Any) -> Any:
+            def flagged(*args: Any, **kwargs: Any) -> Any:
+                self.dirty = True
+                return call(*args, **kwargs)
+
+            return flagged
+
+        for name in ("mkfifo", "mknod"):
+            if hasattr(os, name):
+                setattr(os, name, flagging(getattr(os, name)))
+        try:
+            import _posixsubprocess
+        except ImportError:
+            return
+        _posixsubprocess.fork_exec = flagging(_posixsubprocess.fork_exec)
 
     def _audit(self, event: str, args: tuple[Any, ...]) -> None:
         if self.dirty:

@@ -6,6 +6,8 @@ directory (the same attacks against a real sandbox: ``tests/security/test_scratc
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,36 @@ def test_a_mount_point_is_left_for_verify_to_report(
     monkeypatch.undo()
     assert os.listdir(scratch) == ["stuck"]
     assert "could not be removed" in (verify(str(scratch)) or "")
+
+
+UNAUDITED = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from evalkube_sandbox.hygiene import Hygiene
+
+hygiene = Hygiene(None)
+hygiene.install()
+os.mkfifo(sys.argv[2] + "/fifo")
+fifo = hygiene.dirty
+hygiene.dirty = False
+import _posixsubprocess
+try:
+    _posixsubprocess.fork_exec()  # called directly: no audit event says a process starts
+except TypeError:
+    pass
+print(fifo, hygiene.dirty)
+"""
+
+
+def test_calls_that_raise_no_audit_event_still_mark_the_sample(tmp_path: Path) -> None:
+    """A FIFO, a device node or ``_posixsubprocess.fork_exec`` called directly leave state
+    behind without any audit event: the worker must still clean after such a sample."""
+    package = Path(__file__).parents[3] / "sandbox_image"
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", UNAUDITED, str(package), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.split() == ["True", "True"], done.stderr
