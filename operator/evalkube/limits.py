@@ -214,6 +214,12 @@ SAMPLES_PAGE_BYTES: Final = 8 * 1024 * 1024
 REPORT_FIELD_CHARS: Final = 4_000
 #: Bytes of sample text the HTML report holds; samples past it are left to ``evalkube samples``.
 REPORT_SAMPLES_BYTES: Final = 16 * 1024 * 1024
+#: Score distributions the HTML report draws (task x model x metric): graders choose metric
+#: names, up to 64 new ones per sample, and each distribution is an inline SVG.
+REPORT_HISTOGRAMS_MAX: Final = 200
+#: ``score:NAME`` columns of a CSV export (the names any sample has, sorted); past it the
+#: export warns and keeps the first (every score stays in ``--format jsonl``).
+CSV_SCORE_COLUMNS_MAX: Final = 1_000
 
 # -- dataset and output sources (evalkube.sources; docs/operator.md "Data sources") ---------
 #: The row index of a plain JSONL or CSV source keeps the byte offset of every

@@ -182,25 +182,33 @@ def _moment(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
 
 
-def histograms(scores: Callable[[], Scores]) -> list[Histogram]:
-    """Every metric's distribution over the run's graded samples, in two streamed passes
-    (range, then bins) of ``scores()``, so memory does not grow with the run."""
+def histograms(
+    scores: Callable[[], Scores], limit: int = limits.REPORT_HISTOGRAMS_MAX
+) -> tuple[list[Histogram], bool]:
+    """Each metric's distribution over the run's graded samples, in two streamed passes
+    (range, then bins) of ``scores()``, so memory does not grow with the run; at most
+    ``limit`` of them (the first met), and whether others were left out."""
     found: dict[tuple[str, str, str], Histogram] = {}
+    left_out = False
     for task, model, _status, values in scores():
         for metric, value in values.items():
             if not _finite(value):
                 continue
             key = (task, model, metric)
-            hist = found.get(key) or found.setdefault(key, Histogram(task, model, metric))
+            hist = found.get(key)
+            if hist is None:
+                if len(found) >= limit:
+                    left_out = True
+                    continue
+                hist = found[key] = Histogram(task, model, metric)
             hist.low = min(hist.low, float(value))
             hist.high = max(hist.high, float(value))
     for task, model, _status, values in scores():
         for metric, value in values.items():
-            if _finite(value):
-                hist = found[(task, model, metric)]
+            if _finite(value) and (hist := found.get((task, model, metric))) is not None:
                 hist.counts[hist.bin_of(float(value))] += 1
                 hist.total += 1
-    return [found[key] for key in sorted(found)]
+    return [found[key] for key in sorted(found)], left_out
 
 
 def _finite(value: Any) -> bool:
@@ -300,8 +308,9 @@ def render(source: ReportSource, max_samples: int = MAX_SAMPLES) -> str:
     getattr(pages, "close", lambda: None)()  # stop paging (the API's client, the store's)
     # distributions in the scores table's order
     order = {(r["task"], r["model"]): i for i, r in enumerate(overview["results"])}
+    hists, hists_left_out = histograms(source.scores)
     drawn = sorted(
-        histograms(source.scores),
+        hists,
         key=lambda h: (order.get((h.task, h.model), len(order)), h.task, h.model, h.metric),
     )
     script, script_hash = _script()
@@ -311,6 +320,7 @@ def render(source: ReportSource, max_samples: int = MAX_SAMPLES) -> str:
         .render(
             run=overview,
             histograms=drawn,
+            histograms_left_out=hists_left_out,
             samples=views,
             total=max(total, len(views)),
             tasks=sorted({r["task"] for r in overview["results"]}),

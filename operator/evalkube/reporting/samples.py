@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
+from evalkube import limits
 from evalkube.cli_support import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
@@ -174,6 +175,15 @@ def _write(
     metrics: list[str],
     limit: int | None = None,
 ) -> None:
+    if len(metrics) > limits.CSV_SCORE_COLUMNS_MAX:
+        errors.print(
+            f"warning: the samples have {len(metrics):,} metric names; the CSV has score "
+            f"columns for the first {limits.CSV_SCORE_COLUMNS_MAX:,} (sorted), and every "
+            "score is in --format jsonl",
+            highlight=False,
+            soft_wrap=True,
+        )
+        metrics = metrics[: limits.CSV_SCORE_COLUMNS_MAX]
     if fmt == "table":
         if out is None:
             _print_panels(views, console, limit)

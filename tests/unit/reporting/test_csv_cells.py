@@ -7,9 +7,12 @@ from __future__ import annotations
 import csv
 import io
 import re
+from pathlib import Path
 
 import pytest
 
+from evalkube import limits
+from evalkube.reporting import samples
 from evalkube.reporting.export import csv_row, write_csv
 
 STARTS = ("=", "+", "-", "@", "\uff1d", "\uff0b", "\uff0d", "\uff20")
@@ -113,3 +116,17 @@ def test_a_formula_in_a_metric_name_is_written_as_text_in_the_header(metric: str
     assert runnable_pieces(column) == [], column
     assert column.replace("'", "") == f"score:{metric}".replace("'", "")
     assert out.getvalue().split("\r\n", 1)[0].startswith('"')
+
+
+def test_score_columns_stop_at_their_cap_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Graders choose metric names: a CSV does not grow a column per name without bound."""
+    names = sorted(f"m{i:05d}" for i in range(limits.CSV_SCORE_COLUMNS_MAX + 500))
+    view = {"sample_id": "s1", "task_id": "t", "model": "m", "scores": {names[-1]: 1.0}}
+    out = tmp_path / "samples.csv"
+    samples._write(iter([view]), "csv", out, names)
+    with out.open() as handle:
+        header = next(csv.reader(handle))
+    assert sum(c.startswith("score:") for c in header) == limits.CSV_SCORE_COLUMNS_MAX
+    assert "1,500 metric names" in " ".join(capsys.readouterr().err.split())
