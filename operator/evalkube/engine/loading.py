@@ -276,11 +276,18 @@ def iter_dataset(
 def shard_rows(loaded: LoadedSuite, task: TaskSpec, start: int, stop: int) -> list[dict[str, Any]]:
     """Rows ``start`` to ``stop`` of a task (one shard unit; earlier rows are not parsed, and
     a ``uri`` source is read from the nearest indexed offset: only its range is fetched)."""
-    if task.dataset.uri is not None:
-        where = f"tasks[{task.id}].dataset.uri"
-        pin = loaded.pin(task, "dataset")
-        return list(read_pinned(pin, loaded.access, where, start=start, stop=stop))
-    return list(islice(iter_dataset(loaded, task, skip=start), stop - start))
+    try:
+        if task.dataset.uri is not None:
+            where = f"tasks[{task.id}].dataset.uri"
+            pin = loaded.pin(task, "dataset")
+            return list(read_pinned(pin, loaded.access, where, start=start, stop=stop))
+        return list(islice(iter_dataset(loaded, task, skip=start), stop - start))
+    except MemoryError:
+        # rows of up to DATASET_LINE_BYTES_MAX each, a shard of them at once
+        raise ConfigError(
+            f"tasks[{task.id}].dataset: rows {start}..{stop - 1} do not fit in memory; give the "
+            "run a smaller spec.shardSize, or the rows less text"
+        ) from None
 
 
 def count_dataset_rows(loaded: LoadedSuite, task: TaskSpec) -> int:

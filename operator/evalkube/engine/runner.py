@@ -188,7 +188,7 @@ def record_bytes(record: SampleRecord) -> int:
     for text in (record.output_text, record.extracted_output, record.target, record.stdout):
         size += len(text) if text else 0
     size += len(record.stderr) if record.stderr else 0
-    for value in (record.judge, record.error, record.prompt):
+    for value in (record.judge, record.error, record.prompt, record.dataset_row):
         if value is not None:
             size += len(value) if isinstance(value, str) else len(jsonfast.dumps(value))
     return size
