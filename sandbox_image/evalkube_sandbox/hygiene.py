@@ -52,6 +52,8 @@ FILE_EVENTS = frozenset(
         "shutil.unpack_archive",
         "tempfile.mkstemp",
         "tempfile.mkdtemp",
+        "socket.bind",  # a unix socket is a file
+        "sqlite3.connect",  # a database file, and its journal beside it
     }
 )
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -91,9 +93,13 @@ class Hygiene:
 
             return flagged
 
+        import posix
+
         for name in ("mkfifo", "mknod"):
             if hasattr(os, name):
-                setattr(os, name, flagging(getattr(os, name)))
+                wrapped = flagging(getattr(os, name))
+                setattr(os, name, wrapped)
+                setattr(posix, name, wrapped)
         try:
             import _posixsubprocess
         except ImportError:

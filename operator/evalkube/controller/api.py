@@ -312,7 +312,9 @@ class ApiServer:
             "next_cursor": next_cursor,
         }
         if query.get("metrics") in ("1", "true"):
-            answer["metrics"] = await asyncio.to_thread(self.store.score_names, entry.run_id)
+            answer["metrics"] = await asyncio.to_thread(
+                self.store.score_names, entry.run_id, limits.CSV_SCORE_COLUMNS_MAX + 1
+            )
         return _json(answer)
 
     @_reading

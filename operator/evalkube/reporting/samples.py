@@ -150,7 +150,8 @@ def samples(
                 EXIT_CONFIG,
             )
         where = where.for_run(record.spec)
-        metrics = store.score_names(run_id) if fmt == "csv" else []
+        columns = limits.CSV_SCORE_COLUMNS_MAX + 1  # one more: to say there are more
+        metrics = store.score_names(run_id, columns) if fmt == "csv" else []
         _write(store_views(store, run_id, where, wanted), fmt, out, metrics, limit)
     finally:
         store.close()
@@ -177,8 +178,9 @@ def _write(
 ) -> None:
     if len(metrics) > limits.CSV_SCORE_COLUMNS_MAX:
         errors.print(
-            f"warning: the samples have {len(metrics):,} metric names; the CSV has score "
-            f"columns for the first {limits.CSV_SCORE_COLUMNS_MAX:,} (sorted), and every "
+            f"warning: the samples have more than {limits.CSV_SCORE_COLUMNS_MAX:,} metric "
+            f"names; the CSV has score columns for the first {limits.CSV_SCORE_COLUMNS_MAX:,} "
+            "(sorted), and every "
             "score is in --format jsonl",
             highlight=False,
             soft_wrap=True,

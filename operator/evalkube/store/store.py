@@ -545,8 +545,9 @@ class ResultStore:
             if cursor is None:
                 return
 
-    def score_names(self, run_id: str) -> list[str]:
-        """The metric names any sample of the run has, sorted (the CSV export's columns)."""
+    def score_names(self, run_id: str, limit: int | None = None) -> list[str]:
+        """The metric names any sample of the run has, sorted (the CSV export's columns); the
+        first ``limit`` of them (graders choose names, a run may have millions)."""
         c = schema.samples.c
         if self._dialect == "postgresql":
             each = func.jsonb_each_text(cast(c.scores, JSONB)).table_valued("key", "value")
@@ -558,6 +559,8 @@ class ResultStore:
             .join(each, true())
             .where(c.run_id == run_id)
             .distinct()
+            .order_by(each.c.key)
+            .limit(limit)
         )
         with self.engine.connect() as conn:
             return sorted(str(row[0]) for row in conn.execute(query))

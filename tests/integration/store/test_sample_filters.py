@@ -83,6 +83,7 @@ def test_iter_pages_reads_every_sample_in_order(store: ResultStore) -> None:
 def test_score_names_and_status_counts(store: ResultStore) -> None:
     seed(store)
     assert store.score_names(RUN) == ["exact", "f1"]
+    assert store.score_names(RUN, limit=1) == ["exact"]  # the first, in order
     assert store.status_counts(RUN) == {
         ("qa", "m1"): {"valid": 2},
         ("qa", "m2"): {"valid": 1},

@@ -124,6 +124,14 @@ hygiene.install()
 os.mkfifo(sys.argv[2] + "/fifo")
 fifo = hygiene.dirty
 hygiene.dirty = False
+import posix
+posix.mkfifo(sys.argv[2] + "/fifo2")
+fifo = fifo and hygiene.dirty
+hygiene.dirty = False
+import socket
+socket.socket(socket.AF_UNIX).bind(sys.argv[2] + "/sock")
+fifo = fifo and hygiene.dirty
+hygiene.dirty = False
 import _posixsubprocess
 try:
     _posixsubprocess.fork_exec()  # called directly: no audit event says a process starts
