@@ -83,6 +83,7 @@ FINAL_PHASES = ("Succeeded", "Failed")
 STATUS_REFUSALS_BEFORE_FAILING = 3
 #: The EvalRun status field holding the SHA-256 of the run's ingest token (never the token).
 TOKEN_DIGEST_FIELD = "ingestTokenSha256"
+SNAPSHOT_DIGEST_FIELD = "snapshotSha256"
 #: Seconds a resolved ClusterIP of the ingest or gateway Service is reused.
 SERVICE_IP_CACHE_SECONDS = 300.0
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
@@ -388,7 +389,10 @@ class RunReconciler:
         else:
             # the run is pinned to its snapshot: runners plan units from the snapshot's spec,
             # so an edit of the EvalRun's spec mid-run must not change the operator's plan
-            snapshot = RunSnapshot.model_validate_json(snapshot_data["snapshot.json"])
+            text = snapshot_data.get("snapshot.json") or ""
+            if problem := snapshot_not_ours(body, text):
+                raise _Blocked("Failed", "SnapshotNotOurs", problem)
+            snapshot = RunSnapshot.model_validate_json(text)
         token_digest = await self._ingest_token_digest(body)
         entry = RunEntry(namespace, name, run_id, snapshot.suite.name, token_digest)
         self.registry.register(entry)
@@ -423,6 +427,14 @@ class RunReconciler:
         size = manifests.config_map_bytes(manifest)
         if size > limits.SNAPSHOT_CONFIGMAP_BYTES:
             raise _Blocked("Failed", "SnapshotTooLarge", snapshot_too_large(snapshot, size))
+        # recorded first: a ConfigMap of this name that someone else made (before the run, or
+        # in a race with this create) then differs from it, and is never run
+        meta = body["metadata"]
+        recorded = {SNAPSHOT_DIGEST_FIELD: digest(manifest["data"]["snapshot.json"])}
+        await self.kube.patch_status(EvalRunResource, meta["namespace"], meta["name"], recorded)
+        status = body.get("status")
+        if isinstance(status, dict):  # this pass reads the run's body again
+            status.update(recorded)
         try:
             await self.kube.create(manifest)
         except ApiError as exc:
@@ -749,6 +761,35 @@ def source_mounts(tasks: Iterable[TaskSpec]) -> manifests.SourceMounts:
             else:
                 remote = True
     return manifests.SourceMounts(tuple(sorted(claims)), remote)
+
+
+def snapshot_not_ours(body: Mapping[str, Any], text: str) -> str | None:
+    """Why the run's snapshot ConfigMap is not the one the operator wrote, if it is not.
+
+    Its name is predictable and tenants create ConfigMaps: one made before the run (or
+    deleted and made again) would choose the run's graders, tasks and images past every
+    check of the suite. The operator records the snapshot's SHA-256 in the run's status
+    before creating it. A run without one was either started by an older operator (it has a
+    phase, and its snapshot names the run's uid) or never had a snapshot made for it.
+    """
+    status = read_status(EvalRunStatus, body.get("status"))
+    name = names.snapshot_name(body["metadata"]["name"])
+    redo = "Delete it and the EvalRun, and create the EvalRun again"
+    if status.snapshot_sha256 is not None:
+        if digest(text) == status.snapshot_sha256:
+            return None
+        return (
+            f"ConfigMap {name} is not the snapshot the operator wrote for this run (its "
+            f"SHA-256 differs from status.snapshotSha256): someone else made or replaced it. "
+            + redo
+        )
+    try:
+        uid = RunSnapshot.model_validate_json(text).run.uid
+    except ValueError:
+        uid = None
+    if status.phase != "Pending" and uid == body["metadata"]["uid"]:
+        return None  # started by an operator that did not record digests yet
+    return f"ConfigMap {name} existed before the operator made this run's snapshot. " + redo
 
 
 def snapshot_too_large(snapshot: RunSnapshot, size: int) -> str:

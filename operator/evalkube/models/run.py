@@ -368,6 +368,10 @@ class EvalRunStatus(SpecModel):
     ingest_token_sha256: str | None = Field(default=None, max_length=128)
     """SHA-256 of the run's ingest token (the token itself is in the run's Secret, which the
     operator writes but never reads back)."""
+    snapshot_sha256: str | None = Field(default=None, max_length=128)
+    """SHA-256 of the run's snapshot (``snapshot.json`` of its ConfigMap), written before the
+    operator creates it: a snapshot that differs was made or replaced by someone else, and
+    the run fails instead of running it."""
 
 
 class EvalRun(SpecModel):

@@ -7,6 +7,7 @@ Same harness as ``test_run_reconciler``: a fake kube client, a real SQLite store
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from pathlib import Path
@@ -20,6 +21,7 @@ from evalkube.controller.reconcile import JobState
 from evalkube.engine.pod import parse_snapshot
 from evalkube.models.snapshot import RunSnapshot
 
+from .fake_kube import LiveJobIndex
 from .test_run_reconciler import NS, ROWS, UNITS, Harness, run, suite
 
 
@@ -218,3 +220,73 @@ def test_a_unit_its_runner_reports_failed_fails_with_the_runners_reason(
     assert harness.status["units"]["failed"] == 1
     message = harness.condition("Succeeded")["message"]
     assert message == f"1 of 3 units failed: unit {UNITS[0]}: {reason}"
+
+
+def _planted_snapshot(tmp: Path, image: str) -> dict[str, Any]:
+    """A snapshot ConfigMap of the run's name, made by a tenant: the suite's grader in an
+    image the cluster does not admit."""
+    (tmp / "honest").mkdir()
+    honest = Harness(tmp / "honest")
+    honest.apply(suite())
+    honest.apply(run())
+    honest.step()
+    planted = copy.deepcopy(honest.kube.objects[("ConfigMap", NS, names.snapshot_name("nightly"))])
+    snapshot = json.loads(planted["data"]["snapshot.json"])
+    snapshot["suite"]["spec"]["tasks"][0]["grader"]["environment"] = image
+    planted["data"]["snapshot.json"] = json.dumps(snapshot)
+    return planted
+
+
+def _assert_refused(harness: Harness, reason_text: str) -> None:
+    assert harness.status["phase"] == "Failed"
+    condition = harness.condition("Succeeded")
+    assert condition["reason"] == "SnapshotNotOurs"
+    assert reason_text in condition["message"], condition["message"]
+    assert harness.jobs() == {}
+
+
+def test_a_snapshot_config_map_made_before_the_run_is_never_run(tmp_path: Path) -> None:
+    """Tenants create ConfigMaps, and the snapshot's name is predictable: one planted before
+    the EvalRun exists would pick its graders and images past every check of the suite."""
+    (tmp_path / "run").mkdir()
+    harness = Harness(tmp_path / "run")
+    harness.apply(suite())
+    harness.apply(_planted_snapshot(tmp_path, "docker.io/attacker/python:3"))
+    harness.apply(run())
+    harness.step()
+    _assert_refused(harness, "existed before the operator made this run's snapshot")
+
+
+def test_a_snapshot_replaced_mid_run_is_refused_after_a_restart(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    harness = Harness(tmp_path / "run")
+    harness.apply(suite())
+    harness.apply(run())
+    harness.step()
+    assert harness.status["snapshotSha256"]
+    planted = _planted_snapshot(tmp_path, "docker.io/attacker/python:3")
+    restarted = Harness(tmp_path / "run")  # an operator that has not cached the run's setup
+    restarted.kube = harness.kube
+    restarted.reconciler.kube = harness.kube  # type: ignore[assignment]
+    restarted.reconciler.jobs = LiveJobIndex(harness.kube)  # type: ignore[arg-type]
+    for job in harness.kube.of_kind("Job"):
+        del harness.kube.objects[("Job", NS, job["metadata"]["name"])]
+    harness.kube.put(planted)  # the immutable ConfigMap deleted and made again
+    restarted.step()
+    _assert_refused(restarted, "differs from status.snapshotSha256")
+
+
+def test_a_run_an_older_operator_started_keeps_its_snapshot(tmp_path: Path) -> None:
+    """No digest recorded (an operator before this check): a run with a phase whose snapshot
+    names its uid goes on."""
+    harness = Harness(tmp_path)
+    harness.apply(suite())
+    harness.apply(run())
+    harness.step()
+    del harness.body["status"]["snapshotSha256"]
+    restarted = Harness(tmp_path)
+    restarted.kube = harness.kube
+    restarted.reconciler.kube = harness.kube  # type: ignore[assignment]
+    restarted.reconciler.jobs = LiveJobIndex(harness.kube)  # type: ignore[arg-type]
+    restarted.step()
+    assert restarted.status["phase"] == "Running"

@@ -189,8 +189,10 @@ def test_first_pass_snapshots_the_suite_and_creates_jobs_up_to_parallelism(
     assert "snapshot.json" in snapshot["data"]
     assert harness.kube.of_kind("NetworkPolicy"), "the run's NetworkPolicy is created"
     assert harness.kube.of_kind("Secret"), "the run's token Secret is created"
-    # the token's digest is written at once (before any Job can use the token), never the token
-    assert harness.kube.status_patches[0][2].keys() == {"ingestTokenSha256"}
+    # the snapshot's digest is written before the snapshot exists, the token's before any Job
+    # can use the token (never the token)
+    first = [patch[2].keys() for patch in harness.kube.status_patches[:2]]
+    assert first == [{"snapshotSha256"}, {"ingestTokenSha256"}]
     status = harness.status
     EvalRunStatus.model_validate({k: v for k, v in status.items() if k != "kopf"})
     assert status["phase"] == "Running"
