@@ -26,7 +26,8 @@ class OperatorSettings(BaseSettings):
     """Image of the ``grader`` container (``evalkube_sandbox`` + the grader environment)."""
     grader_images: list[str] = Field(default_factory=list)
     """Images a task's ``grader.environment`` may name besides the sandbox image: shell-style
-    patterns (JSON list; the chart's ``work.graderImages``), e.g. ``registry.example.com/evals/*``.
+    patterns (JSON list; the chart's ``work.graderImages``), e.g. ``registry.example.com/evals/*``
+    (``*`` matches ``/`` too: everything pushed under that path, at any depth).
     The image's own ``python3`` supervises the untrusted grader (its limits, its kill-all), so
     name only images built ``FROM`` the sandbox image by people you trust. Empty: the sandbox
     image only; a suite naming another image is ``Invalid`` and its runs fail."""
