@@ -12,8 +12,11 @@ imports, rendered on rows from datasets: all hostile (DESIGN.md §5). Here:
   ``a ** b``, the widths of a format string);
 - every call (methods, functions, macros) and every filter (wrapped, so never folded
   either) is charged its estimated result size; the ones that grow text by a parameter
-  (``center``, ``ljust``, ``replace``, ``join``, ``indent``, ``format``, ...) by their exact
-  bound;
+  (``center``, ``ljust``, ``replace``, ``join``, ``indent``, ``format``, ``tojson``,
+  ``batch``, ``sum``, ...) by their own bound, any other filter by the product of its input
+  and its arguments (what it could do with each pair); a generator passed to either (a
+  ``map`` or ``select`` result) is drawn into a list first, item by item within the budget,
+  so that it is sized like any list;
 - every loop step and every output checks the wall clock; output is counted as it is
   produced, inside macros and ``{% set %}`` blocks too;
 - list, tuple and dict literals and ``{% set %}`` values are charged their size, and the
@@ -42,6 +45,7 @@ from collections.abc import (
     Iterator,
     Mapping,
     MappingView,
+    Sized,
     ValuesView,
 )
 from string import Formatter
@@ -64,9 +68,30 @@ DICT = "_evalkube_dict"
 ASSIGNED = "_evalkube_assigned"
 COMPARED = "_evalkube_compared"
 _GROWING = frozenset({"+", "*", "**", "%"})
-# printf-style conversion specs: flags, width, precision (``*`` reads them from the args)
-_PRINTF = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?[a-zA-Z%]")
+# where a printf width or precision can be: digits after ``%`` or a mapping key's ``)`` and
+# the flags (a superset of what Python reads: no key, however nested, hides one)
+_PRINTF_WIDTH = re.compile(r"[%)][-+ #0]*(\d*)(?:\.(\d*))?")
+# a ``*`` width or precision (read from the arguments); after a key it fails before printing
+_PRINTF_STAR = re.compile(r"%[-+ #0]*(?:\*|\d*\.\*)")
 _DIGITS = re.compile(r"\d+")
+# the most characters one number prints as, past its width: ``'%f' % 1e308`` is 316,
+# ``'{:,f}'.format(1e308)`` 418 (a float holds 24 in :func:`size_of`)
+_NUMBER_CHARS = 420
+# every character ``str.splitlines`` breaks a line at (``\r\n`` counts twice: a bound)
+_LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+# filters whose arguments appear at most once in the result, never once per character or
+# item: charged their input and arguments, not the product
+_ADDITIVE_FILTERS = frozenset({"default", "d", "truncate", "int", "float", "filesizeformat"})
+# filters that take their input item by item and apply their arguments (an attribute path,
+# a test or filter name) to each: the arguments cost once per item, not per character
+_PER_ITEM_FILTERS = frozenset(
+    {"map", "select", "reject", "selectattr", "rejectattr", "sort", "unique", "groupby"}
+    | {"dictsort", "min", "max", "attr"}
+)
+# the largest integer a product or power may build (315,652 digits, 30 ms to compute)
+_INTEGER_BITS = 1 << 20
+# list and tuple methods that compare or reorder every element (``l.count(x)`` walks ``l``)
+_WALKING_METHODS = frozenset({"count", "index", "remove", "sort"})
 _END = object()
 _SYMBOLS = {
     "eq": "==",
@@ -105,6 +130,7 @@ class _Budget:
 
     def charge(self, size: int, what: str, verb: str = "would build") -> None:
         self.tick()
+        size = max(size, 0)  # a bound computed from a negative width must not refund
         if size > limits.TEMPLATE_WORK_CHARS - self.work:
             raise TemplateBudgetError(
                 f"{what} {verb} more than {limits.TEMPLATE_WORK_CHARS:,} characters in one render"
@@ -227,37 +253,109 @@ def _compare_size(op: str, side: str, value: Any) -> int:
     return size_of(value) if _leaf_size(value) is None else 0
 
 
-def _count_width(number: int, what: str) -> int:
+def _count_width(number: int, what: str, noun: str = "a width") -> int:
     if number > limits.TEMPLATE_WORK_CHARS:
-        raise TemplateBudgetError(f"{what}: a width of {number:,} characters")
-    return number
+        raise TemplateBudgetError(f"{what}: {noun} of {number:,} characters")
+    return max(number, 0)  # ``' ' * -5`` is empty: a negative size would refund the budget
+
+
+def _integer(bits: int, what: str) -> None:
+    """Refuse an integer of more than :data:`_INTEGER_BITS` bits: Python multiplies big
+    integers in superlinear time, inside one call the clock cannot stop (``3 ** 20000000``
+    is 13,000,000 characters, within the budget, and 12 s of CPU, even while compiling);
+    and none that large prints (``str()`` refuses more than 4,300 digits)."""
+    if bits > _INTEGER_BITS:
+        raise TemplateBudgetError(
+            f"{what} would build an integer of more than {_INTEGER_BITS:,} bits"
+        )
+
+
+def _number(digits: str) -> int:
+    """The value of a run of digits, at most 10**18 (``int()`` refuses 4,300 digits, and a
+    width past 16,000,000 is refused anyway)."""
+    digits = digits.lstrip("0")
+    return int(digits or "0") if len(digits) <= 18 else 10**18
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, default: Any) -> Any:
+    """A parameter of a call, passed by position or by name."""
+    return args[index] if len(args) > index else kwargs.get(name, default)
+
+
+def _count(value: Any) -> int:
+    """How many items (characters, for text) ``value`` holds: an upper bound when it has no
+    length."""
+    return len(value) if isinstance(value, Sized) else size_of(value)
+
+
+def _text(value: Any, what: str) -> str:
+    """``value`` as the text a filter makes of it (``str(value)``), charged before it is
+    built: a list grown after it was built (``x.append(...)`` into ``[x, x]``) may print as
+    gigabytes, and sizing an argument must not build them."""
+    if isinstance(value, str):
+        return value
+    _budget().charge(size_of(value), what)
+    return str(value)
+
+
+def _drawn(value: Any, what: str) -> Any:
+    """``value`` drawn into a list when it is an iterable without a length (a generator, a
+    ``map`` or ``select`` result), each item charged as it comes: the filter or call is
+    then sized on all of it (``join`` over a generator of a thousand items is a thousand
+    separators, not none), and drawing an endless or huge one stops at the budget."""
+    if not isinstance(value, Iterable) or isinstance(value, Sized):
+        return value
+    budget = _budget()
+    items = []
+    for item in value:
+        budget.charge(size_of(item, limits.TEMPLATE_WORK_CHARS - budget.work) + 1, what)
+        items.append(item)
+    return items
+
+
+def _drawn_all(
+    args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of a call, each :func:`_drawn`."""
+    return (
+        tuple(_drawn(arg, what) for arg in args),
+        {name: _drawn(arg, what) for name, arg in kwargs.items()},
+    )
 
 
 def _printf_size(fmt: str, args: Any) -> int:
-    """Upper bound of ``fmt % args``: the format, the arguments and every width."""
-    extra = 0
-    for match in _PRINTF.finditer(fmt):
-        for part in match.groups():
-            if part == "*":
-                raise TemplateBudgetError("`%` formatting: `*` widths are not allowed")
-            if part:
-                extra += _count_width(int(part), "`%` formatting")
-    return len(fmt) + size_of(args) + extra
+    """Upper bound of ``fmt % args`` that no spelling of ``fmt`` can fool: each ``%`` prints
+    at most all of ``args`` (a mapping key can repeat: ``'%(a)s' * 1000``) padded to the
+    widest width or precision ``fmt`` can hold (a key may nest parentheses: ``%(a(b))9s``),
+    or a float's digits. A ``*`` width, read from the arguments, is refused."""
+    if _PRINTF_STAR.search(fmt):
+        raise TemplateBudgetError("`%` formatting: `*` widths are not allowed")
+    widest = max(
+        (_number(d) for match in _PRINTF_WIDTH.finditer(fmt) for d in match.groups() if d),
+        default=0,
+    )
+    _count_width(widest, "`%` formatting")
+    return len(fmt) + fmt.count("%") * (size_of(args) + widest + _NUMBER_CHARS)
 
 
 def _format_size(fmt: str, args: Iterable[Any]) -> int:
-    """Upper bound of ``fmt.format(...)``: widths in its replacement fields counted."""
-    extra = 0
+    """Upper bound of ``fmt.format(...)`` or ``format_map``: each replacement field prints at
+    most all the arguments (``'{0}' * 1000`` repeats one) padded to the widest width in any
+    field, or a float's digits. The fields are read by the parser ``str.format`` uses, up to
+    where it fails: what comes before that error is built before it is raised."""
+    fields = widest = 0
     try:
-        fields = list(Formatter().parse(fmt))
+        for _literal, name, spec, _conversion in Formatter().parse(fmt):
+            if name is None:
+                continue
+            if spec and "{" in spec:
+                raise TemplateBudgetError("str.format: nested replacement fields are not allowed")
+            fields += 1
+            widest = max([widest, *map(_number, _DIGITS.findall(spec or ""))])
     except ValueError:
-        return len(fmt) + size_of(list(args))
-    for _literal, _name, spec, _conversion in fields:
-        if spec and "{" in spec:
-            raise TemplateBudgetError("str.format: nested replacement fields are not allowed")
-        for number in _DIGITS.findall(spec or ""):
-            extra += _count_width(int(number), "str.format")
-    return len(fmt) + size_of(list(args)) + extra
+        pass
+    _count_width(widest, "str.format")
+    return len(fmt) + fields * (size_of(list(args)) + widest + _NUMBER_CHARS)
 
 
 def _binop_size(operator: str, left: Any, right: Any) -> int:
@@ -277,53 +375,149 @@ def _binop_size(operator: str, left: Any, right: Any) -> int:
     return size_of(left) + size_of(right)
 
 
+def _binop_bits(operator: str, left: Any, right: Any) -> int:
+    """Bits of an integer product or power (0 for anything else)."""
+    if not (isinstance(left, int) and isinstance(right, int)):
+        return 0
+    if operator == "**" and right > 0:
+        return max(abs(left).bit_length(), 1) * right
+    if operator == "*":
+        return left.bit_length() + right.bit_length()
+    return 0
+
+
 def _str_method_size(method: str, text: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """Upper bound of ``text.<method>(*args)`` for the methods that grow text."""
+    """Upper bound of ``text.<method>(*args)`` for the methods that grow text (the ``center``
+    and ``replace`` filters too, by their parameters' names)."""
     values = [*args, *kwargs.values()]
+    what = f"`{method}`"
     if method in ("center", "ljust", "rjust", "zfill"):
-        width = values[0] if values and isinstance(values[0], int) else 0
-        return max(len(text), _count_width(width, f"str.{method}"))
+        width = _arg(args, kwargs, 0, "width", 0)
+        return max(len(text), _count_width(width if isinstance(width, int) else 0, f"str.{method}"))
     if method == "expandtabs":
-        size = values[0] if values and isinstance(values[0], int) else 8
+        size = _arg(args, kwargs, 0, "tabsize", 8)
+        size = size if isinstance(size, int) else 8
         return len(text) + text.count("\t") * _count_width(size, "str.expandtabs")
     if method == "replace" and len(values) >= 2:
-        old, new = str(values[0]), str(values[1])
+        old = _text(_arg(args, kwargs, 0, "old", ""), what)
+        new = _text(_arg(args, kwargs, 1, "new", ""), what)
         hits = text.count(old) if old else len(text) + 1
         return len(text) + hits * len(new)
     if method == "join" and values:
         items = values[0]
-        count = len(items) if hasattr(items, "__len__") else 0
-        return size_of(items) + len(text) * count
+        return size_of(items) + len(text) * _count(items)
+    if method in ("strip", "lstrip", "rstrip") and values:
+        # each character stripped is looked for in ``chars``: quadratic in one C call
+        return len(text) * (1 + size_of(values[0]))
     if method == "format":
         return _format_size(text, values)
     return len(text) + size_of(values)
 
 
 def _filter_size(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """Upper bound of a filter's result, for the filters that grow their input."""
+    """Upper bound of a filter's result, and of the work it does inside one call."""
     value, rest = (args[0], args[1:]) if args else ("", ())
-    if name == "format" and isinstance(value, str):
-        return _printf_size(value, rest)
-    if name in ("center", "replace") and isinstance(value, str):
-        return _str_method_size(name, value, rest, kwargs)
+    what = f"the `{name}` filter"
+    if name == "format":  # ``str(value) % (kwargs or args)``
+        return _printf_size(_text(value, what), kwargs or rest)
+    if name in ("center", "replace"):  # on ``str(value)``: ``(10**4000)|replace('', ...)``
+        return _str_method_size(name, _text(value, what), rest, kwargs)
     if name == "wordwrap":
-        wrap = rest[2] if len(rest) > 2 else kwargs.get("wrapstring") or "\n"
-        return size_of(value) * (1 + len(str(wrap)))
+        wrap = _arg(rest, kwargs, 2, "wrapstring", None) or "\n"
+        return size_of(value) * (1 + len(_text(wrap, what)))
     if name == "join":
-        sep = rest[0] if rest else kwargs.get("d", "")
-        count = len(value) if hasattr(value, "__len__") else 0
-        return size_of(value) + len(str(sep)) * count
-    if name == "indent":
-        width = rest[0] if rest else kwargs.get("width", 4)
-        width = len(width) if isinstance(width, str) else width
-        lines = str(value).count("\n") + 1 if isinstance(value, str) else 1
-        return size_of(value) + lines * _count_width(int(width), "indent")
-    if name in ("slice", "batch"):
-        count = rest[0] if rest else 1
-        if isinstance(count, int):
-            _count_width(count, name)
-    # escaping and serializing filters grow text by a bounded factor (``&`` -> ``&amp;``)
-    return 6 * (size_of(args) + size_of(kwargs))
+        sep = _text(_arg(rest, kwargs, 0, "d", ""), what)
+        attribute = _arg(rest, kwargs, 1, "attribute", None)
+        per_item = len(sep) + (0 if attribute is None else size_of(attribute))
+        return size_of(value) + _count(value) * per_item
+    if name == "indent":  # each line (as ``str.splitlines`` cuts them) gets the indent
+        width = _arg(rest, kwargs, 0, "width", 4)
+        width = len(width) if isinstance(width, str) else int(width)
+        lines = 1 + sum(map(value.count, _LINE_BREAKS)) if isinstance(value, str) else 1
+        return size_of(value) + lines * _count_width(width, what)
+    if name in ("batch", "slice"):  # the last batch, or each slice, padded with ``fill_with``
+        count = _arg(rest, kwargs, 0, "linecount" if name == "batch" else "slices", 1)
+        fill = _arg(rest, kwargs, 1, "fill_with", None)
+        count = _count_width(count, what) if isinstance(count, int) else 1
+        return size_of(value) + (0 if fill is None else count * (1 + size_of(fill)))
+    if name == "sum":
+        attribute = _arg(rest, kwargs, 0, "attribute", None)
+        start = _arg(rest, kwargs, 1, "start", 0)
+        items = _count(value)
+        size = size_of(value) + items * (0 if attribute is None else size_of(attribute))
+        if isinstance(start, int | float):
+            return size
+        # ``start + a + b + ...`` copies the growing total at each step (lists, tuples): the
+        # clock cannot stop one call of ``sum``, so the quadratic is refused before it runs
+        return (size + size_of(start)) * (items + 1)
+    if name == "round":  # ``10 ** precision`` (``floor``, ``ceil``), ``round(n, -precision)``
+        precision = _arg(rest, kwargs, 0, "precision", 0)
+        if isinstance(precision, int):
+            _integer(abs(precision) * 4, what)
+            return 6 * (size_of(value) + abs(precision))
+    if name in ("tojson", "pprint"):  # a line per item, indented per level it is nested at
+        size = size_of(value)
+        if 6 * size > limits.TEMPLATE_WORK_CHARS:  # refused as it is
+            return 6 * size
+        if name == "pprint":  # ``pprint`` indents a mapping's value past its key
+            return 6 * size + size * (1 + _nesting(value, keys=True))
+        indent = _arg(rest, kwargs, 0, "indent", None)
+        width = len(indent) if isinstance(indent, str) else int(indent or 0)
+        return 6 * size + size * (1 + _count_width(width, what) * _nesting(value, keys=False))
+    size = size_of(value)
+    other = sum(size_of(arg) for arg in (*rest, *kwargs.values()))
+    if name in _ADDITIVE_FILTERS:
+        return 6 * (size + other)
+    if name in _PER_ITEM_FILTERS:
+        return 6 * size + (_count(value) + 1) * (other + 1)
+    # escaping and serializing filters grow text by a bounded factor (``&`` -> ``&amp;``), and
+    # an argument may be used once per character or item (``urlize(target=...)`` per link,
+    # ``trim(chars)`` looks every character up in ``chars``): charged the product
+    return 6 * (size + 1) * (other + 1)
+
+
+class _Nested:
+    """A container being walked by :func:`_nesting`: its items, each with the indentation
+    it adds, and the deepest found so far."""
+
+    __slots__ = ("container", "deepest", "items", "step")
+
+    def __init__(self, container: Any, step: int, keys: bool) -> None:
+        self.container, self.step, self.deepest = container, step, 0
+        if isinstance(container, Namespace):
+            container = getattr(container, "_Namespace__attrs", {})
+        self.items: Iterator[tuple[Any, int]]
+        if isinstance(container, Mapping):
+            self.items = ((v, 1 + (size_of(k) + 4 if keys else 0)) for k, v in container.items())
+        else:
+            self.items = ((item, 1) for item in container)
+
+
+def _nesting(value: Any, keys: bool) -> int:
+    """How far ``value``'s deepest item is indented when it prints an item per line: a level
+    per container, plus, with ``keys``, the key each mapping value follows (``pprint``
+    aligns a value past its key). Each container is walked once; call it on a value whose
+    :func:`size_of` is within the budget (so it does not hold itself)."""
+    if _leaf_size(value) is not None:
+        return 0
+    done: dict[int, tuple[Any, int]] = {}  # the container too: its id stays unique
+    stack = [_Nested(value, 0, keys)]
+    while True:
+        top = stack[-1]
+        for item, step in top.items:
+            if _leaf_size(item) is not None:
+                top.deepest = max(top.deepest, step)
+            elif id(item) in done:
+                top.deepest = max(top.deepest, step + done[id(item)][1])
+            else:
+                stack.append(_Nested(item, step, keys))
+                break
+        else:
+            stack.pop()
+            if not stack:
+                return top.deepest
+            done[id(top.container)] = (top.container, top.deepest)
+            stack[-1].deepest = max(stack[-1].deepest, top.step + top.deepest)
 
 
 def _test_size(name: str, args: tuple[Any, ...]) -> int:
@@ -336,14 +530,19 @@ def _test_size(name: str, args: tuple[Any, ...]) -> int:
     )
 
 
-def _bounded(function: Callable[..., Any], charge: Callable[..., None]) -> Callable[..., Any]:
-    """``function`` with ``charge(args, kwargs)`` first; ``pass_context`` so Jinja never
-    calls it while compiling (constant folding)."""
+def _bounded(
+    function: Callable[..., Any], charge: Callable[..., None], drawn: str | None = None
+) -> Callable[..., Any]:
+    """``function`` with ``charge(args, kwargs)`` first, its arguments :func:`_drawn` (charged
+    as ``drawn``) before when given; ``pass_context`` so Jinja never calls it while
+    compiling (constant folding)."""
     wants = getattr(getattr(function, "jinja_pass_arg", None), "name", None)
 
     @pass_context
     @functools.wraps(function)
     def bounded(context: Any, *args: Any, **kwargs: Any) -> Any:
+        if drawn is not None:
+            args, kwargs = _drawn_all(args, kwargs, drawn)
         charge(args, kwargs)
         if wants == "context":
             return function(context, *args, **kwargs)
@@ -357,12 +556,12 @@ def _bounded(function: Callable[..., Any], charge: Callable[..., None]) -> Calla
 
 
 def _wrap_filter(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` charged its result size first."""
+    """``function`` charged its result size first, a generator it is given drawn first."""
 
     def charge(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         _budget().charge(_filter_size(name, args, kwargs), f"the `{name}` filter")
 
-    return _bounded(function, charge)
+    return _bounded(function, charge, f"the input of the `{name}` filter")
 
 
 def _wrap_test(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -470,6 +669,7 @@ class BoundedEnvironment(SandboxedEnvironment):
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _budget().charge(_binop_size(operator, left, right), f"`{operator}`")
+        _integer(_binop_bits(operator, left, right), f"`{operator}`")
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -479,10 +679,13 @@ class BoundedEnvironment(SandboxedEnvironment):
             return __obj(*args, **kwargs)
         owner = getattr(__obj, "__self__", None)
         name = getattr(__obj, "__name__", "a call")
+        args, kwargs = _drawn_all(args, kwargs, f"the arguments of `{name}`")
         if isinstance(owner, str):
             size = _str_method_size(name, owner, args, kwargs)
         else:
             size = size_of(args) + size_of(kwargs)
+            if name in _WALKING_METHODS and isinstance(owner, list | tuple):
+                size += size_of(owner)  # ``l.count(x)`` compares ``x`` with all of ``l``
         _budget().charge(size, f"`{name}`")
         return super().call(__context, __obj, *args, **kwargs)
 

@@ -85,12 +85,77 @@ def refusal(source: str) -> str:
             "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
             "took longer than 2 s",
         ),
+        # a generator is drawn into a list, then sized: a thousand separators, not none
+        (
+            "{% set s = range(1000)|map('string')|join('x' * 100000) %}",
+            "the `join` filter would build",
+        ),
+        ("{% set s = ('x' * 100000).join(range(1000)|map('string')) %}", "`join` would build"),
+        # each `%` or replacement field may print all the arguments, at the widest width
+        ("{% set s = '%(a(b))200000000s' % {'a(b)': 'x'} %}", "a width of 200,000,000"),
+        (
+            "{% set s = ('%(a)s' * 1000)|format(a='x' * 100000) %}",
+            "the `format` filter would build",
+        ),
+        ("{% set s = ('{0}' * 1000).format('x' * 100000) %}", "str.format would build"),
+        ("{% set s = ('{a}' * 1000).format_map({'a': 'x' * 100000}) %}", "str.format would build"),
+        ("{% set s = ('%(a)f' * 100000) % {'a': 1e308} %}", "`%` would build"),
+        ("{% set s = '{:>99999999}{'.format(1) %}", "a width of 99,999,999"),  # then fails
+        # a filter that works on the text of its input: sized on that text
+        ("{% set s = ['%100000000s']|format('x') %}", "a width of 100,000,000"),
+        (
+            "{% set s = (10 ** 4000)|replace('', 'y' * 20000) %}",
+            "the `replace` filter would build",
+        ),
+        ("{% set s = 123|center(100000000) %}", "a width of 100,000,000"),
+        # every line break `str.splitlines` knows
+        ("{% set s = ('a\\ra' * 5000)|indent(20000) %}", "the `indent` filter would build"),
+        # an argument used once per character, item or line
+        (
+            "{% set s = ('http://a.com ' * 1000)|urlize(target='x' * 100000) %}",
+            "the `urlize` filter would build",
+        ),
+        (
+            "{% set s = (range(2000)|list)|tojson(indent=50000) %}",
+            "the `tojson` filter would build",
+        ),
+        (
+            "{% set s = ('a' * 300000)|trim('b' * 300000 ~ 'a') %}",
+            "the `trim` filter would build",
+        ),
+        (
+            "{% set i = [] %}{% set ns = namespace(o=i) %}{% for _ in range(400) %}"
+            "{% set ns.o = [ns.o] %}{% endfor %}{{ i.extend(range(100000)|list) or '' }}"
+            "{% set s = ns.o|pprint %}",
+            "the `pprint` filter would build",
+        ),
+        # quadratic, or many references, or a huge integer, inside one call the clock
+        # cannot stop
+        ("{% set s = range(40000)|batch(1)|sum(start=[]) %}", "the `sum` filter would build"),
+        (
+            "{% set s = range(1)|batch(10000000, 'z' * 1000)|list %}",
+            "the `batch` filter would build",
+        ),
+        (
+            "{% set s = range(1)|slice(10000000, 'z' * 1000)|list %}",
+            "the `slice` filter would build",
+        ),
+        ("{% set s = 3 ** 10000000 %}", "`**` would build an integer of more than"),
+        ("{% set s = 5|round(-1000000000) %}", "the `round` filter would build an integer"),
+        # a negative width refunds nothing
+        (
+            "{% set s = ('\\t' * 100000).expandtabs(-100000000) %}"
+            "{% set a = 'x' * 10000000 %}{% set b = 'x' * 10000000 %}",
+            "`*` would build more than",
+        ),
     ],
 )
 def test_an_attack_is_refused_naming_the_field(source: str, refused: str) -> None:
+    started = time.monotonic()
     answer = refusal(source)
     assert answer.startswith(("refused: tasks[t].prompt: ", "refused: prompt: ")), answer
     assert re.search(refused.replace("(", r"\(").replace("*", r"\*"), answer), answer
+    assert time.monotonic() - started < 10, "refused only after it ran"
 
 
 def _doubled(names: str, depth: int) -> str:
@@ -152,6 +217,19 @@ _CHARGED = "would (build|hold|compare) more than 16,000,000 characters"
         (_GRAFTED + "{{ c.count(a) }}", "`count` would build more than 16,000,000"),
         (_GRAFTED + "{{ d|sort }}", "the `sort` filter would build more than 16,000,000"),
         (_GRAFTED + "{{ [a, b]|max }}", "a list literal would build more than 16,000,000"),
+        # an argument is not printed to be sized: `a` prints as a gigabyte
+        (
+            "{% set x = [] %}{% set a = [x] %}"
+            + _doubled("a", 20)
+            + "{{ x.append('y' * 1000) or '' }}{{ 'a'|replace('a', a) }}",
+            "the `replace` filter would build more than 16,000,000",
+        ),
+        # a list's `count` compares with each of its elements: 100,000 lists of 1,000
+        (
+            "{% set y = [] %}{% set l = [y] * 100000 %}{{ y.extend(range(1000)|list) or '' }}"
+            "{{ l.count(range(1000)|list) }}",
+            "`count` would build more than 16,000,000",
+        ),
     ],
 )
 def test_a_shared_or_compared_container_is_charged_in_full(source: str, refused: str) -> None:
@@ -193,6 +271,29 @@ def test_a_grader_template_names_its_field() -> None:
             "{{ [1, [2]] == [1, [2]] }} {{ 'q' in item }} {{ 3 in range(10) }} "
             "{{ 1 < 2 < 3 }} {{ 'h' in item.q }} {{ [1] is in [[1]] }} {{ 2 is eq 2 }}",
             "True True True True True True True",
+        ),
+        (
+            "{{ range(3)|map('string')|join(', ') }} {{ ', '.join(['a', 'b']|map('upper')) }} "
+            "{{ [1, 2, 3]|select('odd')|first }} {{ [3, 1, 2]|sort|join }} "
+            "{{ (range(4)|reject('odd')|list)|length }}",
+            "0, 1, 2 A, B 1 123 2",
+        ),
+        (
+            "{{ '%s=%d'|format('a', 1) }} {{ '%(k)s'|format(k='v') }} {{ '%d%%' % 50 }} "
+            "{{ '{0}-{0}'.format('x') }} {{ '{a}'.format_map({'a': 1}) }} {{ 7|center(3) }}",
+            "a=1 v 50% x-x 1  7 ",
+        ),
+        (
+            "{{ 'a\\nb\\r\\nc'|indent(2) }}|{{ {'k': [1, 2]}|tojson }}|{{ [1]|tojson(indent=2) }}"
+            "|{{ {'a': [1]}|pprint }}",
+            "a\n  b\n  c|{\"k\": [1, 2]}|[\n  1\n]|{'a': [1]}",
+        ),
+        (
+            "{{ [1, 2, 3]|batch(2, 0)|list }} {{ [1, 2, 3]|slice(2)|list }} {{ [1, 2, 3]|sum }} "
+            "{{ [[1], [2]]|sum(start=[]) }} {{ [{'n': 2}, {'n': 3}]|sum(attribute='n') }} "
+            "{{ 2.567|round(1) }} {{ 2.5|round(0, 'floor') }} {{ ' x '|trim }}|"
+            "{{ 'ab'|replace('b', 'c') }} {{ ['x', 'y']|map('upper')|list }} {{ 'a b'|urlize }}",
+            "[[1, 2], [3, 0]] [[1, 2], [3]] 6 [1, 2] 5 2.6 2.0 x|ac ['X', 'Y'] a b",
         ),
     ],
 )
