@@ -88,7 +88,7 @@ _PER_ITEM_FILTERS = frozenset(
     {"map", "select", "reject", "selectattr", "rejectattr", "sort", "unique", "groupby"}
     | {"dictsort", "min", "max", "attr"}
 )
-# the largest integer a product or power may build (315,652 digits, 30 ms to compute)
+# the largest integer a product or power may build (315,652 digits, milliseconds to compute)
 _INTEGER_BITS = 1 << 20
 # list and tuple methods that compare or reorder every element (``l.count(x)`` walks ``l``)
 _WALKING_METHODS = frozenset({"count", "index", "remove", "sort"})
@@ -262,7 +262,7 @@ def _count_width(number: int, what: str, noun: str = "a width") -> int:
 def _integer(bits: int, what: str) -> None:
     """Refuse an integer of more than :data:`_INTEGER_BITS` bits: Python multiplies big
     integers in superlinear time, inside one call the clock cannot stop (``3 ** 20000000``
-    is 13,000,000 characters, within the budget, and 12 s of CPU, even while compiling);
+    is 13,000,000 characters, within the budget, and seconds of CPU, even while compiling);
     and none that large prints (``str()`` refuses more than 4,300 digits)."""
     if bits > _INTEGER_BITS:
         raise TemplateBudgetError(
@@ -386,11 +386,13 @@ def _binop_bits(operator: str, left: Any, right: Any) -> int:
     return 0
 
 
-def _str_method_size(method: str, text: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+def _str_method_size(
+    method: str, text: str, args: tuple[Any, ...], kwargs: dict[str, Any], what: str = ""
+) -> int:
     """Upper bound of ``text.<method>(*args)`` for the methods that grow text (the ``center``
-    and ``replace`` filters too, by their parameters' names)."""
+    and ``replace`` filters too, by their parameters' names, charged as ``what``)."""
     values = [*args, *kwargs.values()]
-    what = f"`{method}`"
+    what = what or f"`{method}`"
     if method in ("center", "ljust", "rjust", "zfill"):
         width = _arg(args, kwargs, 0, "width", 0)
         return max(len(text), _count_width(width if isinstance(width, int) else 0, f"str.{method}"))
@@ -421,7 +423,7 @@ def _filter_size(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> in
     if name == "format":  # ``str(value) % (kwargs or args)``
         return _printf_size(_text(value, what), kwargs or rest)
     if name in ("center", "replace"):  # on ``str(value)``: ``(10**4000)|replace('', ...)``
-        return _str_method_size(name, _text(value, what), rest, kwargs)
+        return _str_method_size(name, _text(value, what), rest, kwargs, what)
     if name == "wordwrap":
         wrap = _arg(rest, kwargs, 2, "wrapstring", None) or "\n"
         return size_of(value) * (1 + len(_text(wrap, what)))

@@ -124,14 +124,15 @@ def refusal(source: str) -> str:
             "the `trim` filter would build",
         ),
         (
-            "{% set i = [] %}{% set ns = namespace(o=i) %}{% for _ in range(400) %}"
-            "{% set ns.o = [ns.o] %}{% endfor %}{{ i.extend(range(100000)|list) or '' }}"
+            "{% set i = [] %}{% set ns = namespace(o=i) %}{% for _ in range(10) %}"
+            "{% set ns.o = {'k' * 10000: ns.o} %}{% endfor %}{{ i.extend(range(1000)|list) or '' }}"
             "{% set s = ns.o|pprint %}",
             "the `pprint` filter would build",
         ),
         # quadratic, or many references, or a huge integer, inside one call the clock
         # cannot stop
-        ("{% set s = range(40000)|batch(1)|sum(start=[]) %}", "the `sum` filter would build"),
+        ("{% set s = ([[0]] * 40000)|sum(start=[]) %}", "the `sum` filter would build"),
+        ("{% set s = range(10000)|batch(1)|sum(start=[]) %}", "the `sum` filter would build"),
         (
             "{% set s = range(1)|batch(10000000, 'z' * 1000)|list %}",
             "the `batch` filter would build",
@@ -145,7 +146,7 @@ def refusal(source: str) -> str:
         # a negative width refunds nothing
         (
             "{% set s = ('\\t' * 100000).expandtabs(-100000000) %}"
-            "{% set a = 'x' * 10000000 %}{% set b = 'x' * 10000000 %}",
+            "{% set a = item.q * 2000000 %}{% set b = item.q * 2000000 %}",
             "`*` would build more than",
         ),
     ],
@@ -217,17 +218,17 @@ _CHARGED = "would (build|hold|compare) more than 16,000,000 characters"
         (_GRAFTED + "{{ c.count(a) }}", "`count` would build more than 16,000,000"),
         (_GRAFTED + "{{ d|sort }}", "the `sort` filter would build more than 16,000,000"),
         (_GRAFTED + "{{ [a, b]|max }}", "a list literal would build more than 16,000,000"),
-        # an argument is not printed to be sized: `a` prints as a gigabyte
+        # an argument is not printed to be sized: `a` prints as 1.3 GB
         (
             "{% set x = [] %}{% set a = [x] %}"
-            + _doubled("a", 20)
-            + "{{ x.append('y' * 1000) or '' }}{{ 'a'|replace('a', a) }}",
+            + _doubled("a", 17)
+            + "{{ x.append('y' * 10000) or '' }}{{ 'a'|replace('a', a) }}",
             "the `replace` filter would build more than 16,000,000",
         ),
-        # a list's `count` compares with each of its elements: 100,000 lists of 1,000
+        # a list's `count` compares with each of its elements: 20,000 lists of 5,000
         (
-            "{% set y = [] %}{% set l = [y] * 100000 %}{{ y.extend(range(1000)|list) or '' }}"
-            "{{ l.count(range(1000)|list) }}",
+            "{% set y = [] %}{% set l = [y] * 20000 %}{{ y.extend(range(5000)|list) or '' }}"
+            "{{ l.count(range(5000)|list) }}",
             "`count` would build more than 16,000,000",
         ),
     ],
