@@ -27,4 +27,5 @@ export EVALKUBE_MLFLOW_BIN
 # SeaweedFS's weed: the S3-compatible store the s3:// dataset tests read from (Go, cached by key).
 EVALKUBE_WEED_BIN=$(bash .ci/seaweedfs.sh | tail -1)
 export EVALKUBE_WEED_BIN
-exec .venv/bin/python -m pytest "$@"
+# the slowest tests, named in every CI log (where the time of a run goes)
+exec .venv/bin/python -m pytest --durations=30 "$@"
