@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: setup grader-env sandboxes demo test lint typecheck crds-check system-deps native-proxy images
+.PHONY: setup grader-env sandboxes demo test check lint typecheck crds-check system-deps native-proxy images
 setup:
 	bash .ci/python.sh
 	bash .ci/grader-env.sh >/dev/null
@@ -52,3 +52,8 @@ crds-check: setup
 
 test: setup system-deps lint typecheck crds-check
 	bash .ci/test.sh
+
+# The inner loop: lint, types, CRD drift and the unit tests (no services, no sandboxes, no
+# cluster). CI always runs `make test`.
+check: lint typecheck crds-check
+	$(VENV)/python -m pytest -q tests/unit
