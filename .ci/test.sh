@@ -3,6 +3,23 @@
 # control plane first when the harness exists, so cluster tests never silently skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The builds only the tests need (promtool, the MLflow venv, SeaweedFS) start at once in the
+# background, beside the control plane's and the node's: a Go build leaves a core idle while
+# modules download and while it links, and a cold machine gains minutes; with warm caches each
+# returns in seconds either way. Each one's log is printed when it is collected.
+LOGS=$(mktemp -d)
+declare -A JOBS
+start() { local name=$1; shift; "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err" & JOBS[$name]=$!; }
+collect() {  # sets RESULT to the job's last line of stdout; a failed job stops the run
+  local name=$1 status=0
+  wait "${JOBS[$name]}" || status=$?
+  cat "$LOGS/$name.err" >&2
+  if ((status)); then echo "test.sh: $name failed (exit $status)" >&2; exit "$status"; fi
+  RESULT=$(tail -n1 "$LOGS/$name.out")
+}
+start promtool bash .ci/promtool.sh
+start mlflow bash .ci/mlflow.sh
+start seaweedfs bash .ci/seaweedfs.sh
 if [[ -f .ci/cluster.sh ]]; then
   EVALKUBE_CTRLPLANE_BIN=$(bash .ci/cluster.sh | tail -1)
   export EVALKUBE_CTRLPLANE_BIN
@@ -19,13 +36,11 @@ fi
 EVALKUBE_PROXY_BIN=$(bash .ci/proxy.sh | tail -1)
 export EVALKUBE_PROXY_BIN
 # promtool checks and unit-tests the chart's alert rules and the dashboard's queries.
-EVALKUBE_PROMTOOL_BIN=$(bash .ci/promtool.sh | tail -1)
-export EVALKUBE_PROMTOOL_BIN
+collect promtool && export EVALKUBE_PROMTOOL_BIN=$RESULT
 # The MLflow tracking server the tracking tests start (a venv of its own, cached by its pin).
-EVALKUBE_MLFLOW_BIN=$(bash .ci/mlflow.sh | tail -1)
-export EVALKUBE_MLFLOW_BIN
+collect mlflow && export EVALKUBE_MLFLOW_BIN=$RESULT
 # SeaweedFS's weed: the S3-compatible store the s3:// dataset tests read from (Go, cached by key).
-EVALKUBE_WEED_BIN=$(bash .ci/seaweedfs.sh | tail -1)
-export EVALKUBE_WEED_BIN
+collect seaweedfs && export EVALKUBE_WEED_BIN=$RESULT
+rm -rf "$LOGS"
 # the slowest tests, named in every CI log (where the time of a run goes)
 exec .venv/bin/python -m pytest --durations=30 "$@"
