@@ -544,8 +544,8 @@ def import_openai_command(
     """Write an OpenAI eval export as suite.yaml + run.yaml (see docs/migrating-from-openai.md)."""
     import yaml
 
-    from evalkube.engine.inputs import read_text
     from evalkube.engine.openai_import import import_openai
+    from evalkube.sources.files import read_text
 
     try:
         text = read_text(export, str(export), limits.IMPORT_EXPORT_BYTES)

@@ -17,13 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from evalkube import limits
-from evalkube.engine.inputs import (
-    bounded_lines,
-    open_regular,
-    read_bounded,
-    read_text,
-    yaml_documents,
-)
 from evalkube.models import (
     ConfigError,
     EvalRun,
@@ -37,6 +30,13 @@ from evalkube.models import (
 )
 from evalkube.models.run import PRECOMPUTED
 from evalkube.sources import SourceAccess, SourcePin, parse_uri, prepare, read_pinned
+from evalkube.sources.files import (
+    bounded_lines,
+    open_regular,
+    read_bounded,
+    read_text,
+    yaml_documents,
+)
 from evalkube.sources.formats import parse_json
 
 
