@@ -432,9 +432,6 @@ class RunReconciler:
         meta = body["metadata"]
         recorded = {SNAPSHOT_DIGEST_FIELD: digest(manifest["data"]["snapshot.json"])}
         await self.kube.patch_status(EvalRunResource, meta["namespace"], meta["name"], recorded)
-        status = body.get("status")
-        if isinstance(status, dict):  # this pass reads the run's body again
-            status.update(recorded)
         try:
             await self.kube.create(manifest)
         except ApiError as exc:
