@@ -7,6 +7,7 @@ the Responses API shape: for the model ``cand`` (a model under test) the candida
 the text is the JSON verdict ``correct`` unless the input contains ``WRONG``; a
 ``score_model`` request (its ``text.format`` named so) gets ``{"steps", "result"}`` with
 result 2 when the input contains ``blue``, else 8.
+``POST /v1/embeddings`` embeds each input text as ``[len(text), 1.0]``.
 ``GET /_calls`` returns what it received: ``[{path, model, authorization}]``.
 """
 
@@ -58,6 +59,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 }
             )
             number = len(CALLS)
+        if self.path.endswith("/embeddings"):
+            given = body.get("input", "")
+            texts = [given] if isinstance(given, str) else list(given)
+            data = [
+                {"object": "embedding", "index": i, "embedding": [float(len(t)), 1.0]}
+                for i, t in enumerate(texts)
+            ]
+            usage = {"prompt_tokens": len(texts), "total_tokens": len(texts)}
+            self._reply({"object": "list", "model": model, "data": data, "usage": usage})
+            return
         text = _text(body)
         schema = (body.get("text") or {}).get("format") or {}
         if schema.get("name") == "score_model":  # a score_model built-in's strict JSON

@@ -216,21 +216,28 @@ def outside_netns(node: RealNode) -> Iterator[str]:
 def outside_host(node: RealNode, python_args: list[str], wait: float = 30) -> Iterator[str]:
     """:func:`outside_netns` running ``python -c``/a script with ``python_args`` (the last
     one its port, listened on within ``wait`` seconds). Yields the netns name."""
-    with outside_netns(node) as ns:
-        server = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{ns}", sys.executable, *python_args],
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            wait_for(
-                lambda: listening(ns, f"{OUTSIDE_IP}:{python_args[-1]}"),
-                timeout=wait,
-                what=f"a server in {ns}",
-            )
-            yield ns
-        finally:
-            server.kill()
-            server.wait(timeout=10)
+    with outside_netns(node) as ns, served_in(ns, python_args, wait):
+        yield ns
+
+
+@contextlib.contextmanager
+def served_in(ns: str, python_args: list[str], wait: float = 30) -> Iterator[None]:
+    """A Python server (``python_args``, the last one its port) in the netns ``ns`` (an
+    outside host another fixture made), listening within ``wait`` seconds, killed at the end."""
+    server = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{ns}", sys.executable, *python_args],
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for(
+            lambda: listening(ns, f"{OUTSIDE_IP}:{python_args[-1]}"),
+            timeout=wait,
+            what=f"a server in {ns}",
+        )
+        yield
+    finally:
+        server.kill()
+        server.wait(timeout=10)
 
 
 def _remove_outside_host(node: RealNode, ns: str) -> None:

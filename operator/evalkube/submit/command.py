@@ -108,7 +108,7 @@ def _print_dry_run(plan: Plan, objects: ObjectStore) -> None:
             highlight=False,
             soft_wrap=True,
         )
-    text = yaml.dump_all(plan.manifests, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+    text = yaml.dump_all(plan.shown(), Dumper=_Dumper, sort_keys=False, allow_unicode=True)
     console.file.write(text)
     console.file.flush()
 
@@ -167,6 +167,12 @@ def _apply(plan: Plan, cluster: Cluster, objects: ObjectStore, *, quiet: bool) -
         raise typer.Exit(EXIT_INTERRUPTED) from None
     try:
         cluster.apply(plan.manifests)
+        if plan.secret is not None:  # owned by the run: deleting the run deletes the keys
+            applied_run = cluster.run(plan.namespace, plan.run_name) or {}
+            uid = (applied_run.get("metadata") or {}).get("uid")
+            owned = plan.owned_secret(uid) if uid else None
+            if owned is not None:
+                cluster.apply([owned])
     except ConfigError as exc:
         fail(str(exc), EXIT_CONFIG)
     except ClusterUnreachable as exc:

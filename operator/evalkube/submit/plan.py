@@ -13,6 +13,11 @@ names, so the rewriting is tested without a cluster or an object store:
 - grader and preprocessor ``file`` paths become keys of the suite's code ConfigMap
   (``<suite>-code``) and ``file: <suite>-code/<key>``.
 - a path-based ``environment`` is refused (a cluster cannot mount a local directory).
+- a provider whose key is in an environment variable (``apiKeyEnv``, as local runs name it)
+  gets it from a Secret the submit creates (``<run>-provider-keys``, one key per provider,
+  owned by the EvalRun once it exists so deleting the run deletes it):
+  ``credentialsSecretRef`` replaces ``apiKeyEnv``. A variable that is not set is refused,
+  naming it. The key itself never enters a manifest that is printed (:meth:`Plan.shown`).
 
 The result is checked as the operator will check it (:func:`~evalkube.controller.snapshot.
 check_suite`) before anything leaves this machine.
@@ -23,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,8 +46,10 @@ from evalkube.models import (
     ConfigMapKeyRef,
     DatasetSpec,
     EvalRun,
+    EvalRunSpec,
     EvalSuite,
     OutputsSpec,
+    SecretKeyRef,
     SpecError,
     SuiteRef,
     TaskSpec,
@@ -56,6 +64,8 @@ from evalkube.sources.files import open_regular
 FIELD_MANAGER = "evalkube-submit"
 MANAGED_BY = {names.LABEL_MANAGED_BY: FIELD_MANAGER}
 LABEL_SUITE = f"{names.DOMAIN}/suite"
+#: The annotation of the provider keys' Secret naming each key's environment variable.
+KEYS_FROM = f"{names.DOMAIN}/keys-from-env"
 #: A Kubernetes object name (an RFC 1123 subdomain).
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 #: An S3 bucket, as the stores accept it.
@@ -184,12 +194,45 @@ class Plan:
     run: dict[str, Any] = field(default_factory=dict)
     uploads: list[Upload] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    secret: dict[str, Any] | None = None
+    """The provider keys read from ``apiKeyEnv`` variables (``stringData``), if any."""
 
     @property
     def manifests(self) -> list[dict[str, Any]]:
-        """ConfigMaps first (the suite's check reads them), then the EvalSuite, then the
-        EvalRun."""
-        return [*self.config_maps, self.suite, self.run]
+        """ConfigMaps and the keys' Secret first (the suite's check reads the ConfigMaps; a
+        pod must find the Secret), then the EvalSuite, then the EvalRun."""
+        return [*self.config_maps, *([self.secret] if self.secret else []), self.suite, self.run]
+
+    def shown(self) -> list[dict[str, Any]]:
+        """:attr:`manifests` as ``--dry-run`` prints them: the keys replaced by where they
+        come from."""
+        if self.secret is None:
+            return self.manifests
+        secret = {**self.secret, "stringData": dict.fromkeys(self.secret["stringData"], "")}
+        for key, variable in self.secret_sources.items():
+            secret["stringData"][key] = f"<the value of ${variable}>"
+        return [secret if m is self.secret else m for m in self.manifests]
+
+    @property
+    def secret_sources(self) -> dict[str, str]:
+        """Secret key -> the environment variable it was read from."""
+        if self.secret is None:
+            return {}
+        return json.loads(self.secret["metadata"]["annotations"][KEYS_FROM])
+
+    def owned_secret(self, run_uid: str) -> dict[str, Any] | None:
+        """The keys' Secret owned by the applied EvalRun (Kubernetes deletes it with the
+        run)."""
+        if self.secret is None:
+            return None
+        owner = {
+            "apiVersion": self.run["apiVersion"],
+            "kind": "EvalRun",
+            "name": self.run_name,
+            "uid": run_uid,
+        }
+        meta = {**self.secret["metadata"], "ownerReferences": [owner]}
+        return {**self.secret, "metadata": meta}
 
 
 def namespace_of(
@@ -230,6 +273,7 @@ def build_plan(
     store: Store | None = None,
     run_name: str | None = None,
     models: list[str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Plan:
     """The cluster's view of ``loaded`` and ``run``; :class:`SubmitRefused` lists every
     problem at once."""
@@ -261,6 +305,7 @@ def build_plan(
             f"suite {suite_name!r}"
         )
     spec = spec.model_copy(update={"suite_ref": SuiteRef(name=suite_name)})
+    spec, plan.secret = _provider_keys(spec, name, namespace, suite_name, environ, problems)
     if plan.uploads:
         plan.warnings.extend(_storage_warnings(spec.storage.s3 if spec.storage else None))
     suite_meta = _meta(loaded.suite.metadata.model_dump(), suite_name, namespace, suite_name)
@@ -307,6 +352,60 @@ def _checked(plan: Plan) -> list[str]:
     check = check_suite(plan.namespace, plan.suite["spec"], lambda _ns, n, k: data.get((n, k)))
     problems.extend(check.problems)
     return problems
+
+
+def _provider_keys(
+    spec: EvalRunSpec,
+    run_name: str,
+    namespace: str,
+    suite: str,
+    environ: Mapping[str, str] | None,
+    problems: list[str],
+) -> tuple[EvalRunSpec, dict[str, Any] | None]:
+    """``spec`` with each ``apiKeyEnv`` provider reading the keys' Secret, and that Secret
+    (``None`` when no provider names a variable)."""
+    environ = os.environ if environ is None else environ
+    keys: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    secret_name = names.fit(run_name, "provider-keys", 253)
+    providers = dict(spec.providers)
+    for provider, config in spec.providers.items():
+        if config.credentials_secret_ref is not None or not config.api_key_env:
+            continue
+        variable = config.api_key_env
+        value = environ.get(variable)
+        if not value:
+            problems.append(
+                f"providers.{provider}.apiKeyEnv: the environment variable {variable} is not "
+                "set here, and a cluster run reads its key from a Secret this submit makes of "
+                f"it; export {variable}, or name an existing Secret with "
+                f"providers.{provider}.credentialsSecretRef"
+            )
+            continue
+        key = _key_name(provider)
+        keys[key], sources[key] = value, variable
+        providers[provider] = config.model_copy(
+            update={
+                "api_key_env": None,
+                "credentials_secret_ref": SecretKeyRef(name=secret_name, key=key),
+            }
+        )
+    if not keys:
+        return spec, None
+    labels = {**MANAGED_BY, LABEL_SUITE: names.run_label(suite)}
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": secret_name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {KEYS_FROM: json.dumps(sources, sort_keys=True)},
+        },
+        "type": "Opaque",
+        "stringData": keys,
+    }
+    return spec.model_copy(update={"providers": providers}), secret
 
 
 def _storage_warnings(s3: Any) -> list[str]:

@@ -522,3 +522,69 @@ def test_each_criterion_of_a_graders_list_gets_its_file_key(folder: Path) -> Non
         "qa-code/other.py",
         None,
     ]
+
+
+def _keyed_run(folder: Path, **provider: Any) -> Path:
+    run = {
+        "metadata": {"name": "judged"},
+        "spec": {
+            "models": ["precomputed"],
+            "judgeModel": "openai:gpt-4.1-mini",
+            "providers": {
+                "openai": {"baseURL": "https://api.openai.com/v1", **provider},
+                "vllm": {
+                    "baseURL": "http://vllm.serving:8000/v1",
+                    "credentialsSecretRef": {"name": "vllm", "key": "token"},
+                },
+            },
+        },
+    }
+    return write_suite(folder, [task({"path": "data/qa.jsonl"})], run)
+
+
+def test_a_provider_key_from_the_environment_becomes_a_secret_the_run_reads(
+    folder: Path,
+) -> None:
+    suite = _keyed_run(folder, apiKeyEnv="OPENAI_API_KEY")
+    plan = plan_of(suite, environ={"OPENAI_API_KEY": "sk-local-key"})
+    kinds = [m["kind"] for m in plan.manifests]
+    assert kinds[-3:] == ["Secret", "EvalSuite", "EvalRun"]  # the keys exist before the run
+    assert plan.secret is not None
+    assert plan.secret["metadata"]["name"] == "judged-provider-keys"
+    assert plan.secret["metadata"]["namespace"] == "team-a"
+    assert plan.secret["stringData"] == {"openai": "sk-local-key"}
+    providers = plan.run["spec"]["providers"]
+    assert providers["openai"] == {
+        "baseURL": "https://api.openai.com/v1",
+        "credentialsSecretRef": {"name": "judged-provider-keys", "key": "openai"},
+    }
+    # a provider that already names a Secret is left as it is
+    assert providers["vllm"]["credentialsSecretRef"] == {"name": "vllm", "key": "token"}
+    # what --dry-run prints says where the key comes from, never the key
+    shown = yaml.safe_dump_all(plan.shown())
+    assert "sk-local-key" not in shown
+    assert "<the value of $OPENAI_API_KEY>" in shown
+    # owned by the run once it exists: deleting the EvalRun deletes the keys
+    owned = plan.owned_secret("uid-1")
+    assert owned is not None
+    assert owned["metadata"]["ownerReferences"] == [
+        {"apiVersion": "evalkube.io/v1alpha1", "kind": "EvalRun", "name": "judged", "uid": "uid-1"}
+    ]
+    assert owned["stringData"] == {"openai": "sk-local-key"}
+
+
+def test_an_unset_key_variable_is_refused_naming_the_field_and_the_fix(folder: Path) -> None:
+    suite = _keyed_run(folder, apiKeyEnv="OPENAI_API_KEY")
+    message = refusal(suite, environ={})
+    assert "providers.openai.apiKeyEnv: the environment variable OPENAI_API_KEY is not set" in (
+        message
+    )
+    assert "export OPENAI_API_KEY" in message
+    assert "providers.openai.credentialsSecretRef" in message
+
+
+def test_without_key_variables_no_secret_is_made(folder: Path) -> None:
+    suite = _keyed_run(folder, credentialsSecretRef={"name": "openai", "key": "api-key"})
+    plan = plan_of(suite, environ={"OPENAI_API_KEY": "sk-unused"})
+    assert plan.secret is None
+    assert "Secret" not in [m["kind"] for m in plan.shown()]
