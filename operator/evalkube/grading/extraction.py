@@ -27,15 +27,26 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+#: One decoder for every sample (``json.loads`` with an option builds one per call).
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+#: The first character of any JSON text after leading whitespace.
+_JSON_STARTS = frozenset('{["-0123456789tfn')
+_JSON_WHITESPACE = " \t\n\r"
+
+
 def parse_output_json(text: str | None) -> Any:
     """``sample.output_json``: the output parsed as JSON, or ``None`` when it is not JSON.
 
     ``NaN``/``Infinity`` are refused (not JSON, and not numbers a grader should compare).
+    Prose (most outputs) is told apart by its first character, without a parse attempt.
     """
     if not text:
         return None
+    stripped = text.lstrip(_JSON_WHITESPACE)
+    if not stripped or stripped[0] not in _JSON_STARTS:
+        return None
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return _DECODER.decode(text)
     except (ValueError, RecursionError):
         return None
 

@@ -221,6 +221,12 @@ def test_regex_optional_group_that_did_not_match_is_a_miss() -> None:
         ('{"a": NaN}', None),
         ("Infinity", None),
         ("[" * 100_000, None),
+        ("\t\r\n {\"a\": 1}", {"a": 1}),
+        ("true", True),
+        ("null", None),
+        ("nope", None),
+        ("\ufeff{}", None),  # json.loads refuses a BOM too
+        ("\u00a0{}", None),  # only JSON's own whitespace may lead
     ],
 )
 def test_output_json(text: str | None, parsed: object) -> None:
