@@ -45,6 +45,8 @@ def parse_output_json(text: str | None) -> Any:
     stripped = text.lstrip(_JSON_WHITESPACE)
     if not stripped or stripped[0] not in _JSON_STARTS:
         return None
+    if stripped[0] in "tfn" and not stripped.startswith(("true", "false", "null")):
+        return None  # "the answer is 4", "no", ...
     try:
         return _DECODER.decode(text)
     except (ValueError, RecursionError):
