@@ -218,7 +218,8 @@ class Plan:
         """Secret key -> the environment variable it was read from."""
         if self.secret is None:
             return {}
-        return json.loads(self.secret["metadata"]["annotations"][KEYS_FROM])
+        sources: dict[str, str] = json.loads(self.secret["metadata"]["annotations"][KEYS_FROM])
+        return sources
 
     def owned_secret(self, run_uid: str) -> dict[str, Any] | None:
         """The keys' Secret owned by the applied EvalRun (Kubernetes deletes it with the
