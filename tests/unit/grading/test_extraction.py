@@ -221,7 +221,7 @@ def test_regex_optional_group_that_did_not_match_is_a_miss() -> None:
         ('{"a": NaN}', None),
         ("Infinity", None),
         ("[" * 100_000, None),
-        ("\t\r\n {\"a\": 1}", {"a": 1}),
+        ('\t\r\n {"a": 1}', {"a": 1}),
         ("true", True),
         ("null", None),
         ("nope", None),
