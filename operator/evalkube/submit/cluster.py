@@ -19,6 +19,7 @@ from lightkube import ApiError, Client, KubeConfig
 from lightkube.codecs import from_dict
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ConfigError as KubeConfigError
+from lightkube.resources.core_v1 import Secret
 from lightkube.types import OnErrorAction, OnErrorResult
 
 from evalkube import limits
@@ -99,6 +100,25 @@ class Cluster:
                 return None
             raise
         return dict(found.to_dict())
+
+    def secret_metadata(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Secret's metadata (never its data), or ``None`` when there is none."""
+        try:
+            found: Any = self._call(
+                lambda: self.client.get(Secret, name, namespace=namespace),
+                f"Secret {namespace}/{name}",
+            )
+        except Refused as exc:
+            if exc.code == 404:
+                return None
+            raise
+        return dict(found.to_dict().get("metadata") or {})
+
+    def delete_secret(self, namespace: str, name: str) -> None:
+        self._call(
+            lambda: self.client.delete(Secret, name, namespace=namespace),
+            f"Secret {namespace}/{name}",
+        )
 
     def apply(self, manifests: Sequence[Mapping[str, Any]], *, dry_run: bool = False) -> None:
         """Server-side apply each manifest in order (``dry_run``: the API server checks them

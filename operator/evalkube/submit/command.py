@@ -32,13 +32,14 @@ from rich.progress import (
 
 from evalkube.cli_support import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_RUNTIME, console, errors, fail
 from evalkube.compare_view import gate_table
+from evalkube.controller.names import LABEL_MANAGED_BY
 from evalkube.engine.loading import load_files
 from evalkube.grading.gate import gate_message
 from evalkube.models import ConfigError, EvalRunSpec, GateStatus, TaskModelResult
 from evalkube.reporting.tables import results_table
-from evalkube.submit.cluster import Cluster, ClusterUnreachable, kubeconfig
+from evalkube.submit.cluster import Cluster, ClusterUnreachable, Refused, kubeconfig
 from evalkube.submit.objects import ObjectStore, StoreUnreachable
-from evalkube.submit.plan import Plan, Store, build_plan, namespace_of
+from evalkube.submit.plan import FIELD_MANAGER, Plan, Store, build_plan, namespace_of
 
 EXIT_GATE_FAILED = 1
 FINISHED = ("Succeeded", "Failed")
@@ -84,6 +85,15 @@ def submit(
     objects = ObjectStore(spec.storage.s3 if spec.storage else None)
     for warning in plan.warnings + _endpoint_warnings(plan, spec):
         errors.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    for provider, variable in plan.secret_sources.items():
+        secret = plan.secret["metadata"]["name"] if plan.secret else ""
+        errors.print(
+            f"the API key of provider {escape(provider)} is read from ${escape(variable)} into "
+            f"Secret {plan.namespace}/{escape(secret)}, for calls to "
+            f"{escape(spec.providers[provider].base_url)} only",
+            highlight=False,
+            soft_wrap=True,
+        )
     if dry_run:
         _print_dry_run(plan, objects)
         return
@@ -151,6 +161,7 @@ def _apply(plan: Plan, cluster: Cluster, objects: ObjectStore, *, quiet: bool) -
                 "nothing was applied",
                 EXIT_CONFIG,
             )
+        _check_keys_secret(plan, cluster)
         cluster.apply(plan.manifests, dry_run=True)
     except ConfigError as exc:
         fail(f"{exc}; nothing was applied", EXIT_CONFIG)
@@ -167,18 +178,77 @@ def _apply(plan: Plan, cluster: Cluster, objects: ObjectStore, *, quiet: bool) -
         raise typer.Exit(EXIT_INTERRUPTED) from None
     try:
         cluster.apply(plan.manifests)
-        if plan.secret is not None:  # owned by the run: deleting the run deletes the keys
-            applied_run = cluster.run(plan.namespace, plan.run_name) or {}
-            uid = (applied_run.get("metadata") or {}).get("uid")
-            owned = plan.owned_secret(uid) if uid else None
-            if owned is not None:
-                cluster.apply([owned])
+        _own_keys_secret(plan, cluster)
     except ConfigError as exc:
-        fail(str(exc), EXIT_CONFIG)
+        fail(str(exc) + _drop_keys_secret(plan, cluster), EXIT_CONFIG)
     except ClusterUnreachable as exc:
-        fail(str(exc), EXIT_RUNTIME)
+        fail(str(exc) + _drop_keys_secret(plan, cluster), EXIT_RUNTIME)
+    except KeyboardInterrupt:
+        message = "[yellow]interrupted[/] while applying" + escape(_drop_keys_secret(plan, cluster))
+        errors.print(message, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     applied = ", ".join(f"{m['kind']} {m['metadata']['name']}" for m in plan.manifests)
     console.print(f"applied {escape(applied)} in namespace {plan.namespace}", highlight=False)
+
+
+def _check_keys_secret(plan: Plan, cluster: Cluster) -> None:
+    """Refuse to touch a Secret of the keys' name that this command did not make, or that a
+    run still owns: submitting must never overwrite, nor hand to a run's garbage collection,
+    a Secret someone else keeps there."""
+    if plan.secret is None:
+        return
+    name = plan.secret["metadata"]["name"]
+    meta = cluster.secret_metadata(plan.namespace, name)
+    if meta is None:
+        return
+    labels = meta.get("labels") or {}
+    owners = [f"{o.get('kind')} {o.get('name')}" for o in meta.get("ownerReferences") or []]
+    if labels.get(LABEL_MANAGED_BY) != FIELD_MANAGER:
+        raise ConfigError(
+            f"Secret {plan.namespace}/{name} exists already and evalkube submit did not make it; "
+            "the run's provider keys would replace its data: give --name, or delete it first"
+        )
+    if owners:
+        raise ConfigError(
+            f"Secret {plan.namespace}/{name} still belongs to {', '.join(owners)} (being "
+            "deleted?): wait until it is gone, or give --name"
+        )
+
+
+def _own_keys_secret(plan: Plan, cluster: Cluster) -> None:
+    """Give the keys' Secret the applied EvalRun as its owner (deleting the run deletes it)."""
+    if plan.secret is None:
+        return
+    applied = cluster.run(plan.namespace, plan.run_name) or {}
+    uid = (applied.get("metadata") or {}).get("uid")
+    if not uid:
+        raise ClusterUnreachable(
+            f"EvalRun {plan.namespace}/{plan.run_name} was applied but could not be read back "
+            "to own its provider keys' Secret"
+        )
+    owned = plan.owned_secret(uid)
+    assert owned is not None
+    cluster.apply([owned])
+
+
+def _drop_keys_secret(plan: Plan, cluster: Cluster) -> str:
+    """After a failed apply: delete the keys' Secret this command made (no key is left in
+    the cluster without a run to own it); what became of it, for the message."""
+    if plan.secret is None:
+        return ""
+    name = plan.secret["metadata"]["name"]
+    where = f"{plan.namespace}/{name}"
+    remains = (
+        f"; the provider keys' Secret {where} may remain: "
+        f"kubectl delete secret {name} -n {plan.namespace}"
+    )
+    try:
+        cluster.delete_secret(plan.namespace, name)
+    except Refused as exc:
+        return "" if exc.code == 404 else remains
+    except (ClusterUnreachable, ConfigError):
+        return remains
+    return f"; the provider keys' Secret {where} was deleted again"
 
 
 def _upload(plan: Plan, objects: ObjectStore, *, quiet: bool) -> None:

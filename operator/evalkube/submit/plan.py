@@ -72,6 +72,8 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]$")
 #: What a ConfigMap key may hold.
 _KEY_CHARS = re.compile(r"[^-._a-zA-Z0-9]")
+#: A Secret's data key (Kubernetes: ``[-._a-zA-Z0-9]+``, not ``.`` or ``..``).
+_SECRET_KEY = re.compile(r"^(?!\.\.?$)[-._a-zA-Z0-9]{1,253}$")
 #: Line breaks ``str.splitlines`` sees but a JSONL reader does not: valid raw inside a JSON
 #: string, so written as their escapes (the same value) in a ConfigMap, whose rows the operator
 #: counts by ``splitlines``.
@@ -383,7 +385,14 @@ def _provider_keys(
                 f"providers.{provider}.credentialsSecretRef"
             )
             continue
-        key = _key_name(provider)
+        key = provider
+        if not _SECRET_KEY.match(provider):
+            problems.append(
+                f"providers.{provider}.apiKeyEnv: the provider's name becomes the key of the "
+                "Secret that holds its API key, and may hold only letters, digits, '-', '_' "
+                "and '.' (at most 253); rename the provider"
+            )
+            continue
         keys[key], sources[key] = value, variable
         providers[provider] = config.model_copy(
             update={

@@ -548,3 +548,114 @@ def test_a_missing_bucket_exits_2_with_nothing_applied(
     for kind in ("configmaps", "evalsuites", "evalruns"):
         selector = "app.kubernetes.io/managed-by=evalkube-submit"
         assert cp.kubectl_json("get", kind, "-n", ns, "-l", selector)["items"] == [], kind
+
+
+def _keyed_suite(folder: Path) -> tuple[Path, Path]:
+    """A one-task suite with precomputed outputs, and a run file whose provider key is named
+    by environment variable (as a local run names it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    grader = {"type": "python", "source": "def grade(sample, item):\n    return 1.0\n"}
+    task = {
+        "id": "t",
+        "dataset": {"rows": [{"q": "1", "out": "1"}]},
+        "prompt": "{{ item.q }}",
+        "outputs": {"column": "out"},
+        "grader": grader,
+    }
+    api = "evalkube.io/v1alpha1"
+    suite = folder / "suite.yaml"
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": api,
+                "kind": "EvalSuite",
+                "metadata": {"name": "keyed"},
+                "spec": {"tasks": [task]},
+            }
+        )
+    )
+    provider = {"baseURL": "https://models.example/v1", "apiKeyEnv": "OPENAI_API_KEY"}
+    spec = {
+        "models": ["precomputed"],
+        "judgeModel": "openai:judge",
+        "providers": {"openai": provider},
+    }
+    run = folder / "run.yaml"
+    run.write_text(
+        yaml.safe_dump(
+            {"apiVersion": api, "kind": "EvalRun", "metadata": {"name": "keyed"}, "spec": spec}
+        )
+    )
+    return suite, run
+
+
+def _secret_data(cp: ControlPlane, ns: str, name: str) -> dict[str, str]:
+    secret = cp.kubectl_json("get", "secret", name, "-n", ns)
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+def test_provider_keys_never_replace_a_secret_submit_did_not_make(
+    control_plane: ControlPlane, cluster_namespace: str, operator: OperatorUrl, tmp_path: Path
+) -> None:
+    """The keys' Secret is named after the run: a Secret of that name someone else keeps is
+    neither overwritten nor handed to the run's garbage collection."""
+    cp, ns = control_plane, cluster_namespace
+    suite, run = _keyed_suite(tmp_path / "keyed")
+    team = "--from-literal=openai=sk-team"
+    cp.kubectl("create", "secret", "generic", "keyed-provider-keys", "-n", ns, team)
+    env = {"OPENAI_API_KEY": "sk-mine-0123456789"}
+    args = ("submit", str(suite), str(run), "-n", ns, "--no-wait")
+    refused = evalkube(cp, *args, cwd=tmp_path, env=env)
+    out, err = refused.communicate(timeout=120)
+    assert refused.returncode == 2, err + out
+    assert f"Secret {ns}/keyed-provider-keys exists already and evalkube submit did not make" in err
+    assert "nothing was applied" in err
+    assert "sk-mine" not in out + err
+    assert _secret_data(cp, ns, "keyed-provider-keys") == {"openai": "sk-team"}
+    assert cp.kubectl_json("get", "evalruns", "-n", ns)["items"] == []
+
+    cp.kubectl("delete", "secret", "keyed-provider-keys", "-n", ns)
+    done = evalkube(cp, *args, cwd=tmp_path, env=env)
+    out, err = done.communicate(timeout=120)
+    assert done.returncode == 0, err + out
+    assert "sk-mine" not in out + err
+    assert (
+        f"the API key of provider openai is read from $OPENAI_API_KEY into Secret "
+        f"{ns}/keyed-provider-keys, for calls to https://models.example/v1 only"
+    ) in " ".join(err.split())
+    assert _secret_data(cp, ns, "keyed-provider-keys") == {"openai": "sk-mine-0123456789"}
+    secret = cp.kubectl_json("get", "secret", "keyed-provider-keys", "-n", ns)
+    evalrun = cp.kubectl_json("get", "evalrun", "keyed", "-n", ns)
+    assert [o["uid"] for o in secret["metadata"]["ownerReferences"]] == [evalrun["metadata"]["uid"]]
+
+
+def test_a_failed_apply_deletes_the_provider_keys_it_stored(
+    control_plane: ControlPlane, cluster_namespace: str, tmp_path: Path
+) -> None:
+    """What ``submit`` does when an apply after the keys' Secret fails (or is interrupted):
+    no key stays in the cluster without a run to own it."""
+    from datetime import UTC, datetime
+
+    from evalkube.engine.loading import load_files
+    from evalkube.submit.cluster import Cluster, kubeconfig
+    from evalkube.submit.command import _drop_keys_secret
+    from evalkube.submit.plan import build_plan
+
+    cp, ns = control_plane, cluster_namespace
+    suite, run = _keyed_suite(tmp_path / "keyed")
+    loaded, spec = load_files(suite, run, versioned=False)
+    plan = build_plan(
+        loaded, spec, namespace=ns, now=datetime.now(UTC), environ={"OPENAI_API_KEY": "sk-x"}
+    )
+    assert plan.secret is not None
+    cluster = Cluster(kubeconfig(str(cp.kubeconfig), None))
+    try:
+        cluster.apply([plan.secret])
+        assert _secret_data(cp, ns, "keyed-provider-keys") == {"openai": "sk-x"}
+        dropped = _drop_keys_secret(plan, cluster)
+        assert dropped == f"; the provider keys' Secret {ns}/keyed-provider-keys was deleted again"
+        gone = cp.kubectl("get", "secret", "keyed-provider-keys", "-n", ns, check=False)
+        assert gone.returncode != 0
+        assert _drop_keys_secret(plan, cluster) == ""  # nothing left: nothing to say
+    finally:
+        cluster.close()

@@ -588,3 +588,17 @@ def test_without_key_variables_no_secret_is_made(folder: Path) -> None:
     plan = plan_of(suite, environ={"OPENAI_API_KEY": "sk-unused"})
     assert plan.secret is None
     assert "Secret" not in [m["kind"] for m in plan.shown()]
+
+
+def test_a_provider_name_that_cannot_be_a_secret_key_is_refused(folder: Path) -> None:
+    run = {
+        "metadata": {"name": "judged"},
+        "spec": {
+            "models": ["precomputed"],
+            "providers": {"team models": {"baseURL": "https://x.example/v1", "apiKeyEnv": "K"}},
+        },
+    }
+    suite = write_suite(folder, [task({"path": "data/qa.jsonl"})], run)
+    message = refusal(suite, environ={"K": "sk-1"})
+    assert "providers.team models.apiKeyEnv: the provider's name becomes the key" in message
+    assert "rename the provider" in message
