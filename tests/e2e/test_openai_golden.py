@@ -26,6 +26,7 @@ from aiohttp import web
 from evalkube.engine.openai_import import import_openai
 from tests.cluster.ctrlplane import wait_for
 from tests.integration.proxy.fake_upstream import FakeUpstream, Received
+from tests.support.ports import accepts
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -160,11 +161,6 @@ def _free_port() -> int:
         return port
 
 
-def _accepts(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 def test_generated_golden_cases_score_as_expected_in_evalkube_run(tmp_path: Path) -> None:
     """The generated variant, first through `evalkube run` on loopback (no node needed)."""
     suite, run = generated(tmp_path)
@@ -174,7 +170,7 @@ def test_generated_golden_cases_score_as_expected_in_evalkube_run(tmp_path: Path
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
     server = subprocess.Popen([sys.executable, PROVIDER, str(GOLDEN_FILE), "127.0.0.1", str(port)])
     try:
-        wait_for(lambda: _accepts(port), timeout=30, what="the golden provider")
+        wait_for(lambda: accepts(port), timeout=30, what="the golden provider")
         done = subprocess.run(
             [EVALKUBE, "run", str(tmp_path / "suite.yaml"), str(tmp_path / "run.yaml"),
              "--sandbox", "process", "--db", f"sqlite:///{tmp_path / 'r.db'}",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +34,7 @@ from tests.realnode.support import (
     provider_calls,
     wait_finished,
 )
+from tests.support.ports import accepts
 
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
 
@@ -81,11 +81,6 @@ def _imported(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return suite, run
 
 
-def _accepts(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 def _local_scores(tmp: Path, suite: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """``evalkube run`` of the same import against the same fake provider on loopback."""
     port = PORT + 1
@@ -94,7 +89,7 @@ def _local_scores(tmp: Path, suite: dict[str, Any], run: dict[str, Any]) -> dict
     (tmp / "local-run.yaml").write_text(yaml.safe_dump(local))
     server = subprocess.Popen([sys.executable, FAKE, "127.0.0.1", str(port)])
     try:
-        wait_for(lambda: _accepts(port), timeout=30, what="the local fake provider")
+        wait_for(lambda: accepts(port), timeout=30, what="the local fake provider")
         out = tmp / "results.json"
         done = subprocess.run(
             [EVALKUBE, "run", str(tmp / "suite.yaml"), str(tmp / "local-run.yaml"),

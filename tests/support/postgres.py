@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.ports import accepts
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -82,9 +84,8 @@ def postgres_server() -> Iterator[str]:
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
+            if accepts(port):
+                break
             time.sleep(0.1)
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
     finally:

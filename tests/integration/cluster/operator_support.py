@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.cluster.plugin import COMPLETE_ANNOTATION, HOLD_ANNOTATION, ControlPlane
+from tests.support.ports import accepts
 
 from evalkube.controller import names
 from evalkube.models import EvalRunStatus
@@ -103,9 +104,8 @@ def _crds() -> list[dict[str, Any]]:
 def _wait_http(port: int) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if accepts(port):
+            return
         time.sleep(0.1)
     raise AssertionError("operator HTTP server did not start")
 
