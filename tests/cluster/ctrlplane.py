@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -40,6 +39,8 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from tests.support import ports
 
 HERE = Path(__file__).resolve().parent
 STAGES_DIR = HERE / "stages"
@@ -143,9 +144,7 @@ def rel(p: Path) -> str:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port()
 
 
 def wait_for(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from aiohttp import web
 from evalkube.engine.openai_import import import_openai
 from tests.cluster.ctrlplane import wait_for
 from tests.integration.proxy.fake_upstream import FakeUpstream, Received
-from tests.support.ports import accepts
+from tests.support.ports import accepts, free_port
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -155,10 +154,7 @@ def generated(root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_port()
 
 
 def test_generated_golden_cases_score_as_expected_in_evalkube_run(tmp_path: Path) -> None:

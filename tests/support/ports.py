@@ -5,12 +5,47 @@ Those ports come from the ephemeral range, so a poll's own connection can be giv
 port as its source: Linux then connects the socket to itself (TCP simultaneous open), the poll
 sees a "server", and while that socket lives the real server's ``bind`` fails with
 ``EADDRINUSE`` (seen in CI: the operator of a test module never listened, every test of the
-module failed). :func:`accepts` refuses such a connection.
+module failed). :func:`free_port` therefore picks ports outside the ephemeral range, where
+no connection's source port can land, and :func:`accepts` refuses a self-connection anyway.
 """
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
+
+#: The lowest port handed out (below it: well-known and registered services' habits).
+LOWEST = 10_000
+#: Candidates tried before falling back to the kernel's choice.
+TRIES = 200
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of source ports (``net.ipv4.ip_local_port_range``)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32_768, 60_999
+    return low, high
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, outside the ephemeral range (so polling it before its
+    server listens can never connect a socket to itself); the kernel's choice if none of
+    :data:`TRIES` random candidates binds."""
+    low, high = _ephemeral_range()
+    outside = [*range(LOWEST, low), *range(high + 1, 65_536)]
+    for port in random.sample(outside, min(TRIES, len(outside))):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def accepts(port: int, host: str = "127.0.0.1") -> bool:

@@ -10,7 +10,6 @@ import base64
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.cluster.plugin import COMPLETE_ANNOTATION, HOLD_ANNOTATION, ControlPlane
-from tests.support.ports import accepts
+from tests.support.ports import accepts, free_port
 
 from evalkube.controller import names
 from evalkube.models import EvalRunStatus
@@ -44,9 +43,7 @@ SENTIMENT = [
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 def suite(namespace: str) -> dict[str, Any]:
