@@ -90,29 +90,23 @@ class Cluster:
 
     def run(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The EvalRun, or ``None`` when there is none of that name."""
+        return self._get(EvalRunResource, namespace, name, f"EvalRun {namespace}/{name}")
+
+    def secret_metadata(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Secret's metadata (never its data), or ``None`` when there is none."""
+        found = self._get(Secret, namespace, name, f"Secret {namespace}/{name}")
+        return None if found is None else dict(found.get("metadata") or {})
+
+    def _get(self, resource: Any, namespace: str, name: str, what: str) -> dict[str, Any] | None:
         try:
             found: Any = self._call(
-                lambda: self.client.get(EvalRunResource, name, namespace=namespace),
-                f"EvalRun {namespace}/{name}",
+                lambda: self.client.get(resource, name, namespace=namespace), what
             )
         except Refused as exc:
             if exc.code == 404:
                 return None
             raise
         return dict(found.to_dict())
-
-    def secret_metadata(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The Secret's metadata (never its data), or ``None`` when there is none."""
-        try:
-            found: Any = self._call(
-                lambda: self.client.get(Secret, name, namespace=namespace),
-                f"Secret {namespace}/{name}",
-            )
-        except Refused as exc:
-            if exc.code == 404:
-                return None
-            raise
-        return dict(found.to_dict().get("metadata") or {})
 
     def delete_secret(self, namespace: str, name: str) -> None:
         self._call(
