@@ -86,10 +86,9 @@ def submit(
     for warning in plan.warnings + _endpoint_warnings(plan, spec):
         errors.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     for provider, variable in plan.secret_sources.items():
-        secret = plan.secret["metadata"]["name"] if plan.secret else ""
         errors.print(
             f"the API key of provider {escape(provider)} is read from ${escape(variable)} into "
-            f"Secret {plan.namespace}/{escape(secret)}, for calls to "
+            f"Secret {plan.namespace}/{escape(plan.secret_name)}, for calls to "
             f"{escape(spec.providers[provider].base_url)} only",
             highlight=False,
             soft_wrap=True,
@@ -197,7 +196,7 @@ def _check_keys_secret(plan: Plan, cluster: Cluster) -> None:
     a Secret someone else keeps there."""
     if plan.secret is None:
         return
-    name = plan.secret["metadata"]["name"]
+    name = plan.secret_name
     meta = cluster.secret_metadata(plan.namespace, name)
     if meta is None:
         return
@@ -236,7 +235,7 @@ def _drop_keys_secret(plan: Plan, cluster: Cluster) -> str:
     the cluster without a run to own it); what became of it, for the message."""
     if plan.secret is None:
         return ""
-    name = plan.secret["metadata"]["name"]
+    name = plan.secret_name
     where = f"{plan.namespace}/{name}"
     remains = (
         f"; the provider keys' Secret {where} may remain: "

@@ -210,10 +210,14 @@ class Plan:
         come from."""
         if self.secret is None:
             return self.manifests
-        secret = {**self.secret, "stringData": dict.fromkeys(self.secret["stringData"], "")}
-        for key, variable in self.secret_sources.items():
-            secret["stringData"][key] = f"<the value of ${variable}>"
+        where = {key: f"<the value of ${var}>" for key, var in self.secret_sources.items()}
+        secret = {**self.secret, "stringData": where}
         return [secret if m is self.secret else m for m in self.manifests]
+
+    @property
+    def secret_name(self) -> str:
+        """The keys' Secret's name (empty when there is none)."""
+        return str(self.secret["metadata"]["name"]) if self.secret is not None else ""
 
     @property
     def secret_sources(self) -> dict[str, str]:
