@@ -187,9 +187,10 @@ class Worker:
                 with self._lock:
                     self._announcing = True
                     try:
-                        if self._ordinal == ordinal and self._current >= 0:
+                        current = self._current  # read once: the main thread may reset it
+                        if self._ordinal == ordinal and current >= 0:
                             self._flush(until=self._seen_at)
-                            self._write({"t": "running", "b": self._batch, "i": self._current})
+                            self._write({"t": "running", "b": self._batch, "i": current})
                             self._announced = ordinal
                             self._timed = True
                     finally:
