@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
 if TYPE_CHECKING:
     import http.client
+    from typing import Any
 
 EXECUTION_HEADER = "X-Evalkube-Execution"
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
+if TYPE_CHECKING:
+    from typing import Any
+
 
 MESSAGE_CHARS = 2_000
 TRACEBACK_LINES = 12

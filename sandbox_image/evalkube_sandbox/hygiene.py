@@ -20,7 +20,11 @@ import os
 import signal
 import stat
 import sys
-from typing import Any
+import time
+
+TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Audit events after which processes may outlive the sample.
 PROCESS_EVENTS = frozenset(
@@ -70,6 +74,8 @@ class Hygiene:
         #: Why the last wipe left the scratch directory unlike a fresh one (``None``: it
         #: did not): the worker then has the host replace the sandbox.
         self.unclean: str | None = None
+        #: Processes the sweep leaves alive (the sample zygote; what they start is swept).
+        self.keep: frozenset[int] = frozenset()
         self._installed = False
 
     def install(self) -> None:
@@ -126,7 +132,7 @@ class Hygiene:
     def clean(self) -> None:
         """Kill what the sample started, empty the scratch directory and check that it is
         empty and free again (:attr:`unclean` says why not)."""
-        kill_descendants()
+        self.keep -= kill_descendants(self.keep)
         if self.scratch:
             wipe(self.scratch)
             self.unclean = verify(self.scratch)
@@ -144,62 +150,87 @@ def become_subreaper() -> bool:
         return False
 
 
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc: threads are not processes there)."""
-    found: list[int] = []
+def _process_table() -> dict[int, tuple[int, bytes]]:
+    """``pid -> (parent pid, state)`` of every process in /proc (threads are not listed)."""
+    table: dict[int, tuple[int, bytes]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return found
+        return table
     for name in names:
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat", "rb") as stat:
                 fields = stat.read().rpartition(b")")[2].split()
-        except OSError:
+            table[int(name)] = (int(fields[1]), fields[0])
+        except (OSError, IndexError, ValueError):
             continue
-        if len(fields) > 1 and int(fields[1]) == pid:
-            found.append(int(name))
+    return table
+
+
+def live_descendants(root: int, keep: frozenset[int] = frozenset()) -> list[int]:
+    """Every process below ``root`` that has not exited, but the ``keep`` processes
+    themselves (what they started is listed)."""
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _state) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            todo.append(child)
+            if child not in keep and table[child][1] not in (b"Z", b"X"):
+                found.append(child)
     return found
 
 
-def kill_descendants(rounds: int = 50) -> int:
-    """SIGKILL every descendant of this process, reaping them; how many were killed.
+def kill_descendants(keep: frozenset[int] = frozenset(), rounds: int = 200) -> set[int]:
+    """SIGKILL every process below this one but ``keep`` (our children), until none is left
+    alive, reaping our own children; the pids reaped.
 
-    Killing a child re-parents its own children to us (subreaper): repeat until none is left.
+    Killing a child re-parents its own children to us (subreaper); a process below a kept one
+    is not ours to reap: each round looks again until only exited processes remain. A kept
+    child that is reaped here has exited: its pid, which a new process may get, is kept no
+    longer.
     """
     me = os.getpid()
-    killed = 0
+    reaped = reap()
+    keep = keep - reaped
     for _ in range(rounds):
-        children = _children(me)
-        if not children:
+        alive = live_descendants(me, keep)
+        if not alive:
             break
-        for child in children:
-            try:
-                os.kill(child, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-        for child in children:
+        waited = False
+        for pid in alive:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in alive:
             # wait for each to be gone (SIGKILL cannot be caught): a killed child that has not
             # exited yet would otherwise still be there when the next sample starts
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(child, 0)
-        reap()
-    reap()
-    return killed
+                os.waitpid(pid, 0)
+                reaped.add(pid)
+                waited = True
+        reaped |= reap()
+        keep -= reaped
+        if not waited:
+            time.sleep(0.0005)  # not our children: give the kills a moment to land
+    return reaped | reap()
 
 
-def reap() -> None:
-    """Collect every exited child (no zombies)."""
+def reap() -> set[int]:
+    """Collect every exited child (no zombies); their pids."""
+    reaped: set[int] = set()
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reaped
         if pid == 0:
-            return
+            return reaped
+        reaped.add(pid)
 
 
 #: Entries the wipe removes at most before it gives up (and the sandbox is replaced): a

@@ -1,13 +1,25 @@
-"""``isolation: sample``: each execution in a fresh process forked from the warm worker.
+"""``isolation: sample``: each execution in a fresh process that has never held another
+sample's data.
 
-For graders that run model output. The child runs the grader function and hands its answer
-(as JSON, size-capped) to the parent over a pipe; the parent decodes it, checks its shape
-and encodes the answer itself, so a sample can change only its own result: it cannot patch
-the parent's encoder, reach the protocol channel (closed in the child), or see another
-sample's data (the host sends one sample per request in this mode, so the parent holds no
-other when it forks). Afterwards the parent kills every process the sample started (its
-process group, then every descendant: the worker is a subreaper) and wipes the scratch
-directory, so the next sample starts from the same clean state.
+For graders that run model output. The worker forks a **zygote** when it loads the programs,
+before any sample exists; the zygote forks each sample's process ahead of time (while the
+host handles the previous answer), so the fork is off the sample's path, and a sample's
+process is a copy of a process that never saw a sample: no other sample's bytes are anywhere
+in its memory, freed or not. The child runs the grader function and hands its answer (as
+JSON, size-capped) to the worker over a pipe; the worker decodes it, checks its shape and
+encodes the answer itself, so a sample can change only its own result: it cannot patch the
+worker's encoder or reach the protocol channel (neither process has it).
+
+Afterwards the worker kills every process the sample started (its process group, then every
+process below the worker but the zygote: the worker is a subreaper) and wipes the scratch
+directory. Only then, with no process of the sample left, does it wake the zygote (``SIGCONT``)
+and ask for the next sample's process. What a sample could do to the zygote while it ran is
+checked or undone before that fork: the zygote blocks every signal it can, is not dumpable (no
+ptrace, no ``/proc/PID/mem``), and compares its rlimits, nice value and CPU affinity (which
+its children inherit, and which ``prlimit``/``setpriority``/``sched_setaffinity`` can change
+from outside) with those it started with. A zygote that was killed or changed is gone for
+good: the worker asks the host for a fresh sandbox (the ``replace`` frame) rather than fork
+the next sample from its own memory.
 """
 
 from __future__ import annotations
@@ -18,13 +30,15 @@ import os
 import select
 import signal
 import sys
-import tempfile
 from collections.abc import Callable
-from typing import Any
 
 from evalkube_sandbox.capture import CappedText
 from evalkube_sandbox.errors import describe
 from evalkube_sandbox.hygiene import Hygiene
+
+TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Keys an isolated answer may carry back (anything else is a protocol violation).
 ANSWER_KEYS = frozenset({"ok", "value", "error", "stdout", "stderr", "unserializable", "oversized"})
@@ -39,57 +53,70 @@ def run_isolated(
     capture_chars: int,
     payload_bytes: int,
 ) -> dict[str, Any]:
-    """One execution of ``function(*args)`` in a child process; the worker's answer dict."""
+    """One execution of ``function(*args)`` in a child of the worker (no zygote: the
+    worker's own memory, with whatever earlier samples left in it, is the child's)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
-        _child(function, args, read_end, write_end, hygiene, channel_fds, capture_chars)
+        status = 1
+        try:
+            os.close(read_end)
+            close_all(channel_fds)
+            write_all(write_end, run_here(function, args, hygiene, capture_chars))
+            status = 0
+        finally:
+            os._exit(status)
     os.close(write_end)
     try:
         data, complete = _read_answer(read_end, pid, payload_bytes)
     finally:
         os.close(read_end)
-        _end_group(pid)
+        end_group(pid)
         hygiene.clean()
-    return _decode(data, complete, payload_bytes)
+    return decode(data, complete, payload_bytes)
 
 
-def _child(
-    function: Callable[..., Any],
-    args: list[Any],
-    read_end: int,
-    write_end: int,
-    hygiene: Hygiene,
-    channel_fds: tuple[int, ...],
-    capture_chars: int,
-) -> None:
-    status = 0
+def run_here(
+    function: Callable[..., Any], args: list[Any], hygiene: Hygiene, capture_chars: int
+) -> bytes:
+    """Run the sample in this (child) process, in its own process group; its answer."""
+    enter(hygiene)
+    return run_captured(function, args, capture_chars)
+
+
+def enter(hygiene: Hygiene) -> None:
+    """Make this (child) process a sample's: its own process group (killed as a whole
+    afterwards), the scratch directory as its working and temporary directory."""
+    os.setpgid(0, 0)
+    if hygiene.scratch:
+        os.chdir(hygiene.scratch)
+        os.environ["TMPDIR"] = hygiene.scratch
+        tempfile: Any = sys.modules.get("tempfile")  # not imported: a module costs each fork
+        if tempfile is not None:
+            tempfile.tempdir = hygiene.scratch
+
+
+def run_captured(function: Callable[..., Any], args: list[Any], capture_chars: int) -> bytes:
+    """``function(*args)`` with its output captured; the encoded answer."""
+    out, err = CappedText(capture_chars), CappedText(capture_chars)
+    sys.stdout, sys.stderr = out, err
     try:
-        os.close(read_end)
-        for fd in channel_fds:  # the protocol channel is the parent's alone
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        os.setpgid(0, 0)  # its own process group: killed as a whole afterwards
-        if hygiene.scratch:
-            os.chdir(hygiene.scratch)
-            os.environ["TMPDIR"] = tempfile.tempdir = hygiene.scratch
-        out, err = CappedText(capture_chars), CappedText(capture_chars)
-        sys.stdout, sys.stderr = out, err
-        try:
-            answer: dict[str, Any] = {"ok": True, "value": function(*args)}
-        except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
-            answer = {"ok": False, "error": describe(exc)}
-        finally:
-            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-        if out.kept or out.dropped:
-            answer["stdout"] = out.text()
-        if err.kept or err.dropped:
-            answer["stderr"] = err.text()
-        _write_all(write_end, _encode(answer))
-    except BaseException:
-        status = 1
+        answer: dict[str, Any] = {"ok": True, "value": function(*args)}
+    except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
+        answer = {"ok": False, "error": describe(exc)}
     finally:
-        os._exit(status)
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    if out.kept or out.dropped:
+        answer["stdout"] = out.text()
+    if err.kept or err.dropped:
+        answer["stderr"] = err.text()
+    return _encode(answer)
+
+
+def close_all(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _encode(answer: dict[str, Any]) -> bytes:
@@ -112,7 +139,7 @@ def _repr(value: Any, limit: int = 2_000) -> str:
         return f"<unrepresentable {type(value).__name__}>"
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -137,28 +164,43 @@ def _read_answer(fd: int, pid: int, payload_bytes: int) -> tuple[bytes, bool]:
             # the child is gone but something it started holds the pipe open
             return b"".join(chunks), True
         else:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done == pid:
+            if has_exited(pid):
                 exited = True
-                _end_group(pid)
+                end_group(pid)
 
 
-def _end_group(pid: int) -> None:
+def has_exited(pid: int) -> bool:
+    """Whether ``pid`` ended (our child: reaped here; the zygote's: a zombie or gone)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == pid
+    except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+def end_group(pid: int) -> None:
+    """Kill the sample's process group; wait for it when it is our child (the zygote's are
+    swept by :meth:`Hygiene.clean`, which waits until none is left alive)."""
     with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
 
 
-def _decode(data: bytes, complete: bool, payload_bytes: int) -> dict[str, Any]:
-    """The parent's own answer from the child's bytes: shape checked, never trusted."""
+def decode(
+    data: bytes, complete: bool, payload_bytes: int, size: int | None = None
+) -> dict[str, Any]:
+    """The parent's own answer from the child's bytes (``size``: as many as the child said
+    it sent, when not all were read): shape checked, never trusted."""
     if not complete or len(data) > payload_bytes + 4096:
         return {
             "ok": True,
-            "oversized": {"bytes": len(data), "limit": payload_bytes, "repr": ""},
+            "oversized": {"bytes": size or len(data), "limit": payload_bytes, "repr": ""},
         }
     if not data:
         return {

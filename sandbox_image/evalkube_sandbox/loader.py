@@ -5,7 +5,10 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Entry points and the number of positional data parameters before an optional ``ctx``.
 ENTRYPOINTS = {"grade": 2, "grade_batch": 1, "transform": 1, "transform_batch": 1}

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, BinaryIO
+
+TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
 
 HEADER = struct.Struct(">I")
 MAX_REQUEST_BYTES = 512 * 1024 * 1024

@@ -20,7 +20,10 @@ import signal
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class CpuTimeLimitExceeded(BaseException):

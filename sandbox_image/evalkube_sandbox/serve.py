@@ -52,7 +52,10 @@ import socket
 import sys
 import time
 from collections import deque
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
+if TYPE_CHECKING:
+    from typing import Any
 
 PROTOCOL = 1
 #: Seconds between two looks at the grader's memory and processes while a worker runs.

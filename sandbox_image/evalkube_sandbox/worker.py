@@ -35,7 +35,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO
 
 from evalkube_sandbox import PROTOCOL_VERSION
 from evalkube_sandbox.capture import CappedText
@@ -46,6 +45,11 @@ from evalkube_sandbox.isolation import run_isolated
 from evalkube_sandbox.loader import LoadError, load
 from evalkube_sandbox.protocol import encode, read_frame
 from evalkube_sandbox.rlimits import CpuBudget, apply_fixed
+from evalkube_sandbox.zygote import Zygote
+
+TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
 
 FLUSH_INTERVAL = 0.02
 FLUSH_COUNT = 256
@@ -101,6 +105,11 @@ class Worker:
         self._cpu = CpuBudget(lambda: self._in_user)
         #: Cleans files and processes a sample left behind (set up at load time).
         self._hygiene = Hygiene(None)
+        self._heartbeat_thread: threading.Thread | None = None
+        #: ``isolation: sample``: forks each sample's process (started at load time).
+        self._zygote: Zygote | None = None
+        #: Samples run with ``isolation: sample`` so far (their requests passed through here).
+        self._held = 0
 
     # -- channel ---------------------------------------------------------------------------
     def _write(self, message: Any) -> None:
@@ -200,8 +209,16 @@ class Worker:
             seen = ordinal
 
     # -- requests ----------------------------------------------------------------------------
+    def _start_heartbeat(self) -> None:
+        """Once programs are loaded (and the sample zygote forked: a thread's stack mapped in
+        it would cost every sample's fork)."""
+        if self._heartbeat_thread is None:
+            self._heartbeat_thread = threading.Thread(
+                target=self._heartbeat, name="evalkube-heartbeat", daemon=True
+            )
+            self._heartbeat_thread.start()
+
     def serve(self) -> int:
-        threading.Thread(target=self._heartbeat, name="evalkube-heartbeat", daemon=True).start()
         self._write({"t": "hello", "protocol": PROTOCOL_VERSION, "pid": os.getpid()})
         while True:
             request = read_frame(self._requests)
@@ -252,19 +269,55 @@ class Worker:
                 return
             self._programs[name] = _Program(function, ctx)
             loaded[name] = {"ctx": ctx}
+        if request.get("isolation") == "sample":  # before any sample reaches this process
+            self._zygote = Zygote.start(
+                {name: p.function for name, p in self._programs.items()},
+                hygiene=self._hygiene,
+                channel_fds=(self._requests.fileno(), self._answer_fd),
+                capture_chars=self._capture_chars,
+            )
+        self._start_heartbeat()
         with self._lock:
-            self._write({"t": "loaded", "programs": loaded})
+            self._write({"t": "loaded", "programs": loaded, "zygote": self._zygote is not None})
 
     def _replace_me(self, reason: str) -> None:
-        """Send the answers so far and ask the host for a fresh sandbox, then exit: the
-        scratch directory could not be brought back to empty and free
-        (:func:`evalkube_sandbox.hygiene.verify`), so no later sample may run here."""
+        """Send the answers so far and ask the host for a fresh sandbox, then exit: no later
+        sample may run here (the scratch directory could not be brought back to empty and
+        free, :func:`evalkube_sandbox.hygiene.verify`; or the sample zygote is gone)."""
         with self._lock:
             self._flush()
             self._write({"t": "replace", "b": self._batch, "reason": reason[:300]})
         os._exit(0)
 
+    def _run_isolated(
+        self, name: str, function: Callable[..., Any], args: list[Any], ctx: list[Any] | None
+    ) -> dict[str, Any]:
+        """One sample in a process of the zygote; in a child of this worker only while this
+        worker has held no other sample (the zygote could not start)."""
+        zygote = self._zygote
+        self._held += 1
+        if zygote is not None:
+            answer = zygote.run(name, args, ctx, payload_bytes=self._payload_bytes)
+            if answer is not None:
+                return answer
+            if self._held > 1:
+                self._replace_me(
+                    self._hygiene.unclean
+                    or "the zygote that forks each sample's process, or the process it forked, "
+                    "ended or was changed by a sample; no sample is forked from a worker that "
+                    "held other samples"
+                )
+        return run_isolated(
+            function,
+            [*args, Context(*ctx)] if ctx is not None else args,
+            hygiene=self._hygiene,
+            channel_fds=(self._requests.fileno(), self._answer_fd),
+            capture_chars=self._capture_chars,
+            payload_bytes=self._payload_bytes,
+        )
+
     def _run(self, request: dict[str, Any]) -> None:
+        self._start_heartbeat()  # a run before (or after a failed) load still has its ticks
         program = self._programs[request["program"]]
         items: list[list[Any]] = request["items"]
         exec_ids: list[str] = request.get("exec_ids") or []
@@ -286,23 +339,19 @@ class Worker:
         started = 0.0
         answer: dict[str, Any]
         for index, args in enumerate(items):
+            ctx: list[Any] | None = None
             if program.wants_ctx:
                 exec_id = exec_ids[index] if index < len(exec_ids) else f"exec-{index}"
-                args = [*args, Context(self._endpoint, exec_id, self._task_id)]
+                ctx = [self._endpoint, exec_id, self._task_id]
+                if not isolated:
+                    args = [*args, Context(*ctx)]
             timed = self._timed
             if timed:
                 started = monotonic()
             ordinal = self._ordinal = self._ordinal + 1
             self._current = index
             if isolated:
-                answer = run_isolated(
-                    function,
-                    args,
-                    hygiene=hygiene,
-                    channel_fds=(self._requests.fileno(), self._answer_fd),
-                    capture_chars=self._capture_chars,
-                    payload_bytes=self._payload_bytes,
-                )
+                answer = self._run_isolated(request["program"], function, args, ctx)
             else:
                 sys.stdout, sys.stderr = out, err
                 try:

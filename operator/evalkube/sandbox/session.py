@@ -199,12 +199,12 @@ class GraderSandbox:
         self.backend = backend
         #: The packages the worker may import (``None``: the managed grader environment).
         self.environment = environment
-        #: ``sample``: the worker forks a process per execution; the worker then must never
-        #: hold another sample's data when it forks: one sample per request, one request at
-        #: a time.
+        #: ``sample``: a fresh process per execution, forked by the worker's zygote (which
+        #: never held a sample, so requests may carry many); when the worker has none, the
+        #: worker forks it and then must never hold another sample's data when it forks: one
+        #: sample per request, one request at a time (:attr:`one_at_a_time`).
         self.isolation = isolation
-        if isolation == "sample":
-            batch_size = 1
+        self.one_at_a_time = isolation == "sample"
         self.programs = list(programs)
         self.task_id = task_id
         self.model_endpoint = model_endpoint
@@ -266,6 +266,8 @@ class GraderSandbox:
                     "capture_chars": limits.CAPTURED_OUTPUT_CHARS,
                     "payload_bytes": limits.RESULT_PAYLOAD_BYTES,
                     "limits": process.rlimits,
+                    # sample: the worker starts the zygote its samples' processes come from
+                    "isolation": self.isolation,
                     # wiped after a sample that left files: the sandbox's private /tmp, or
                     # the plain process's own working directory
                     "scratch_dir": "/tmp"
@@ -303,6 +305,7 @@ class GraderSandbox:
                 for name, info in frame["programs"].items()
                 if isinstance(info, dict)
             }
+            self.one_at_a_time = self.isolation == "sample" and frame.get("zygote") is not True
             return live
         except BaseException:
             live.stop()
@@ -365,13 +368,13 @@ class GraderSandbox:
                 next_index += len(fresh)
             return batch
 
-        pipeline = 1 if self.isolation == "sample" else 2
+        pipeline = 1 if self.one_at_a_time else 2
 
         def fill() -> None:
             nonlocal probe_left
             assert self._live is not None
             while len(in_flight) < pipeline:
-                size = 1 if probe_left > 0 else self.batch_size
+                size = 1 if probe_left > 0 or self.one_at_a_time else self.batch_size
                 batch_items = take(size)
                 if not batch_items:
                     return

@@ -1,0 +1,341 @@
+"""The zygote of ``isolation: sample``: each sample's process forked ahead of time, from a
+process that never held a sample.
+
+The worker forks the zygote when it has loaded the programs, before any sample reaches it.
+While one sample runs, the zygote forks the process for the next, so the fork is off the
+samples' path; and a sample's process is a copy of a process that never saw a sample: no
+other sample's bytes are anywhere in its memory, freed or not (a child of the worker holds
+what earlier requests left in the worker's heap:
+``tests/security/test_sample_zygote.py::test_no_sample_finds_the_bytes_of_the_samples_before_it_in_its_memory``).
+The worker never forks a sample then, so the host may send many samples a request.
+
+Four pipes, made before the fork, connect them; a sample's process keeps only its two:
+
+- ``ask`` (worker -> zygote): one byte per process to fork;
+- ``born`` (zygote -> worker): that process's pid;
+- ``request`` (worker -> sample): its one sample, length-prefixed; the next process is asked
+  for only once this one has read all of its own;
+- ``answer`` (sample -> worker): one byte written before any code of the sample runs (what
+  it inherited is intact), then its answer, length-prefixed.
+
+Before the next sample is sent, the worker makes sure every process of the last one has
+exited (a killed process may run on until the kill lands), wipes the scratch directory, wakes
+the zygote and the next process (``SIGCONT``) and drains the answer pipe: nothing the last
+sample did reaches the next one. What a running sample can do to the two processes beside it
+(same user, same sandbox), each attacked in ``tests/security/test_sample_zygote.py``:
+
+- signals: both block every signal they can; the next process drains what is pending
+  before it unblocks, and ``SIGCONT`` undoes a ``SIGSTOP``;
+- ptrace, ``/proc/PID/mem``, ``/proc/PID/fd``: neither is dumpable;
+- what children inherit and another process can change (``prlimit``, ``setpriority``,
+  ``sched_setaffinity``): the zygote compares it with what it started with before every
+  fork, and the next process again once its sample arrives;
+- killing either, or changing what they inherit: the worker asks the host for a fresh
+  sandbox (its ``replace`` frame) rather than fork a sample from its own memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import select
+import signal
+from collections.abc import Callable, Mapping
+
+from evalkube_sandbox.ctx import Context
+from evalkube_sandbox.hygiene import Hygiene, reap
+from evalkube_sandbox.isolation import (
+    close_all,
+    decode,
+    end_group,
+    enter,
+    has_exited,
+    run_captured,
+    write_all,
+)
+
+TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
+if TYPE_CHECKING:
+    from typing import Any
+
+PR_SET_DUMPABLE = 4
+HEADER_BYTES = 8
+#: A sample's process found what it inherited as the zygote started with.
+INTACT = b"="
+#: The inherited limits a process of the same user can change from outside.
+_RLIMITS = tuple(
+    getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_")
+)
+_POLL_SECONDS = 0.05
+
+
+class Zygote:
+    """The worker's end: ask for the next sample's process, run a sample in it."""
+
+    def __init__(self, pid: int, hygiene: Hygiene, ask: int, born: int, request: int, answer: int):
+        self.pid = pid
+        self._hygiene = hygiene
+        self._ask, self._born, self._request, self._answer = ask, born, request, answer
+        self._asked = False
+        #: The process forked for the next sample, taken from the zygote.
+        self._next: int | None = None
+        self.alive = True
+
+    @classmethod
+    def start(
+        cls,
+        programs: Mapping[str, Callable[..., Any]],
+        *,
+        hygiene: Hygiene,
+        channel_fds: tuple[int, ...],
+        capture_chars: int,
+    ) -> Zygote | None:
+        """Fork the zygote and have it fork the first sample's process; ``None``: no fork."""
+        ask, born, request, answer = os.pipe(), os.pipe(), os.pipe(), os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            close_all((*ask, *born, *request, *answer))
+            return None
+        if pid == 0:  # never returns
+            close_all((*channel_fds, ask[1], born[0], request[1], answer[0]))
+            _zygote(ask[0], born[1], request[0], answer[1], programs, hygiene, capture_chars)
+        close_all((ask[0], born[1], request[0], answer[1]))
+        os.set_blocking(request[1], False)
+        zygote = cls(pid, hygiene, ask[1], born[0], request[1], answer[0])
+        hygiene.keep = frozenset({pid})
+        zygote.ask()
+        return zygote
+
+    def ask(self) -> None:
+        """Have the process for the next sample forked now."""
+        if not self.alive or self._asked:
+            return
+        try:
+            os.write(self._ask, b"f")
+            self._asked = True
+        except OSError:
+            self.close()
+
+    def run(
+        self, program: str, args: list[Any], ctx: list[Any] | None, *, payload_bytes: int
+    ) -> dict[str, Any] | None:
+        """One sample in the process forked for it; ``None`` when that cannot be: the zygote
+        or the process is gone or was changed, or the scratch directory is not clean
+        (:attr:`Hygiene.unclean`). The next sample's process is forked while this one runs."""
+        pid = self._next if self._next is not None else self._take()
+        self._next = None
+        if pid is None:
+            return None
+        size: int | None = None
+        hygiene = self._hygiene
+        hygiene.keep = frozenset({self.pid, pid})
+        try:
+            hygiene.clean()  # every process of the last sample has exited; its files: gone
+            if hygiene.unclean is not None:
+                return None
+            for woken in (self.pid, pid):
+                with contextlib.suppress(OSError):
+                    os.kill(woken, signal.SIGCONT)
+            _drain(self._answer)
+            request = json.dumps([program, args, ctx]).encode("utf-8", "surrogatepass")
+            if not _send(self._request, _framed(request), pid):
+                return None  # it died first: what it read of the pipe is unknown
+            if _receive_exactly(self._answer, pid, 1) != INTACT:
+                return None  # what it inherited was changed before its sample ran (or it died)
+            self.ask()  # it has read its whole request: the next process may read the pipe
+            data, size = _receive(self._answer, pid, payload_bytes)
+        finally:
+            end_group(pid)
+            with contextlib.suppress(OSError):  # a zygote the sample stopped forks on
+                os.kill(self.pid, signal.SIGCONT)
+            self._next = self._take()  # what the sample started is swept before the next one
+        return decode(data, size is None, payload_bytes, size)
+
+    def _take(self) -> int | None:
+        """The pid of the process forked for the next sample (asking for it if need be)."""
+        self.ask()
+        if not self.alive:
+            return None
+        self._asked = False
+        data = b""
+        with contextlib.suppress(OSError):
+            data = os.read(self._born, HEADER_BYTES)
+        if len(data) != HEADER_BYTES:  # it exited: killed, or changed by a sample
+            self.close()
+            return None
+        return int.from_bytes(data, "little", signed=True)
+
+    def close(self) -> None:
+        if self.alive:
+            self.alive = False
+            close_all((self._ask, self._born, self._request, self._answer))
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _framed(data: bytes) -> bytes:
+    return len(data).to_bytes(HEADER_BYTES, "little") + data
+
+
+def _drain(fd: int) -> None:
+    """Read what is in a pipe no live process writes to (or reads from)."""
+    while select.select([fd], [], [], 0)[0] and os.read(fd, 1 << 16):
+        pass
+
+
+def _send(fd: int, data: bytes, pid: int) -> bool:
+    """Write ``data`` to a pipe only ``pid`` reads; False when it died first."""
+    view = memoryview(data)
+    while view:
+        _, ready, _ = select.select([], [fd], [], _POLL_SECONDS)
+        if ready:
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                continue
+            except OSError:  # no reader left
+                return False
+        elif has_exited(pid):
+            return False
+    return True
+
+
+def _receive_exactly(fd: int, pid: int, size: int) -> bytes:
+    """``size`` bytes from ``pid``'s pipe; fewer when it died first."""
+    data = b""
+    while len(data) < size:
+        if select.select([fd], [], [], _POLL_SECONDS)[0]:
+            data += os.read(fd, size - len(data))
+        elif has_exited(pid):
+            break
+    return data
+
+
+def _receive(fd: int, pid: int, payload_bytes: int) -> tuple[bytes, int | None]:
+    """The sample's answer (empty when its process died without one), or the size it
+    announced past the cap."""
+    chunks: list[bytes] = []
+    got, wanted = 0, HEADER_BYTES
+    header = True
+    while got < wanted:
+        if not select.select([fd], [], [], _POLL_SECONDS)[0]:
+            if has_exited(pid):
+                return b"", None
+            continue
+        chunk = os.read(fd, min(wanted - got, 1 << 20))
+        chunks.append(chunk)
+        got += len(chunk)
+        if header and got == HEADER_BYTES:
+            size = int.from_bytes(b"".join(chunks), "little")
+            if size > payload_bytes + 4096:
+                return b"", size
+            chunks, got, wanted, header = [], 0, size, False
+    return b"".join(chunks), None
+
+
+def _zygote(
+    ask: int,
+    born: int,
+    request: int,
+    answer: int,
+    programs: Mapping[str, Callable[..., Any]],
+    hygiene: Hygiene,
+    capture_chars: int,
+) -> None:
+    """Fork a sample's process per byte asked (once the last one is gone), until the worker
+    hangs up or something changed what the processes would inherit."""
+    status = 0
+    try:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        _set_dumpable(False)
+        with contextlib.suppress(OSError, ValueError):  # its own CPU time is no sample's
+            resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY,) * 2)
+        started = _inherited()
+        while os.read(ask, 1):
+            reap()  # the processes the worker killed
+            if _inherited() != started:
+                status = 3  # a sample changed it from outside
+                break
+            pid = os.fork()
+            if pid == 0:  # never returns
+                close_all((ask, born))
+                _sample(request, answer, programs, hygiene, capture_chars, mask, started)
+            os.write(born, pid.to_bytes(HEADER_BYTES, "little", signed=True))
+    except BaseException:
+        status = 1
+    finally:
+        os._exit(status)
+
+
+def _sample(
+    request: int,
+    answer: int,
+    programs: Mapping[str, Callable[..., Any]],
+    hygiene: Hygiene,
+    capture_chars: int,
+    mask: set[int | signal.Signals],
+    started: tuple[Any, ...],
+) -> None:
+    """A sample's process: waits, signals blocked, for its one sample; checks that nothing
+    changed what it inherited; runs the sample; answers."""
+    status = 1
+    try:
+        enter(hygiene)
+        _warm_up(capture_chars, started)
+        header = _read_exactly(request, HEADER_BYTES)
+        if len(header) < HEADER_BYTES:  # the worker went away first
+            status = 0
+            return
+        body = _read_exactly(request, int.from_bytes(header, "little"))
+        # written before any code of the sample runs: the sample cannot take it back
+        intact = _inherited() == started
+        os.write(answer, INTACT if intact else b"!")
+        if not intact:
+            return
+        program, args, ctx = json.loads(body.decode("utf-8", "surrogatepass"))
+        del header, body
+        if ctx is not None:
+            args = [*args, Context(*ctx)]
+        pending = signal.sigpending()
+        while pending and signal.sigtimedwait(pending, 0) is not None:
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        write_all(answer, _framed(run_captured(programs[program], args, capture_chars)))
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def _warm_up(capture_chars: int, started: tuple[Any, ...]) -> None:
+    """Take the first-write faults of a fresh fork on the pages a sample's run touches, while
+    it waits for its sample (off the sample's path): under gVisor each costs microseconds."""
+    json.loads(json.dumps(["program", [[""], {"": 0.0}], None]))
+    run_captured(lambda: {"scores": {"": 0.0}}, [], capture_chars)
+    _inherited() == started  # noqa: B015 - for its faults only
+    signal.sigpending()
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    chunks: list[bytes] = []
+    while size > 0 and (chunk := os.read(fd, min(size, 1 << 20))):
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _inherited() -> tuple[Any, ...]:
+    """What a forked child inherits and a process of the same user can change from outside."""
+    return (
+        [resource.getrlimit(which) for which in _RLIMITS],
+        os.getpriority(os.PRIO_PROCESS, 0),
+        sorted(os.sched_getaffinity(0)),
+    )
+
+
+def _set_dumpable(dumpable: bool) -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
