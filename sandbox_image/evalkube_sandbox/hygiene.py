@@ -132,7 +132,12 @@ class Hygiene:
     def clean(self) -> None:
         """Kill what the sample started, empty the scratch directory and check that it is
         empty and free again (:attr:`unclean` says why not)."""
-        self.keep -= kill_descendants(self.keep)
+        try:
+            self.keep -= kill_descendants(self.keep)
+        except ProcessesSurvived as exc:
+            self.unclean = str(exc)  # the worker has the host replace the sandbox
+            self.dirty = False
+            return
         if self.scratch:
             wipe(self.scratch)
             self.unclean = verify(self.scratch)
@@ -150,9 +155,11 @@ def become_subreaper() -> bool:
         return False
 
 
-def _process_table() -> dict[int, tuple[int, bytes]]:
-    """``pid -> (parent pid, state)`` of every process in /proc (threads are not listed)."""
-    table: dict[int, tuple[int, bytes]] = {}
+def _process_table() -> dict[int, tuple[int, bool]]:
+    """``pid -> (parent pid, whether it may still run)`` of every process in /proc (threads
+    are not listed). A process shown as a zombie may run on: its first thread exited, the
+    others did not (``num_threads``; gVisor has no ``/proc/PID/task`` for it)."""
+    table: dict[int, tuple[int, bool]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -163,25 +170,26 @@ def _process_table() -> dict[int, tuple[int, bytes]]:
         try:
             with open(f"/proc/{name}/stat", "rb") as stat:
                 fields = stat.read().rpartition(b")")[2].split()
-            table[int(name)] = (int(fields[1]), fields[0])
+            running = fields[0] not in (b"Z", b"X") or int(fields[17]) > 1
+            table[int(name)] = (int(fields[1]), running)
         except (OSError, IndexError, ValueError):
             continue
     return table
 
 
 def live_descendants(root: int, keep: frozenset[int] = frozenset()) -> list[int]:
-    """Every process below ``root`` that has not exited, but the ``keep`` processes
+    """Every process below ``root`` that may still run, but the ``keep`` processes
     themselves (what they started is listed)."""
     table = _process_table()
     children: dict[int, list[int]] = {}
-    for pid, (parent, _state) in table.items():
+    for pid, (parent, _running) in table.items():
         children.setdefault(parent, []).append(pid)
     found: list[int] = []
     todo = [root]
     while todo:
         for child in children.get(todo.pop(), ()):
             todo.append(child)
-            if child not in keep and table[child][1] not in (b"Z", b"X"):
+            if child not in keep and table[child][1]:
                 found.append(child)
     return found
 
@@ -217,7 +225,14 @@ def kill_descendants(keep: frozenset[int] = frozenset(), rounds: int = 200) -> s
         keep -= reaped
         if not waited:
             time.sleep(0.0005)  # not our children: give the kills a moment to land
+    else:
+        if live_descendants(me, keep):
+            raise ProcessesSurvived("processes a sample started survived every kill")
     return reaped | reap()
+
+
+class ProcessesSurvived(RuntimeError):
+    """The sweep ran out of rounds with processes still alive."""
 
 
 def reap() -> set[int]:

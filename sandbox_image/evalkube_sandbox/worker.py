@@ -387,6 +387,10 @@ class Worker:
                 self._replace_me(hygiene.unclean)
             if self._flush_due or len(self._pending) >= FLUSH_COUNT:
                 self._flush()
+        if isolated and self._zygote is not None:
+            unsafe = self._zygote.settle()  # before the next request is read
+            if unsafe is not None:
+                self._replace_me(unsafe)
         with self._lock:
             self._flush()
             self._write({"t": "done", "b": self._batch, "n": len(items)})

@@ -69,6 +69,8 @@ _RLIMITS = tuple(
     getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_")
 )
 _POLL_SECONDS = 0.05
+#: The limit the worker moves itself (the CPU budget of each execution).
+_MOVED_BY_WORKER = frozenset({resource.RLIMIT_CPU})
 
 
 class Zygote:
@@ -81,6 +83,9 @@ class Zygote:
         self._asked = False
         #: The process forked for the next sample, taken from the zygote.
         self._next: int | None = None
+        #: The worker's own limits and scheduling, as before any sample (a sample may change
+        #: them from outside: the worker then handles no other sample).
+        self._worker_state: tuple[Any, ...] = ()
         self.alive = True
 
     @classmethod
@@ -105,6 +110,7 @@ class Zygote:
         close_all((ask[0], born[1], request[0], answer[1]))
         os.set_blocking(request[1], False)
         zygote = cls(pid, hygiene, ask[1], born[0], request[1], answer[0])
+        zygote._worker_state = inherited(_MOVED_BY_WORKER)
         hygiene.keep = frozenset({pid})
         zygote.ask()
         return zygote
@@ -134,7 +140,7 @@ class Zygote:
         hygiene.keep = frozenset({self.pid, pid})
         try:
             hygiene.clean()  # every process of the last sample has exited; its files: gone
-            if hygiene.unclean is not None:
+            if hygiene.unclean is not None or inherited(_MOVED_BY_WORKER) != self._worker_state:
                 return None
             for woken in (self.pid, pid):
                 with contextlib.suppress(OSError):
@@ -153,6 +159,19 @@ class Zygote:
                 os.kill(self.pid, signal.SIGCONT)
             self._next = self._take()  # what the sample started is swept before the next one
         return decode(data, size is None, payload_bytes, size)
+
+    def settle(self) -> str | None:
+        """Wait for every process of the samples so far to be gone and wipe their files; why
+        this worker must not read another request (``None``: it may). Between batches: a
+        sample may have changed the worker's own limits, and a request is decoded here."""
+        hygiene = self._hygiene
+        hygiene.keep = frozenset({self.pid} if self._next is None else {self.pid, self._next})
+        hygiene.clean()
+        if hygiene.unclean is not None:
+            return hygiene.unclean
+        if inherited(_MOVED_BY_WORKER) != self._worker_state:
+            return "a sample changed the worker's limits or scheduling from outside"
+        return None
 
     def _take(self) -> int | None:
         """The pid of the process forked for the next sample (asking for it if need be)."""
@@ -253,10 +272,10 @@ def _zygote(
         _set_dumpable(False)
         with contextlib.suppress(OSError, ValueError):  # its own CPU time is no sample's
             resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY,) * 2)
-        started = _inherited()
+        started = inherited()
         while os.read(ask, 1):
             reap()  # the processes the worker killed
-            if _inherited() != started:
+            if inherited() != started:
                 status = 3  # a sample changed it from outside
                 break
             pid = os.fork()
@@ -291,7 +310,7 @@ def _sample(
             return
         body = _read_exactly(request, int.from_bytes(header, "little"))
         # written before any code of the sample runs: the sample cannot take it back
-        intact = _inherited() == started
+        intact = inherited() == started
         os.write(answer, INTACT if intact else b"!")
         if not intact:
             return
@@ -314,7 +333,7 @@ def _warm_up(capture_chars: int, started: tuple[Any, ...]) -> None:
     it waits for its sample (off the sample's path): under gVisor each costs microseconds."""
     json.loads(json.dumps(["program", [[""], {"": 0.0}], None]))
     run_captured(lambda: {"scores": {"": 0.0}}, [], capture_chars)
-    _inherited() == started  # noqa: B015 - for its faults only
+    inherited() == started  # noqa: B015 - for its faults only
     signal.sigpending()
 
 
@@ -326,13 +345,36 @@ def _read_exactly(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _inherited() -> tuple[Any, ...]:
-    """What a forked child inherits and a process of the same user can change from outside."""
+def inherited(skip: frozenset[int] = frozenset()) -> tuple[Any, ...]:
+    """What a forked child inherits and a process of the same user can change from outside:
+    rlimits (but ``skip``), nice value, CPU affinity, scheduling policy and priority, I/O
+    priority."""
     return (
-        [resource.getrlimit(which) for which in _RLIMITS],
+        [resource.getrlimit(which) for which in _RLIMITS if which not in skip],
         os.getpriority(os.PRIO_PROCESS, 0),
         sorted(os.sched_getaffinity(0)),
+        os.sched_getscheduler(0),
+        os.sched_getparam(0).sched_priority,
+        _io_priority(),
     )
+
+
+#: ``ioprio_get`` by machine (no Python wrapper; ``None``: not read).
+_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(os.uname().machine)
+
+
+_libc: Any = None
+
+
+def _io_priority() -> int | None:
+    global _libc
+    if _IOPRIO_GET is None:
+        return None
+    if _libc is None:
+        import ctypes  # already loaded: the worker made itself a subreaper with it
+
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return int(_libc.syscall(_IOPRIO_GET, 1, 0))
 
 
 def _set_dumpable(dumpable: bool) -> None:

@@ -4,8 +4,15 @@ not start are there with it: the zygote, and the process forked for the next sam
 tests are the samples that go after them, on every isolating backend (each has its own PID
 namespace, so every process a sample sees is the sandbox's own):
 
-- stop, signal, re-limit, renice or pin the processes it can see: the next samples run as
-  the first one did (same limits, nice value, CPU set) and answer correctly;
+- stop, signal, re-limit, renice, pin or reschedule the processes it can see: the next
+  samples run as the first one did (same limits, nice value, CPU set, scheduling policy, I/O
+  priority) and answer correctly;
+- leave a process behind that the sweep must find (its first thread exited, so it shows as
+  a zombie, while another thread waits to forge the next sample's answer and steal its
+  request): the next sample's answer and request are its own;
+- lower the worker's own limits so that it fails on the next sample: the next sample runs
+  in a fresh sandbox;
+- plant files or symlinks in ``/dev``: refused;
 - kill them: the next samples still answer correctly (in a fresh sandbox);
 - read or write their memory through ``/proc/PID/mem``: refused;
 - look through its own memory for the bytes of the samples before it: none are there.
@@ -13,6 +20,7 @@ namespace, so every process a sample sees is the sandbox's own):
 
 from __future__ import annotations
 
+import os
 import secrets
 from typing import Any
 
@@ -27,7 +35,10 @@ pytestmark = pytest.mark.timeout(180)
 # outcome tested elsewhere): the zygote (its parent) and the process forked for the next
 # sample, once it is there.
 ATTACKER = """
-import os, resource, signal, time
+import ctypes, os, resource, signal, time
+
+IOPRIO = {"x86_64": (251, 252), "aarch64": (30, 31)}.get(os.uname().machine)
+libc = ctypes.CDLL(None, use_errno=True)
 
 def parent(pid):
     with open(f"/proc/{pid}/stat", "rb") as f:
@@ -52,6 +63,8 @@ def state():
         "cpu": list(resource.getrlimit(resource.RLIMIT_CPU)),
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "cpus": sorted(os.sched_getaffinity(0)),
+        "policy": os.sched_getscheduler(0),
+        "io": libc.syscall(IOPRIO[1], 1, 0) if IOPRIO else None,
     }
 
 def grade(sample, item):
@@ -73,6 +86,12 @@ def grade(sample, item):
                 os.setpriority(os.PRIO_PROCESS, pid, 19)
             elif sample == "pin":
                 os.sched_setaffinity(pid, {min(os.sched_getaffinity(0))})
+            elif sample == "schedule":
+                try:
+                    os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+                finally:
+                    if IOPRIO:
+                        libc.syscall(IOPRIO[0], 1, pid, 3 << 13)  # the idle I/O class
             elif sample == "kill":
                 os.kill(pid, signal.SIGKILL)
             elif sample == "memory":
@@ -83,7 +102,7 @@ def grade(sample, item):
             done += 1
         except OSError:
             pass
-    if sample in ("stop", "signals", "limits", "nice", "pin", "kill"):
+    if sample in ("stop", "signals", "limits", "nice", "pin", "schedule", "kill"):
         time.sleep(0.1)  # let whatever the attack started land before this sample ends
         return {"scores": {"targets": float(len(targets)), "done": float(done)}}
     if sample == "memory":
@@ -91,7 +110,7 @@ def grade(sample, item):
     return {"scores": {"ok": 1.0}, "state": state()}
 """
 
-ATTACKS = ["stop", "signals", "limits", "nice", "pin", "kill"]
+ATTACKS = ["stop", "signals", "limits", "nice", "pin", "schedule", "kill"]
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
@@ -164,3 +183,135 @@ def test_no_sample_finds_the_bytes_of_the_samples_before_it_in_its_memory(name: 
     ]
     scans = [e.value for s, e in zip(samples, executions, strict=True) if s == "scan"]
     assert scans == [{"scores": {"found": 0.0}}] * 2
+
+
+# Found by an attacker review: a process whose first thread exits shows as a zombie while
+# another thread runs on. It outlived the sweep (which skipped zombies), kept the sample's
+# pipe ends, stopped the process forked for the next sample, read that sample's request from
+# the pipe and wrote a forged answer for it.
+SURVIVOR = r"""
+import ctypes, fcntl, json, os, signal, struct, threading, time
+
+def parent(pid):
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rpartition(b")")[2].split()[1])
+
+def pipe_ends():
+    ends = {}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd > 2 and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                ends[fcntl.fcntl(fd, fcntl.F_GETFL) & 3] = fd
+        except OSError:
+            pass
+    return ends.get(os.O_RDONLY), ends.get(os.O_WRONLY)
+
+def waiting(fd):
+    count = bytearray(4)
+    fcntl.ioctl(fd, 0x541B, count)  # FIONREAD
+    return struct.unpack("i", count)[0]
+
+def lurk(zygote, sample):
+    request, answer = pipe_ends()
+    while True:
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) not in (sample, os.getpid()):
+                try:
+                    if parent(int(name)) == zygote:
+                        os.kill(int(name), signal.SIGSTOP)
+                except OSError:
+                    pass
+        if request is not None and answer is not None and waiting(request) >= 8:
+            size = int.from_bytes(os.read(request, 8), "little")
+            stolen = os.read(request, size)
+            forged = json.dumps({"ok": True, "value": {"forged": stolen.decode()}}).encode()
+            os.write(answer, b"=" + len(forged).to_bytes(8, "little") + forged)
+            return
+        time.sleep(0.001)
+
+def grade(sample, item):
+    if sample == "lurk":
+        zygote, me = parent(os.getpid()), os.getpid()
+        if os.fork() == 0:
+            os.setsid()
+            threading.Thread(target=lurk, args=(zygote, me)).start()
+            time.sleep(0.05)
+            ctypes.CDLL(None).syscall(60, 0)  # SYS_exit (x86_64): only this thread ends
+        time.sleep(0.3)
+    return sample
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the survivor calls SYS_exit by number")
+@pytest.mark.parametrize("name", ISOLATING)
+def test_a_process_that_looks_exited_is_swept_before_the_next_sample(name: str) -> None:
+    samples = ["first", "lurk", "victim-row", "after", "last"]
+    executions, _ = run(backend(name), SURVIVOR, samples, timeout=20, isolation="sample")
+    assert [e.status for e in executions] == ["returned"] * len(samples), [
+        e.error for e in executions if e.error
+    ]
+    assert [e.value for e in executions] == samples
+
+
+# Found by an attacker review: the worker is the same user as its samples; a sample lowered
+# the worker's address-space limit, and the worker then failed on the next large sample,
+# which was blamed for the crash.
+POISONER = r"""
+import os, resource
+
+def parent(pid):
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rpartition(b")")[2].split()[1])
+
+def grade(sample, item):
+    if sample == "poison":
+        worker = parent(parent(os.getpid()))
+        with open(f"/proc/{worker}/status") as status:
+            size = next(int(l.split()[1]) * 1024 for l in status if l.startswith("VmSize:"))
+        resource.prlimit(worker, resource.RLIMIT_AS, (size + (1 << 20),) * 2)
+        return "poisoned"
+    return len(sample)
+"""
+
+
+@pytest.mark.parametrize("name", ISOLATING)
+def test_a_sample_that_lowers_the_workers_limits_fails_no_other_sample(name: str) -> None:
+    big = "v" * (4 << 20)
+    samples = ["small", "poison", big, "small", big]
+    executions, restarts = run(backend(name), POISONER, samples, timeout=30, isolation="sample")
+    assert [e.status for e in executions] == ["returned"] * len(samples), [
+        e.error for e in executions if e.error
+    ]
+    assert [e.value for e in executions] == [5, "poisoned", len(big), 5, len(big)]
+    assert restarts >= 1  # the poisoned worker handled no other sample
+
+
+# Found by an attacker review (bwrap): /dev was a writable tmpfs (and /dev/shm another), past
+# the wipe of /tmp: a symlink /dev/stdout -> a file it reads later captured a later grader's
+# output.
+PLANTER = r"""
+import os
+
+def grade(sample, item):
+    if sample == "plant":
+        planted = 0
+        for make in (
+            lambda: open("/dev/shm/left", "w").close(),
+            lambda: os.symlink("/dev/shm/left", "/dev/evalkube-planted"),
+            lambda: os.replace("/dev/null", "/dev/evalkube-moved"),
+        ):
+            try:
+                make()
+                planted += 1
+            except OSError:
+                pass
+        return planted
+    return sorted(n for n in ("/dev/shm/left", "/dev/evalkube-planted") if os.path.lexists(n))
+"""
+
+
+@pytest.mark.parametrize("name", ISOLATING)
+def test_a_sample_plants_nothing_in_dev(name: str) -> None:
+    executions, _ = run(backend(name), PLANTER, ["plant", "look"], timeout=20, isolation="sample")
+    assert [e.value for e in executions] == [0, []], [e.error for e in executions if e.error]

@@ -62,8 +62,6 @@ def bwrap_argv(
         "--proc", "/proc",
         "--dev", "/dev",
         "--size", str(request.limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
-        # --dev's /dev/shm is writable and bounded only by the memory cgroup: cap it like /tmp
-        "--size", str(request.limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/dev/shm",
     ]  # fmt: skip
     site: list[str] = []
     if request.environment is not None:
@@ -73,6 +71,9 @@ def bwrap_argv(
         argv += ["--ro-bind", str(bridge_socket), hostfs.INSIDE_BRIDGE_SOCKET]
     argv += [
         "--remount-ro", "/",
+        # --dev's tmpfs (and its /dev/shm) would keep what one sample plants for the next
+        # (a /dev/stdout symlink, files), past the wipe of /tmp: read-only, as in gVisor
+        "--remount-ro", "/dev",
         "--chdir", "/tmp",
         "--", hostfs.INSIDE_PYTHON, "-I", "-S", "-c", WORKER_BOOTSTRAP, hostfs.INSIDE_WORKER_ROOT,
         *site,

@@ -84,7 +84,7 @@ def test_hello_loaded_results_done() -> None:
     assert frames[0]["t"] == "hello"
     assert frames[0]["protocol"] == PROTOCOL_VERSION
     assert frames[0]["pid"] == os.getpid()
-    assert frames[1] == {"t": "loaded", "programs": {"grader": {"ctx": False}}}
+    assert frames[1] == {"t": "loaded", "programs": {"grader": {"ctx": False}}, "zygote": False}
     assert all(f["b"] == 41 for f in frames[2:])
     answers = answers_of(frames)
     assert [(a["ok"], a["value"]) for a in answers] == [(True, 2), (True, 4)]
