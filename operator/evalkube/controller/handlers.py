@@ -6,13 +6,14 @@ the handlers with kopf.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, cast
 
 import kopf
 
 from evalkube import limits
 from evalkube.controller import names
-from evalkube.controller.reconcile import job_index_entry
+from evalkube.controller.reconcile import job_index_entry, job_state
 from evalkube.controller.runs import RunReconciler
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import config_map_refs
@@ -30,6 +31,24 @@ UNIT_JOBS: dict[str, Any] = {
 _IMPORT_SETTINGS = OperatorSettings()
 
 
+class DiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff-base storage (annotations), without copying objects for nothing.
+
+    kopf builds an object's "essence" (a deep copy of the whole body, status and managedFields
+    included, most of which it then drops) on every event of every object it watches. Only
+    objects with change or daemon handlers use it: evalkube's own kinds. The Jobs and
+    ConfigMaps whose events evalkube only reads (``kopf.on.event``, indexes) get an empty
+    one, which nothing reads (a kind of another API group given a change or daemon
+    handler must be let through here)."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        if str(body.get("apiVersion", "")).partition("/")[0] != GROUP:
+            return cast(kopf.BodyEssence, {})
+        return super().build(body=body, extra_fields=extra_fields)
+
+
 def _post_event(body: Any, kind: str, reason: str, message: str) -> None:
     message = cap_message(message, limits.EVENT_MESSAGE_CHARS)
     (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message)
@@ -38,7 +57,7 @@ def _post_event(body: Any, kind: str, reason: str, message: str) -> None:
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="evalkube.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="evalkube.io")
+    settings.persistence.diffbase_storage = DiffBaseStorage(prefix="evalkube.io")
     settings.posting.level = 20
     operator_settings = OperatorSettings()
     if operator_settings.watched_namespaces():
@@ -105,23 +124,46 @@ RUN_DAEMON_CANCELLATION_SECONDS = 5.0
 
 
 @kopf.daemon(GROUP, VERSION, "evalruns", cancellation_timeout=RUN_DAEMON_CANCELLATION_SECONDS)
-async def run_daemon(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+async def run_daemon(
+    namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any
+) -> None:
     """Drives the run from creation (or the operator's start) until it is finished."""
-    await _runs(memo, kwargs).drive(namespace or "", name)
+    await _runs(memo, kwargs).drive(namespace or "", name, body)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=UNIT_JOBS)
 async def unit_job_changed(
-    namespace: str | None, labels: Any, annotations: Any, memo: kopf.Memo, **kwargs: Any
+    namespace: str | None,
+    name: str,
+    labels: Any,
+    annotations: Any,
+    body: Any,
+    event: Any,
+    memo: kopf.Memo,
+    **kwargs: Any,
 ) -> None:
-    """A work-unit Job was created, admitted, suspended, finished or deleted."""
+    """A work-unit Job was created, admitted, suspended, finished or deleted: its run gets a
+    pass when that changed its state (``RunReconciler.job_changed``)."""
     run = annotations.get(names.ANNOTATION_RUN) or labels[names.LABEL_RUN]
-    _runs(memo, kwargs).wake(namespace or "", run)
+    state = None if event.get("type") == "DELETED" else job_state(body)
+    _runs(memo, kwargs).job_changed(namespace or "", run, name, state)
 
 
-@kopf.on.delete(GROUP, VERSION, "evalruns", optional=True)
-async def run_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    memo.state.reconciler.forget(namespace or "", name)
+@kopf.on.event(GROUP, VERSION, "evalruns")
+async def run_event(
+    namespace: str | None,
+    name: str,
+    meta: Any,
+    event: Any,
+    memo: Any,
+    **_: Any,
+) -> None:
+    """A run being deleted (or gone) is forgotten: its token no longer accepted, its gauges
+    and caches dropped. An event handler, not ``kopf.on.delete``: a changing handler would
+    have kopf write its last-handled-configuration annotation on every new run (one more
+    API call each), and this also sees runs deleted after their daemon ended."""
+    if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
+        memo.state.reconciler.forget(namespace or "", name)
 
 
 @kopf.timer(GROUP, VERSION, "evalschedules", interval=_IMPORT_SETTINGS.schedule_interval)

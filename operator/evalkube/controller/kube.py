@@ -6,6 +6,7 @@ what makes deterministic names restart-safe.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Mapping
 from typing import Any
@@ -20,11 +21,19 @@ EvalSuiteResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalS
 EvalRunResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalRun", "evalruns")
 
 
+#: API requests the operator has in flight at most; the others wait their turn. httpx keeps 20
+#: connections open between requests: more at once (a burst of new runs, each pass making its
+#: calls) would open and close a TLS connection per request, and past its pool of 100 fail
+#: passes with pool timeouts.
+REQUESTS_IN_FLIGHT = 20
+
+
 class Kube:
     """Thin async wrapper over lightkube for the operator's few object kinds."""
 
     def __init__(self, client: AsyncClient | None = None) -> None:
         self.client = client or AsyncClient(field_manager="evalkube")
+        self._slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
 
     async def close(self) -> None:
         await self.client.close()
@@ -37,7 +46,8 @@ class Kube:
         """Create ``manifest``; the object as created (with its uid), ``None`` when it
         already existed."""
         try:
-            created: Any = await self.client.create(from_dict(dict(manifest)))
+            async with self._slots:
+                created: Any = await self.client.create(from_dict(dict(manifest)))
         except ApiError as exc:
             if exc.status.code == 409:
                 return None
@@ -50,21 +60,27 @@ class Kube:
         if await self.create(manifest):
             return
         meta = manifest["metadata"]
-        await self.client.patch(
-            Secret,
-            meta["name"],
-            {"stringData": dict(manifest.get("stringData") or {})},
-            namespace=meta["namespace"],
-            patch_type=PatchType.MERGE,
-        )
+        async with self._slots:
+            await self.client.patch(
+                Secret,
+                meta["name"],
+                {"stringData": dict(manifest.get("stringData") or {})},
+                namespace=meta["namespace"],
+                patch_type=PatchType.MERGE,
+            )
 
     async def patch_status(
         self, kind: Any, namespace: str, name: str, status: dict[str, Any]
     ) -> None:
         """Merge ``status`` into the status subresource of an evalkube object."""
-        await self.client.patch(
-            kind.Status, name, {"status": status}, namespace=namespace, patch_type=PatchType.MERGE
-        )
+        async with self._slots:
+            await self.client.patch(
+                kind.Status,
+                name,
+                {"status": status},
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
 
     async def service_cluster_ip(self, namespace: str, name: str) -> str | None:
         """The Service's ClusterIP, or ``None`` when it does not exist or has none."""
@@ -75,7 +91,8 @@ class Kube:
     async def _get(self, kind: Any, namespace: str, name: str) -> dict[str, Any] | None:
         """The object, or ``None`` when it does not exist (404)."""
         try:
-            found: Any = await self.client.get(kind, name, namespace=namespace)
+            async with self._slots:
+                found: Any = await self.client.get(kind, name, namespace=namespace)
         except ApiError as exc:
             if exc.status.code == 404:
                 return None
@@ -108,14 +125,16 @@ class Kube:
     ) -> list[dict[str, Any]]:
         """The EvalRuns of ``namespace`` carrying ``labels``."""
         runs: Any = self.client.list(EvalRunResource, namespace=namespace, labels=dict(labels))
-        return [dict(run.to_dict()) async for run in runs]
+        async with self._slots:
+            return [dict(run.to_dict()) async for run in runs]
 
     async def delete_run(self, namespace: str, name: str) -> None:
         """Delete an EvalRun and, in the background, what it owns; gone already is fine."""
         try:
-            await self.client.delete(
-                EvalRunResource, name, namespace=namespace, cascade=CascadeType.BACKGROUND
-            )
+            async with self._slots:
+                await self.client.delete(
+                    EvalRunResource, name, namespace=namespace, cascade=CascadeType.BACKGROUND
+                )
         except ApiError as exc:
             if exc.status.code != 404:
                 raise

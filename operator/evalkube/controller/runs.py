@@ -1,9 +1,10 @@
 """Reconcile one EvalRun: observe the cluster and the store, decide, act, report status.
 
 Each unfinished run has a kopf daemon (``handlers.run_daemon``) that runs
-:meth:`RunReconciler.drive`: one pass at a time, each reading the run afresh, so a pass never
-acts on a status an earlier pass already replaced. Its Jobs' events and its units' done reports
-(through the ingest server) wake it. The decisions are
+:meth:`RunReconciler.drive`: one pass at a time, each reading the run afresh (but the first
+of a run this process has not seen, which takes the run kopf delivered), so a pass never acts
+on a status an earlier pass already replaced. Events that change one of its Jobs' state and
+its units' done reports (through the ingest server) wake it. The decisions are
 :func:`evalkube.controller.reconcile.decide`; this module does the I/O around them and patches
 the status only when it changed (status patches grow with unit transitions, never with
 samples).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import logging
 import secrets
@@ -35,6 +37,7 @@ from evalkube.controller.reconcile import (
     JobState,
     decide,
     failed_units_message,
+    job_state,
     permanent_refusal,
     refused_status,
     summary_line,
@@ -69,6 +72,7 @@ from evalkube.models.snapshot import RunSnapshot
 from evalkube.models.status import (
     cap_message,
     condition,
+    list_message,
     merge_conditions,
     now_rfc3339,
     read_status,
@@ -100,8 +104,9 @@ class _Setup:
     until the run's ``uri`` sources are pinned: their row counts decide it)."""
     grant_expires: int = 0
     """When the run's egress grant expires (unix seconds; 0 until one is issued)."""
-    unseen: set[str] = field(default_factory=set)
-    """Units whose Job this operator created and the Job index has not shown yet."""
+    unseen: dict[str, JobState] = field(default_factory=dict)
+    """Units whose Job this operator created and the Job index has not shown yet, with the
+    state it was created in."""
     deadline_warned: set[str] = field(default_factory=set)
     """Tasks whose capped Job deadline this operator has warned about (``DeadlineCapped``)."""
 
@@ -149,29 +154,49 @@ class RunReconciler:
         self.jobs: JobIndex = {}
         """``(namespace, run) -> (unit id, JobState)`` of every work-unit Job: kopf's index
         (``handlers.unit_jobs``), kept current by the Job watch, so a pass lists no Jobs."""
+        self._job_states: dict[tuple[str, str, str], JobState] = {}
+        """``(namespace, run, Job) -> JobState`` last known of each work-unit Job: what the
+        operator created it as, then what its events showed (see :meth:`job_changed`)."""
+        self._seen: dict[tuple[str, str], str] = {}
+        """``(namespace, name) -> uid`` of each run a pass of this process has read."""
 
-    async def drive(self, namespace: str, name: str) -> None:
+    async def drive(self, namespace: str, name: str, body: Mapping[str, Any] | None = None) -> None:
         """Drive the run until it is finished: the body of its kopf daemon, so its passes are
         serialized by construction and kopf stops it when the run is deleted.
 
+        ``body``: the run as kopf delivered it when it started the daemon; the first pass uses
+        it instead of reading the run again when no pass of this operator has touched the run
+        yet (see :meth:`_first_body`).
+
         A pass follows every :meth:`wake` (those during a pass coalesce into one after it);
         without one, the next pass comes after ``retry_interval`` while the run is blocked
-        ``Pending`` and after ``reconcile_interval`` otherwise, for an event that was missed.
+        ``Pending`` or its last pass failed (doubling with each failure in a row, up to
+        ``reconcile_interval``) and after ``reconcile_interval`` otherwise, for an event that
+        was missed.
         """
         key = (namespace, name)
         wakeup = self._wakeups[key] = asyncio.Event()
+        first = self._first_body(body)
+        failures = 0
         try:
             while True:
                 wakeup.clear()
                 try:
-                    await self.advance(namespace, name)
+                    await self.advance(namespace, name, first)
+                    failures = 0
                 except Exception:  # the daemon goes on: its next pass may succeed
+                    failures += 1
                     _log.exception("a pass over EvalRun %s/%s failed", namespace, name)
+                first = None
                 phase = self._phases.get(key)
                 if phase in FINAL_PHASES:
                     return
-                pending = phase == "Pending"
-                wait = self.settings.retry_interval if pending else self.settings.reconcile_interval
+                wait = retry_wait(
+                    phase == "Pending",
+                    failures,
+                    self.settings.retry_interval,
+                    self.settings.reconcile_interval,
+                )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), wait)
         finally:
@@ -183,15 +208,45 @@ class RunReconciler:
         if (wakeup := self._wakeups.get((namespace, name))) is not None:
             wakeup.set()
 
+    def job_changed(self, namespace: str, run: str, job: str, state: JobState | None) -> None:
+        """A work-unit Job's event (``state`` ``None``: the Job is gone): a pass over its run
+        when the Job is new to the operator, its state changed (finished, suspended,
+        admitted) or it was deleted. Events that change nothing a pass reads (the Job
+        controller counting its Pods) wake nothing."""
+        key = (namespace, run, job)
+        if state is None:
+            self._job_states.pop(key, None)
+        elif self._job_states.get(key) == state:
+            return
+        else:
+            self._job_states[key] = state
+        self.wake(namespace, run)
+
     def unit_done(self, entry: RunEntry, unit: str) -> None:
         """A unit reported done (``ApiServer.on_unit_done``): its slot is free now."""
         self.wake(entry.namespace, entry.name)
 
-    async def advance(self, namespace: str, name: str) -> None:
-        """One pass over the run as the API server holds it now; the status patched if it
-        changed."""
-        body = await self.kube.run(namespace, name)
+    def _first_body(self, body: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """A copy of the body kopf started the run's daemon with, when the first pass may use
+        it: no pass of this operator process has seen the run (its uid) yet, so no status this
+        operator wrote can be missing from it (kopf's body comes from its watch, which lists
+        afresh when the operator starts). Otherwise ``None``: the pass reads the run."""
+        meta = (body or {}).get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        if body is None or not meta.get("uid") or self._seen.get(key) == meta["uid"]:
+            return None
+        return copy.deepcopy(dict(body))
+
+    async def advance(
+        self, namespace: str, name: str, body: Mapping[str, Any] | None = None
+    ) -> None:
+        """One pass over the run as the API server holds it now (or ``body``, the run as kopf
+        just delivered it, for a first pass); the status patched if it changed."""
+        if body is None:
+            body = await self.kube.run(namespace, name)
         if body is not None:
+            meta = body["metadata"]
+            self._seen[(meta["namespace"], meta["name"])] = meta["uid"]
             old_phase = read_status(EvalRunStatus, body.get("status")).phase
             new = await self.reconcile(body)
             if new is not None:
@@ -236,10 +291,13 @@ class RunReconciler:
         """Drop a deleted run from the registry, the ``evalkube_runs`` gauge and the caches."""
         self.registry.forget(namespace, name)
         self._phases.pop((namespace, name), None)
+        self._seen.pop((namespace, name), None)
         self._export_phases()
         for uid, setup in list(self._setups.items()):
             if (setup.entry.namespace, setup.entry.name) == (namespace, name):
                 del self._setups[uid]
+        for key in [k for k in self._job_states if k[:2] == (namespace, name)]:
+            del self._job_states[key]
 
     def _export_phases(self) -> None:
         counts = Counter(self._phases.values())
@@ -305,13 +363,20 @@ class RunReconciler:
             setup.criteria_of,
         )
         reported = await asyncio.to_thread(self.store.failed_units, setup.entry.run_id)
-        decision = decide(
-            units, self._observed_jobs(setup), done, self.settings.parallelism, reported
-        )
-        decision.failed = explain_failures(
-            decision.failed, units, setup.snapshot.suite.spec, self.settings
-        )
-        await self._create_jobs(body, setup, decision, unit_settings)
+
+        def decided() -> Decision:
+            decision = decide(
+                units, self._observed_jobs(setup), done, self.settings.parallelism, reported
+            )
+            decision.failed = explain_failures(
+                decision.failed, units, setup.snapshot.suite.spec, self.settings
+            )
+            return decision
+
+        decision = decided()
+        if decision.create:
+            await self._create_jobs(body, setup, decision, unit_settings)
+            decision = decided()  # the status counts the Jobs just created
         new = old.model_copy(
             update={
                 "phase": decision.phase,
@@ -339,8 +404,9 @@ class RunReconciler:
         """The run's Jobs as the Job index shows them, plus those created here that it has not
         shown yet (a pass right after a create must not create them again)."""
         jobs = dict(self.jobs.get((setup.entry.namespace, setup.entry.name), ()))
-        setup.unseen -= jobs.keys()
-        return {**dict.fromkeys(setup.unseen, JobState("active")), **jobs}
+        for unit in setup.unseen.keys() & jobs.keys():
+            del setup.unseen[unit]
+        return {**setup.unseen, **jobs}
 
     async def resolve_run(self, namespace: str, name: str) -> RunEntry | None:
         """A run from durable state (the EvalRun and its token Secret), for an API request
@@ -369,7 +435,15 @@ class RunReconciler:
             raise _Blocked("Failed", "InvalidSpec", "spec.suiteRef.name is required in a cluster")
         suite_name = spec.suite_ref.name
         run_id = names.run_id(namespace, name, meta["uid"])
-        snapshot_data = await self.kube.config_map_data(namespace, names.snapshot_name(name))
+        status = read_status(EvalRunStatus, body.get("status"))
+        token_digest = status.ingest_token_sha256 or ""
+        # a new run (Pending, no snapshot recorded): no snapshot of ours can exist, so none is
+        # read; one someone else made shows up as the create's conflict (_create_snapshot)
+        snapshot_data = (
+            None
+            if status.phase == "Pending" and status.snapshot_sha256 is None
+            else await self.kube.config_map_data(namespace, names.snapshot_name(name))
+        )
         if snapshot_data is None:
             suite = await self.kube.suite(namespace, suite_name)
             if suite is None:
@@ -383,7 +457,7 @@ class RunReconciler:
             snapshot = _pin_shard_size(
                 build_snapshot(body, run_id, suite_name, check), self.settings
             )
-            await self._create_snapshot(body, snapshot)
+            token_digest = await self._create_snapshot(body, snapshot, token_digest)
             taken = f"snapshot of suite {suite_name} at {check.version[:19]}"
             self.event(body, "Normal", "Snapshot", taken)
         else:
@@ -393,7 +467,8 @@ class RunReconciler:
             if problem := snapshot_not_ours(body, text):
                 raise _Blocked("Failed", "SnapshotNotOurs", problem)
             snapshot = RunSnapshot.model_validate_json(text)
-        token_digest = await self._ingest_token_digest(body)
+        if not token_digest:  # a pass that stopped between the Secret and the status
+            token_digest = await self._new_ingest_token(body, {})
         entry = RunEntry(namespace, name, run_id, snapshot.suite.name, token_digest)
         self.registry.register(entry)
         await self.kube.create(manifests.network_policy(body, snapshot.run_spec, self.settings))
@@ -419,21 +494,29 @@ class RunReconciler:
         setup = self._setups[meta["uid"]] = _Setup(snapshot, entry, parsed, units)
         return setup
 
-    async def _create_snapshot(self, body: Mapping[str, Any], snapshot: RunSnapshot) -> None:
-        """Create the run's snapshot ConfigMap. One larger than a ConfigMap holds fails the run
-        (``SnapshotTooLarge``, naming what takes the room), and so does the API server refusing
-        it for what it is (``413``/``422``): a pass must not retry it forever."""
+    async def _create_snapshot(
+        self, body: Mapping[str, Any], snapshot: RunSnapshot, token_digest: str
+    ) -> str:
+        """Create the run's snapshot ConfigMap; the digest of the run's ingest token (made
+        here too when ``token_digest`` is empty). One larger than a ConfigMap holds fails the
+        run (``SnapshotTooLarge``, naming what takes the room), and so does the API server
+        refusing it for what it is (``413``/``422``): a pass must not retry it forever.
+
+        Both digests go into the status in one patch, after the token's Secret and before the
+        snapshot: a ConfigMap of this name that someone else made (before the run, or in a race
+        with this create) then differs from the recorded snapshot, and is never run."""
         manifest = manifests.snapshot_config_map(body, snapshot)
         size = manifests.config_map_bytes(manifest)
         if size > limits.SNAPSHOT_CONFIGMAP_BYTES:
             raise _Blocked("Failed", "SnapshotTooLarge", snapshot_too_large(snapshot, size))
-        # recorded first: a ConfigMap of this name that someone else made (before the run, or
-        # in a race with this create) then differs from it, and is never run
-        meta = body["metadata"]
-        recorded = {SNAPSHOT_DIGEST_FIELD: digest(manifest["data"]["snapshot.json"])}
-        await self.kube.patch_status(EvalRunResource, meta["namespace"], meta["name"], recorded)
+        text = manifest["data"]["snapshot.json"]
+        recorded = {SNAPSHOT_DIGEST_FIELD: digest(text)}
+        if token_digest:
+            await self._patch_status(body, recorded)
+        else:
+            token_digest = await self._new_ingest_token(body, recorded)
         try:
-            await self.kube.create(manifest)
+            created = await self.kube.create(manifest)
         except ApiError as exc:
             if not permanent_refusal(exc):
                 raise
@@ -442,25 +525,32 @@ class RunReconciler:
             raise _Blocked(
                 "Failed", "SnapshotTooLarge", message + snapshot_too_large(snapshot, size)
             ) from None
+        if not created:  # one of this name exists: run it only if it is exactly this snapshot
+            meta = body["metadata"]
+            found = await self.kube.config_map_data(meta["namespace"], manifest["metadata"]["name"])
+            theirs = (found or {}).get("snapshot.json") or ""
+            if digest(theirs) != recorded[SNAPSHOT_DIGEST_FIELD]:
+                # not ours, whatever its content says: the message of one made before the run
+                problem = snapshot_not_ours({**body, "status": {"phase": "Pending"}}, theirs)
+                raise _Blocked("Failed", "SnapshotNotOurs", problem or "")
+        return token_digest
 
-    async def _ingest_token_digest(self, body: Mapping[str, Any]) -> str:
-        """The digest of the run's ingest token, recorded in its status.
+    async def _patch_status(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        await self.kube.patch_status(EvalRunResource, meta["namespace"], meta["name"], status)
+
+    async def _new_ingest_token(self, body: Mapping[str, Any], also: dict[str, Any]) -> str:
+        """Make the run's ingest token: written into its Secret (created or overwritten: no Job
+        exists yet), then its SHA-256 into the status, with ``also``; that digest.
 
         The operator never reads a Secret (RBAC: create and patch only): it keeps the token's
-        SHA-256 in ``status.ingestTokenSha256``, written before any Job can use the token.
-        Without one (a new run, or a pass that stopped between the Secret and the status), it
-        makes a token and writes it into the Secret, created or overwritten: no Job exists yet.
-        """
-        recorded = read_status(EvalRunStatus, body.get("status")).ingest_token_sha256
-        if recorded:
-            return recorded
+        SHA-256 in ``status.ingestTokenSha256``, written before any Job can use the token and
+        right away (not with the pass's status), so a restart finds it even if the pass stops
+        early. A pass that finds none (a new run, or one that stopped between the Secret and
+        the status) makes a new token."""
         token = secrets.token_urlsafe(32)
         await self.kube.create_or_update_secret(manifests.token_secret(body, token))
-        meta = body["metadata"]
-        # patched now, not with the pass's status: a restart finds it even if the pass stops early
-        await self.kube.patch_status(
-            EvalRunResource, meta["namespace"], meta["name"], {TOKEN_DIGEST_FIELD: digest(token)}
-        )
+        await self._patch_status(body, {**also, TOKEN_DIGEST_FIELD: digest(token)})
         return digest(token)
 
     # -- sources: the prepare Job pins the run's uri sources, then units are planned ----------
@@ -496,9 +586,7 @@ class RunReconciler:
                 settings=unit_settings,
                 sources=source_mounts(setup.parsed.loaded.suite.spec.tasks),
             )
-            setup.unseen.add(PREPARE_UNIT)
-            if await self.kube.create(manifest):
-                self.metrics.jobs_created.inc()
+            if await self._create_job(setup, PREPARE_UNIT, manifest):
                 self.event(body, "Normal", "Preparing", f"started {manifest['metadata']['name']}")
         keys = ", ".join(f"{t.id}/{part}" for t, part in setup.parsed.loaded.uri_sources())
         raise _Blocked(
@@ -571,37 +659,70 @@ class RunReconciler:
         decision: Decision,
         unit_settings: OperatorSettings,
     ) -> None:
-        for unit in decision.create:
-            task = setup.parsed.loaded.task(unit.task_id)
-            dataset_ref = task.dataset.config_map_ref
-            sources = source_mounts([task])
-            timeouts = _task_timeouts(task)
-            deadline = manifests.unit_deadline(unit, *timeouts, unit_settings)
-            if deadline.capped and unit.task_id not in setup.deadline_warned:
-                setup.deadline_warned.add(unit.task_id)
-                capped = (
-                    f"task {unit.task_id!r}: unit {unit.unit_id}: {deadline.explain(self.settings)}"
-                )
-                self.event(body, "Warning", "DeadlineCapped", capped)
-            job = manifests.unit_job(
-                body,
-                unit,
-                spec=setup.spec,
-                settings=unit_settings,
-                dataset_config_maps=[(dataset_ref.name, dataset_ref.key)] if dataset_ref else [],
-                timeout_seconds=timeouts[0],
-                preprocess_timeout=timeouts[1],
-                model_access=grader_calls_models(task),
-                runner_model_access=judges_call_models(task),
-                grader_environment=next((g.environment for _, g in task.grader_programs()), None),
-                sources=sources,
-                task_id=unit.task_id if sources else None,
-            )
-            setup.unseen.add(unit.unit_id)
-            if await self.kube.create(job):
-                self.metrics.jobs_created.inc()
-                started = f"started unit {unit.unit_id} ({job['metadata']['name']})"
-                self.event(body, "Normal", "UnitStarted", started)
+        """Create the Jobs of ``decision.create``; one ``UnitStarted`` event names those
+        created (also when a create failed after some were)."""
+        started: list[str] = []
+        try:
+            for unit in decision.create:
+                job = self._unit_job(body, setup, unit, unit_settings)
+                if await self._create_job(setup, unit.unit_id, job):
+                    started.append(f"{unit.unit_id} ({job['metadata']['name']})")
+        finally:
+            if started:
+                head = f"started {len(started)} unit{'s' if len(started) > 1 else ''}"
+                message = list_message(head, started, limits.EVENT_MESSAGE_CHARS)
+                self.event(body, "Normal", "UnitStarted", message)
+
+    def _unit_job(
+        self, body: Mapping[str, Any], setup: _Setup, unit: Unit, unit_settings: OperatorSettings
+    ) -> dict[str, Any]:
+        """The Job of ``unit`` (a ``DeadlineCapped`` warning the first time a task's deadline
+        is capped)."""
+        task = setup.parsed.loaded.task(unit.task_id)
+        dataset_ref = task.dataset.config_map_ref
+        sources = source_mounts([task])
+        timeouts = _task_timeouts(task)
+        deadline = manifests.unit_deadline(unit, *timeouts, unit_settings)
+        if deadline.capped and unit.task_id not in setup.deadline_warned:
+            setup.deadline_warned.add(unit.task_id)
+            why = deadline.explain(self.settings)
+            capped = f"task {unit.task_id!r}: unit {unit.unit_id}: {why}"
+            self.event(body, "Warning", "DeadlineCapped", capped)
+        return manifests.unit_job(
+            body,
+            unit,
+            spec=setup.spec,
+            settings=unit_settings,
+            dataset_config_maps=[(dataset_ref.name, dataset_ref.key)] if dataset_ref else [],
+            timeout_seconds=timeouts[0],
+            preprocess_timeout=timeouts[1],
+            model_access=grader_calls_models(task),
+            runner_model_access=judges_call_models(task),
+            grader_environment=next((g.environment for _, g in task.grader_programs()), None),
+            sources=sources,
+            task_id=unit.task_id if sources else None,
+        )
+
+    async def _create_job(self, setup: _Setup, unit_id: str, job: Mapping[str, Any]) -> bool:
+        """Create the Job of a unit; ``False`` when it existed already. Either way the unit
+        counts as having a Job until kopf's index shows it (a pass right after must not create
+        it again); a create that failed leaves the unit without one, for the next pass. The
+        state it is created in is recorded, so its own ADDED event wakes no pass."""
+        meta = job["metadata"]
+        key = (meta["namespace"], setup.entry.name, meta["name"])
+        state = job_state(job)
+        self._job_states[key] = state
+        try:
+            created = await self.kube.create(job)
+        except BaseException:
+            self._job_states.pop(key, None)
+            raise
+        if created:
+            self.metrics.jobs_created.inc()
+        else:  # not made by this pass: whatever its events show next is news
+            self._job_states.pop(key, None)
+        setup.unseen[unit_id] = state
+        return created
 
     async def _finish(
         self, body: Mapping[str, Any], new: EvalRunStatus, setup: _Setup, decision: Decision
@@ -725,6 +846,16 @@ class RunReconciler:
                     self.metrics.samples.labels(namespace, suite, status_name).inc(amount)
             for purpose, count in result.model_calls.items():
                 self.metrics.model_calls.labels(namespace, suite, purpose).inc(count)
+
+
+def retry_wait(pending: bool, failures: int, retry: float, reconcile: float) -> float:
+    """Seconds a run's daemon waits for an event before its next pass: ``retry`` while the
+    run is blocked ``Pending``; after ``failures`` failed passes in a row, ``retry`` doubled
+    with each but the first, at most ``reconcile`` (a pass cut short in a burst, say by a
+    timeout, is not left for a whole ``reconcile``); ``reconcile`` otherwise."""
+    if failures:
+        return float(min(retry * 2 ** min(failures - 1, 16), reconcile))
+    return retry if pending else reconcile
 
 
 def _capped(sink: EventSink) -> EventSink:

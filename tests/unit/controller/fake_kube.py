@@ -39,6 +39,9 @@ class FakeKube:
         self.refuse_status: int | None = None
         #: Status patches holding results are refused as too large (HTTP 500).
         self.refuse_results = False
+        #: Every write in order: ``("create", kind, name)`` of what was created (a conflict is
+        #: not logged), ``("status", sorted keys)`` of each status patch that was written.
+        self.writes: list[tuple[Any, ...]] = []
 
     # -- helpers for tests ------------------------------------------------------------------
     def put(self, manifest: Mapping[str, Any]) -> None:
@@ -60,6 +63,7 @@ class FakeKube:
         if key in self.objects:
             return None
         self.put(manifest)
+        self.writes.append(("create", manifest["kind"], meta["name"]))
         return copy.deepcopy(self.objects[key])
 
     async def create_or_update_secret(self, manifest: Mapping[str, Any]) -> None:
@@ -82,6 +86,7 @@ class FakeKube:
         if too_large or (self.refuse_results and status.get("results")):
             raise api_error(500, "etcdserver: request is too large")
         self.status_patches.append((namespace, name, dict(status)))
+        self.writes.append(("status", *sorted(status)))
         run = self.objects.get(("EvalRun", namespace, name))
         if run is not None:
             run.setdefault("status", {}).update(status)

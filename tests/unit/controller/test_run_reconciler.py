@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import copy
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,8 +24,9 @@ from prometheus_client import CollectorRegistry
 from evalkube import limits
 from evalkube.controller import names
 from evalkube.controller.metrics import OperatorMetrics
+from evalkube.controller.reconcile import JobState
 from evalkube.controller.registry import RunRegistry
-from evalkube.controller.runs import STATUS_REFUSALS_BEFORE_FAILING, RunReconciler
+from evalkube.controller.runs import STATUS_REFUSALS_BEFORE_FAILING, RunReconciler, retry_wait
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import SEQ_STRIDE
 from evalkube.models import EvalRunStatus
@@ -189,19 +191,26 @@ def test_first_pass_snapshots_the_suite_and_creates_jobs_up_to_parallelism(
     assert "snapshot.json" in snapshot["data"]
     assert harness.kube.of_kind("NetworkPolicy"), "the run's NetworkPolicy is created"
     assert harness.kube.of_kind("Secret"), "the run's token Secret is created"
-    # the snapshot's digest is written before the snapshot exists, the token's before any Job
-    # can use the token (never the token)
-    first = [patch[2].keys() for patch in harness.kube.status_patches[:2]]
-    assert first == [{"snapshotSha256"}, {"ingestTokenSha256"}]
+    # one status patch before the pass's own (which counts the Jobs just created): the digests
+    # of the token (after its Secret, before any Job can use it; never the token) and of the
+    # snapshot (before the snapshot exists)
+    job_names = [harness.jobs()[unit]["metadata"]["name"] for unit in UNITS[:2]]
+    assert harness.kube.writes == [
+        ("create", "Secret", names.token_secret_name("nightly")),
+        ("status", "ingestTokenSha256", "snapshotSha256"),
+        ("create", "ConfigMap", names.snapshot_name("nightly")),
+        ("create", "NetworkPolicy", names.network_policy_name("nightly")),
+        *(("create", "Job", name) for name in job_names),
+    ]
     status = harness.status
     EvalRunStatus.model_validate({k: v for k, v in status.items() if k != "kopf"})
     assert status["phase"] == "Running"
     assert status["units"] == {
         "total": 3,
         "succeeded": 0,
-        "running": 0,
+        "running": 2,
         "failed": 0,
-        "pending": 3,
+        "pending": 1,
         "queued": 0,
     }
     assert status["suiteVersion"].startswith("sha256:")
@@ -210,15 +219,18 @@ def test_first_pass_snapshots_the_suite_and_creates_jobs_up_to_parallelism(
         "Running",
     )
     assert harness.gauge("evalkube_jobs_created_total") == 2
-    assert [e[1] for e in harness.events].count("UnitStarted") == 2
-    # a second pass with nothing changed creates nothing and patches nothing new of substance
+    # one event names the units the pass started
+    started = [e for e in harness.events if e[1] == "UnitStarted"]
+    assert [message.split(":")[0] for _, _, message in started] == ["started 2 units"]
+    for unit, name in zip(UNITS[:2], job_names, strict=True):
+        assert f"{unit} ({name})" in started[0][2]
+    # a second pass with nothing changed creates nothing and patches nothing
     patches = harness.gauge("evalkube_status_patches_total")
-    harness.step()
+    assert harness.step() is None
     assert sorted(harness.jobs()) == UNITS[:2]
     assert harness.status["units"]["running"] == 2
-    harness.step()
     assert harness.step() is None
-    assert harness.gauge("evalkube_status_patches_total") == (patches or 0) + 1
+    assert harness.gauge("evalkube_status_patches_total") == patches
 
 
 def test_jobs_the_index_has_not_shown_yet_are_not_created_twice(harness: Harness) -> None:
@@ -549,6 +561,124 @@ def test_a_run_blocked_pending_is_looked_at_again_until_its_suite_appears(
     asyncio.run(scenario())
     assert harness.status["phase"] == "Running"
     assert sorted(harness.jobs()) == UNITS[:2]
+
+
+def test_the_first_pass_takes_the_run_kopf_delivered_and_later_passes_read_it(
+    harness: Harness,
+) -> None:
+    """A new run's first pass uses the body kopf started its daemon with (one read less per
+    new run); a daemon started again in the same process (kopf paused and resumed it) reads
+    the run, since kopf's copy may not show the status this operator wrote yet."""
+    harness.apply(run())
+    reads: list[str] = []
+    original = harness.kube.run
+
+    async def counted(namespace: str, name: str) -> dict[str, Any] | None:
+        reads.append(name)
+        return await original(namespace, name)
+
+    harness.kube.run = counted  # type: ignore[method-assign]
+    delivered = copy.deepcopy(harness.body)
+
+    async def first_daemon() -> None:
+        task = asyncio.create_task(harness.reconciler.drive(NS, "nightly", delivered))
+        await _settle(lambda: len(harness.kube.of_kind("Job")) == 2 and _passes(harness) == 1)
+        harness.reconciler.wake(NS, "nightly")
+        await _settle(lambda: _passes(harness) == 2)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(first_daemon())
+    assert reads == ["nightly"]  # the woken pass only
+    assert harness.status["units"]["running"] == 2
+
+    async def second_daemon() -> None:
+        async with _daemon_with(harness, delivered):  # kopf's stale copy: no status at all
+            await _settle(lambda: _passes(harness) == 3)
+
+    asyncio.run(second_daemon())
+    assert reads == ["nightly", "nightly"]
+    assert harness.gauge("evalkube_jobs_created_total") == 2
+    assert len(harness.kube.of_kind("Secret")) == 1
+    # the digests, then the first pass's status; the passes after it had nothing to write
+    statuses = [w for w in harness.kube.writes if w[0] == "status"]
+    assert len(statuses) == 2
+    assert statuses[0] == ("status", "ingestTokenSha256", "snapshotSha256")
+
+
+@contextlib.asynccontextmanager
+async def _daemon_with(harness: Harness, body: dict[str, Any]) -> AsyncIterator[None]:
+    task = asyncio.create_task(harness.reconciler.drive(NS, "nightly", body))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def test_only_job_events_that_change_what_a_pass_reads_wake_the_run(harness: Harness) -> None:
+    """The Job controller writes each Job's status as its Pods come and go; a pass reads only
+    the Job's state (active, queued, finished), so only a new state, a Job the operator did not
+    create, or a deleted Job wakes the run."""
+    harness.apply(run())
+    harness.step()
+    woken: list[str] = []
+    harness.reconciler.wake = lambda namespace, name: woken.append(name)  # type: ignore[method-assign]
+    job = harness.jobs()[UNITS[0]]["metadata"]["name"]
+    active, done = JobState("active"), JobState("succeeded")
+    harness.reconciler.job_changed(NS, "nightly", job, active)  # its own ADDED event
+    harness.reconciler.job_changed(NS, "nightly", job, active)  # its Pod counted
+    assert woken == []
+    harness.reconciler.job_changed(NS, "nightly", job, done)
+    harness.reconciler.job_changed(NS, "nightly", job, done)
+    assert woken == ["nightly"]
+    harness.reconciler.job_changed(NS, "nightly", "made-by-hand", active)
+    harness.reconciler.job_changed(NS, "nightly", job, None)  # deleted
+    assert woken == ["nightly"] * 3
+    harness.reconciler.forget(NS, "nightly")
+    assert not harness.reconciler._job_states
+
+
+def test_a_job_create_that_fails_is_retried_by_the_next_pass(harness: Harness) -> None:
+    """A create cut short (a timeout in a burst) leaves the unit without a Job: the next pass
+    creates it, instead of counting it running forever."""
+    harness.apply(run())
+    original = harness.kube.create
+    calls = 0
+
+    async def flaky(manifest: Any) -> bool:
+        nonlocal calls
+        if manifest["kind"] == "Job":
+            calls += 1
+            if calls == 2:
+                raise TimeoutError("pool timeout")
+        return await original(manifest)
+
+    harness.kube.create = flaky  # type: ignore[method-assign]
+    with pytest.raises(TimeoutError):
+        harness.step()
+    assert sorted(harness.jobs()) == UNITS[:1]
+    assert [e[2] for e in harness.events if e[1] == "UnitStarted"] == [
+        f"started 1 unit: {UNITS[0]} ({harness.jobs()[UNITS[0]]['metadata']['name']})"
+    ]
+    harness.step()
+    assert sorted(harness.jobs()) == UNITS[:2]
+    assert harness.status["units"]["running"] == 2
+
+
+def test_failed_passes_are_retried_soon_and_then_less_often() -> None:
+    assert retry_wait(False, 0, 2.0, 60.0) == 60.0
+    assert retry_wait(True, 0, 2.0, 60.0) == 2.0
+    assert [retry_wait(False, n, 2.0, 60.0) for n in (1, 2, 3, 5, 6, 100)] == [
+        2.0,
+        4.0,
+        8.0,
+        32.0,
+        60.0,
+        60.0,
+    ]
 
 
 KOPF_CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("kopf_context")
