@@ -224,35 +224,29 @@ def _send(fd: int, data: bytes, pid: int) -> bool:
 
 def _receive_exactly(fd: int, pid: int, size: int) -> bytes:
     """``size`` bytes from ``pid``'s pipe; fewer when it died first."""
-    data = b""
-    while len(data) < size:
+    chunks: list[bytes] = []
+    got = 0
+    while got < size:
         if select.select([fd], [], [], _POLL_SECONDS)[0]:
-            data += os.read(fd, size - len(data))
+            chunk = os.read(fd, min(size - got, 1 << 20))
+            chunks.append(chunk)
+            got += len(chunk)
         elif has_exited(pid):
             break
-    return data
+    return b"".join(chunks)
 
 
 def _receive(fd: int, pid: int, payload_bytes: int) -> tuple[bytes, int | None]:
     """The sample's answer (empty when its process died without one), or the size it
     announced past the cap."""
-    chunks: list[bytes] = []
-    got, wanted = 0, HEADER_BYTES
-    header = True
-    while got < wanted:
-        if not select.select([fd], [], [], _POLL_SECONDS)[0]:
-            if has_exited(pid):
-                return b"", None
-            continue
-        chunk = os.read(fd, min(wanted - got, 1 << 20))
-        chunks.append(chunk)
-        got += len(chunk)
-        if header and got == HEADER_BYTES:
-            size = int.from_bytes(b"".join(chunks), "little")
-            if size > payload_bytes + 4096:
-                return b"", size
-            chunks, got, wanted, header = [], 0, size, False
-    return b"".join(chunks), None
+    header = _receive_exactly(fd, pid, HEADER_BYTES)
+    if len(header) < HEADER_BYTES:
+        return b"", None
+    size = int.from_bytes(header, "little")
+    if size > payload_bytes + 4096:
+        return b"", size
+    answer = _receive_exactly(fd, pid, size)
+    return (answer, None) if len(answer) == size else (b"", None)
 
 
 def _zygote(
