@@ -68,7 +68,7 @@ import httpx  # noqa: E402
 from evalkube import jsonfast, limits  # noqa: E402
 from evalkube.engine.answers import AnswerLog  # noqa: E402
 from evalkube.engine.plan import SEQ_STRIDE, Unit, sample_id, seq_range  # noqa: E402
-from evalkube.engine.pod import parse_snapshot  # noqa: E402
+from evalkube.engine.snapshot import parse_snapshot  # noqa: E402
 from evalkube.models.snapshot import RunSnapshot  # noqa: E402
 from evalkube.store import SampleRecord, SampleWriter  # noqa: E402
 from evalkube.store.remote import RemoteStore  # noqa: E402

@@ -51,7 +51,7 @@ from evalkube.engine import (
 from evalkube.engine.guard import RunAborted
 from evalkube.engine.preflight import preflight
 from evalkube.grading.gate import gate_message, gate_run
-from evalkube.models import EvalRunSpec, GateStatus
+from evalkube.models import GateStatus
 from evalkube.reporting import track
 from evalkube.reporting.output import write_run_output
 from evalkube.reporting.tables import results_table
@@ -338,7 +338,7 @@ def _local_gate(db: str | None, summary: RunSummary) -> GateStatus | None:
     store = _open_store(db)
     try:
         record = store.get_run(summary.run_id)
-        spec = EvalRunSpec.model_validate(record.spec["run"]) if record is not None else None
+        spec = track.run_spec(record.spec) if record is not None else None
         if spec is None or spec.gate is None:
             return None
         baseline = spec.gate.baseline
@@ -752,7 +752,7 @@ def _pod_snapshot(
 ) -> Any:
     """The run's snapshot as a pod's runner loads it, its sources reached through the egress
     gateway when one is given."""
-    from evalkube.engine.pod import load_snapshot
+    from evalkube.engine.snapshot import load_snapshot
     from evalkube.proxy.egress import EgressGateway
 
     try:

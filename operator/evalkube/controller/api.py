@@ -40,7 +40,7 @@ from evalkube._net import bearer_token
 from evalkube._wire import BodyError, Shape
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunEntry, RunRegistry, token_matches, token_shaped
-from evalkube.engine.pod import PREPARE_UNIT, Prepared
+from evalkube.engine.snapshot import PREPARE_UNIT, Prepared
 from evalkube.store import ResultStore, TaskResultRecord
 from evalkube.store.filters import SampleFilter, main_metrics
 from evalkube.store.remote import sample_from_wire

@@ -1,6 +1,6 @@
 """Pure builders of the Kubernetes objects the operator creates (unit-tested without a cluster).
 
-A work-unit Pod has three containers with three levels of trust (DESIGN.md §2, §5):
+A work-unit Pod has three containers with three levels of trust (docs/security.md):
 the ``proxy`` native sidecar holds the provider credentials (only it mounts the Secret);
 the ``runner`` holds the run's ingest token; the ``grader`` runs untrusted code under gVisor
 with no token, no secrets, no service-account token, a read-only root, no capabilities and
@@ -29,7 +29,7 @@ from evalkube._net import url_port
 from evalkube.controller import names
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import Unit
-from evalkube.engine.pod import PREPARE_UNIT
+from evalkube.engine.snapshot import PREPARE_UNIT
 from evalkube.models import EvalRunSpec
 from evalkube.models.snapshot import RunSnapshot
 from evalkube.sandbox.environment import INSIDE_ENVIRONMENT, STDLIB, cluster_image

@@ -49,8 +49,8 @@ from evalkube.controller.snapshot import build_snapshot, check_cluster_suite, im
 from evalkube.controller.tracking import RunTracking
 from evalkube.engine.driver import grader_calls_models, judges_call_models
 from evalkube.engine.plan import Unit
-from evalkube.engine.pod import PREPARE_UNIT, Prepared, Snapshot, parse_snapshot
 from evalkube.engine.runtime import suite_criteria
+from evalkube.engine.snapshot import PREPARE_UNIT, Prepared, Snapshot, parse_snapshot
 from evalkube.grading.criteria import Criterion
 from evalkube.grading.gate import gate_message, gate_run
 from evalkube.grading.run_results import aggregate_results, declared_metrics, expected_metrics
@@ -477,11 +477,7 @@ class RunReconciler:
                 run_id,
                 snapshot.suite.name,
                 snapshot.suite.version,
-                {
-                    "namespace": namespace,
-                    "name": name,
-                    "snapshot": snapshot.model_dump(mode="json", by_alias=True, exclude_none=True),
-                },
+                snapshot.to_wire(),
                 "pod (gVisor)" if self.settings.runtime_class else "pod",
             )
             try:

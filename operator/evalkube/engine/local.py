@@ -19,6 +19,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from evalkube import limits
 from evalkube.engine.answers import AnswerLog
 from evalkube.engine.candidates import candidate_source
@@ -51,10 +53,11 @@ from evalkube.grading.run_results import aggregate_results, declared_metrics, ex
 from evalkube.models import (
     EvalRunSpec,
     EvalSuite,
+    ObjectMeta,
     TaskModelResult,
-    validate_spec,
 )
 from evalkube.models.errors import ConfigError
+from evalkube.models.snapshot import RunSnapshot, SnapshotLocal, SnapshotRun, SnapshotSuite
 from evalkube.sandbox import SandboxBackend
 from evalkube.sources import SourceAccess, SourcePin, check_pinned
 from evalkube.store import ResultStore, RunRecord, SampleWriter
@@ -174,7 +177,7 @@ class LocalEngine:
                 run_id,
                 loaded.name,
                 loaded.version,
-                _snapshot(loaded, spec),
+                _snapshot(run_id, loaded, spec).to_wire(),
                 self.backend.describe(),
             )
         )
@@ -193,8 +196,9 @@ class LocalEngine:
         if record.phase == "Succeeded":
             raise ConfigError(f"run {run_id!r} already succeeded; nothing to resume")
         self.run_id = run_id
-        spec = validate_spec(EvalRunSpec, record.spec["run"], prefix="run.spec")
-        loaded = self._reload(record, spec) if reload else _saved_suite(record)
+        saved = _saved_snapshot(record)
+        spec = saved.run_spec
+        loaded = self._reload(record, saved) if reload else _saved_suite(record, saved)
         self.store.set_run_phase(run_id, "Running", sandbox=self.backend.describe())
         try:
             return self._execute(run_id, loaded, spec, resuming=True)
@@ -207,9 +211,10 @@ class LocalEngine:
                 f"`evalkube run --resume {run_id} --reload`)"
             ) from None
 
-    def _reload(self, record: RunRecord, spec: EvalRunSpec) -> LoadedSuite:
+    def _reload(self, record: RunRecord, saved: RunSnapshot) -> LoadedSuite:
         """The run's suite loaded again from its file; the new version recorded on the run."""
-        suite_file = record.spec.get("suite_file")
+        spec = saved.run_spec
+        suite_file = saved.local.suite_file if saved.local else None
         if not suite_file:
             raise ConfigError(
                 f"run {record.run_id!r} does not name its suite file (started by an older "
@@ -221,7 +226,7 @@ class LocalEngine:
             TaskRuntime.build(loaded, task)
         if pays(loaded, spec):
             preflight(loaded, spec, self.backend)
-        reloads = list(record.spec.get("reloads") or [])
+        reloads = list(saved.local.reloads if saved.local else [])
         if loaded.version != record.suite_version:
             reloads.append(
                 {
@@ -230,8 +235,8 @@ class LocalEngine:
                     "at": datetime.now(UTC).isoformat(timespec="seconds"),
                 }
             )
-            snapshot = {**_snapshot(loaded, spec), "reloads": reloads}
-            self.store.update_run_suite(record.run_id, loaded.version, snapshot)
+            snapshot = _snapshot(record.run_id, loaded, spec, reloads)
+            self.store.update_run_suite(record.run_id, loaded.version, snapshot.to_wire())
         self.reloads = reloads
         return loaded
 
@@ -405,30 +410,56 @@ def _group(units: list[Unit]) -> Iterator[tuple[tuple[str, str], list[Unit]]]:
     yield from groups.items()
 
 
-def _snapshot(loaded: LoadedSuite, spec: EvalRunSpec) -> dict[str, Any]:
+def _snapshot(
+    run_id: str,
+    loaded: LoadedSuite,
+    spec: EvalRunSpec,
+    reloads: list[dict[str, str]] | None = None,
+) -> RunSnapshot:
     """What a run keeps of its suite and spec, so that ``--resume`` runs the same code."""
-    return {
-        "suite": loaded.suite.to_wire(),
-        "run": spec.to_wire(),
-        "base_dir": str(loaded.base_dir),
-        "suite_file": str(loaded.suite_file) if loaded.suite_file else None,
-        "sources": {f"{t}/{k}": list(v) for (t, k), v in loaded.sources.items()},
-        # the objects its uri sources named, as pinned: --resume reads these bytes or fails
-        "pins": {key: pin.model_dump(mode="json") for key, pin in loaded.pins.items()},
-    }
+    return RunSnapshot(
+        run=SnapshotRun(run_id=run_id),
+        suite=SnapshotSuite(name=loaded.name, spec=loaded.suite.spec, version=loaded.version),
+        run_spec=spec,
+        sources={f"{t}/{k}": v for (t, k), v in loaded.sources.items()},
+        local=SnapshotLocal(
+            base_dir=str(loaded.base_dir),
+            suite_file=str(loaded.suite_file) if loaded.suite_file else None,
+            # the objects its uri sources named, as pinned: --resume reads these bytes or fails
+            pins={key: pin.model_dump(mode="json") for key, pin in loaded.pins.items()},
+            reloads=reloads or [],
+        ),
+    )
 
 
-def _saved_suite(record: RunRecord) -> LoadedSuite:
+def _saved_snapshot(record: RunRecord) -> RunSnapshot:
+    """The run's stored snapshot, or a clear error where it is not one ``--resume`` can use."""
+    try:
+        saved = RunSnapshot.model_validate(record.spec)
+    except ValidationError as exc:
+        raise ConfigError(
+            f"run {record.run_id!r}: its stored snapshot does not parse ({exc.error_count()} "
+            f"problems, first: {exc.errors()[0]['msg']}); start a new run"
+        ) from None
+    if saved.local is None:
+        raise ConfigError(
+            f"run {record.run_id!r} ran in a cluster (EvalRun {saved.run.namespace}/"
+            f"{saved.run.name}); resume it there, not with `evalkube run --resume`"
+        )
+    return saved
+
+
+def _saved_suite(record: RunRecord, saved: RunSnapshot) -> LoadedSuite:
     """The suite as saved when the run started (its datasets are read from disk)."""
-    snapshot = record.spec
-    suite = validate_spec(EvalSuite, snapshot["suite"], prefix="")
-    loaded = LoadedSuite(suite, Path(snapshot["base_dir"]))
-    for key, (source, filename) in snapshot["sources"].items():
+    assert saved.local is not None
+    suite = EvalSuite(metadata=ObjectMeta(name=saved.suite.name), spec=saved.suite.spec)
+    loaded = LoadedSuite(suite, Path(saved.local.base_dir))
+    for key, source in saved.sources.items():
         task_id, kind = key.split("/", 1)
-        loaded.sources[(task_id, kind)] = (source, filename)
-    storage = validate_spec(EvalRunSpec, snapshot["run"], prefix="run.spec").storage
+        loaded.sources[(task_id, kind)] = source
+    storage = saved.run_spec.storage
     loaded.access = SourceAccess(s3=storage.s3 if storage else None)
-    loaded.pins = {k: SourcePin.model_validate(v) for k, v in (snapshot.get("pins") or {}).items()}
+    loaded.pins = {k: SourcePin.model_validate(v) for k, v in saved.local.pins.items()}
     loaded.saved_run = record.run_id
     for key, pin in loaded.pins.items():
         check_pinned(pin, loaded.access, f"tasks[{key.replace('/', '].', 1)}.uri")

@@ -1,13 +1,16 @@
-"""The snapshot a cluster run executes: one document, written once by the operator into the
-run's ConfigMap and read by the work-unit pod's runner and proxy.
+"""The record of every run: what it executes, copied once when it starts.
 
 A run copies its suite (spec, grader sources, dataset references, version) when it starts, so
-editing the suite later never changes a running run. Both sides parse the one model, so the
-operator's plan and every pod's plan come from the same validated specs. Its own keys are
+editing the suite later never changes a running run. In a cluster the operator writes it into
+the run's ConfigMap, where the work-unit pods' runners and proxies read it; ``evalkube run``
+writes the same document, with :class:`SnapshotLocal` for ``--resume``. The result store keeps
+it as the run's ``spec`` either way, so every reader parses one shape. Its own keys are
 snake_case (it is not a Kubernetes object); the specs inside keep their CRD spelling.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,13 +23,13 @@ class _Document(BaseModel):
 
 
 class SnapshotRun(_Document):
-    """The EvalRun the snapshot belongs to."""
+    """The run the snapshot belongs to: its EvalRun in a cluster, only its id on one machine."""
 
-    namespace: str
-    name: str
-    uid: str
     run_id: str
-    """The run's id in the result store (namespace, name and a uid prefix)."""
+    """The run's id in the result store (in a cluster: namespace, name and a uid prefix)."""
+    namespace: str | None = None
+    name: str | None = None
+    uid: str | None = None
 
 
 class SnapshotSuite(_Document):
@@ -48,8 +51,22 @@ class SnapshotDataset(_Document):
     uri: str | None = None
 
 
+class SnapshotLocal(_Document):
+    """What ``evalkube run --resume`` needs beyond the suite: where its files were."""
+
+    base_dir: str
+    """The folder the suite's relative dataset and output paths are read from."""
+    suite_file: str | None = None
+    """The suite file, which ``--reload`` reads again."""
+    pins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """``task/part`` -> the :class:`~evalkube.sources.SourcePin` (as JSON) of each ``uri``
+    source: ``--resume`` reads those bytes or fails."""
+    reloads: list[dict[str, str]] = Field(default_factory=list)
+    """Each ``--reload`` that changed the suite's version: ``{from, to, at}``."""
+
+
 class RunSnapshot(_Document):
-    """What a cluster run executes (``snapshot.json`` in the run's ConfigMap)."""
+    """What a run executes (in a cluster, ``snapshot.json`` in the run's ConfigMap)."""
 
     run: SnapshotRun
     suite: SnapshotSuite
@@ -57,7 +74,13 @@ class RunSnapshot(_Document):
     sources: dict[str, tuple[str, str]] = Field(default_factory=dict)
     """``task/kind`` (``grader``, ``graders[1]``, ``preprocess``) -> (source, filename)."""
     datasets: dict[str, SnapshotDataset] = Field(default_factory=dict)
-    """Task id -> its dataset."""
+    """Task id -> its dataset (cluster runs: the ConfigMaps holding inline datasets)."""
+    local: SnapshotLocal | None = None
+    """Set by ``evalkube run`` only."""
+
+    def to_wire(self) -> dict[str, Any]:
+        """The document as JSON values (the result store's ``spec`` of the run)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_none=True)

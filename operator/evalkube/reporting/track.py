@@ -39,10 +39,8 @@ REPORT = "report.html"
 
 
 def run_spec(record_spec: dict[str, Any]) -> EvalRunSpec:
-    """The EvalRun spec a local run stored (``run``) or the operator's snapshot holds."""
-    snapshot = record_spec.get("snapshot")
-    wire = snapshot.get("runSpec") if isinstance(snapshot, dict) else record_spec.get("run")
-    return EvalRunSpec.model_validate(wire or {"models": ["precomputed"]})
+    """The EvalRun spec of a recorded run (its snapshot's ``run_spec``)."""
+    return EvalRunSpec.model_validate(record_spec.get("run_spec") or {"models": ["precomputed"]})
 
 
 def target_for(

@@ -104,15 +104,14 @@ class SampleFilter:
 
 
 def main_metrics(spec: dict[str, Any] | None) -> dict[str, str]:
-    """Task id -> its grader's ``metricId`` (default ``score``), from a run's stored spec
-    (``evalkube run`` stores the suite under ``suite``, the operator under ``snapshot``)."""
-    spec = spec or {}
-    suite = (spec.get("snapshot") or spec).get("suite") or {}
+    """Task id -> its grader's ``metricId`` (default ``score``), from a run's stored spec (its
+    :class:`~evalkube.models.snapshot.RunSnapshot`; read as JSON: a view never fails on it)."""
+    suite = (spec or {}).get("suite") or {}
     found: dict[str, str] = {}
     for task in (suite.get("spec") or {}).get("tasks") or []:
         if isinstance(task, dict) and isinstance(task.get("id"), str):
             grader = task.get("grader") or {}
-            found[task["id"]] = str(grader.get("metricId") or grader.get("metric_id") or "score")
+            found[task["id"]] = str(grader.get("metricId") or "score")
     return found
 
 

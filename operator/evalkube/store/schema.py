@@ -112,7 +112,7 @@ unit_aggregates = Table(
 #: The Alembic revision (``migrations/versions``) that gives the tables the shape declared
 #: here: a new revision file changes it. An up-to-date store is one whose version table says
 #: this, which :meth:`ResultStore.open` checks without importing Alembic.
-REVISION = "0003"
+REVISION = "0004"
 #: Nullable columns added to existing tables since revision 0001, oldest first (the revision
 #: in ``migrations/versions`` that adds it, table, column): a store written before migrations
 #: existed is at the last revision whose column it has (see ``evalkube.store.migrate``).

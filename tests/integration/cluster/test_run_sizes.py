@@ -1,4 +1,4 @@
-"""Run sizes on the real control plane (issue 25): the operator's EVALKUBE_SHARD_SIZE applies
+"""Run sizes on the real control plane: the operator's EVALKUBE_SHARD_SIZE applies
 to an EvalRun without ``shardSize`` (the CRD no longer defaults it) and is pinned into the
 run's snapshot, which the Pods plan from; and a snapshot larger than a ConfigMap holds fails
 the run with the reason at once instead of a pass failing every minute with no status."""
@@ -21,7 +21,7 @@ from tests.integration.cluster.operator_support import (
 
 from evalkube import limits
 from evalkube.controller import names
-from evalkube.engine.pod import parse_snapshot
+from evalkube.engine.snapshot import parse_snapshot
 from evalkube.models.snapshot import RunSnapshot
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from evalkube.controller.snapshot import build_snapshot, check_suite
-from evalkube.engine.pod import load_snapshot
+from evalkube.engine.snapshot import load_snapshot
 from evalkube.store import ResultStore, RunRecord
 from evalkube_sandbox.ctx import Context, ModelCallError
 from tests.integration.proxy.conftest import KEY, OPEN_TOKEN, MakeBridge, native_or_skip

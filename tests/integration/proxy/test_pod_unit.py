@@ -29,7 +29,7 @@ from evalkube.controller.api import ApiServer
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunEntry, RunRegistry, digest
 from evalkube.controller.snapshot import build_snapshot, check_suite
-from evalkube.engine.pod import load_snapshot, parse_snapshot
+from evalkube.engine.snapshot import load_snapshot, parse_snapshot
 from evalkube.models.snapshot import RunSnapshot
 from evalkube.store import ResultStore, RunRecord
 from tests.integration.proxy.conftest import MakeBridge

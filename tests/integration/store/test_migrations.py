@@ -3,6 +3,7 @@ store written before migrations existed, an older and a newer revision, concurre
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import sqlite3
 import subprocess
@@ -17,7 +18,14 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, event, inspect
 
-from evalkube.store import ResultStore, StoreError, TaskResultRecord, migrate, schema
+from evalkube.store import (
+    ResultStore,
+    RunRecord,
+    StoreError,
+    TaskResultRecord,
+    migrate,
+    schema,
+)
 
 
 def _reset(url: str) -> None:
@@ -293,3 +301,129 @@ def test_threads_opening_a_new_store_at_once_all_succeed(empty_url: str) -> None
         thread.join(timeout=120)
     assert errors == []
     assert _revision(empty_url) == (schema.REVISION,)
+
+
+def _old_local_spec(loaded: Any, spec: Any) -> dict[str, Any]:
+    """What ``evalkube run`` stored as a run's spec before revision 0004."""
+    return {
+        "suite": loaded.suite.to_wire(),
+        "run": spec.to_wire(),
+        "base_dir": str(loaded.base_dir),
+        "suite_file": str(loaded.suite_file),
+        "sources": {f"{t}/{k}": list(v) for (t, k), v in loaded.sources.items()},
+        "pins": {},
+    }
+
+
+def _stamp_with_spec(url: str, run_id: str, spec: dict[str, Any], revision: str) -> None:
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            from alembic import command
+
+            conn.execute(
+                schema.runs.update()
+                .where(schema.runs.c.run_id == run_id)
+                .values(spec=json.dumps(spec))
+            )
+            command.stamp(migrate._config(conn), revision)
+    finally:
+        engine.dispose()
+
+
+def test_a_local_run_stored_before_run_snapshots_is_migrated_and_resumes(
+    empty_url: str, tmp_path: Path
+) -> None:
+    """Revision 0004: a local run recorded in the old plain shape becomes a RunSnapshot that
+    ``--resume`` accepts (same suite version, same code), and the run finishes with every
+    sample once."""
+    from evalkube.engine import LocalEngine, load_files, resolve_run_spec
+    from evalkube.models.snapshot import RunSnapshot
+    from evalkube.sandbox import ProcessBackend
+
+    (tmp_path / "rows.jsonl").write_text("".join(f'{{"q": "{i}"}}\n' for i in range(4)))
+    (tmp_path / "suite.json").write_text(
+        json.dumps(
+            {
+                "apiVersion": "evalkube.io/v1alpha1",
+                "kind": "EvalSuite",
+                "metadata": {"name": "old"},
+                "spec": {
+                    "tasks": [
+                        {
+                            "id": "qa",
+                            "dataset": {"path": "rows.jsonl"},
+                            "prompt": "{{ item.q }}",
+                            "target": "{{ item.q }}",
+                            "outputs": {"column": "q"},
+                            "grader": {
+                                "type": "python",
+                                "source": "def grade(s, i): return 1.0",
+                                "metricId": "same",
+                            },
+                        }
+                    ]
+                },
+            }
+        )
+    )
+    loaded, _ = load_files(tmp_path / "suite.json", None)
+    spec = resolve_run_spec(loaded, None, None).model_copy(update={"shard_size": 2})
+    store = ResultStore.open(empty_url)
+    try:
+        LocalEngine(store, ProcessBackend()).start(loaded, spec, run_id="old-run")
+        store.set_run_phase("old-run", "Failed")  # as if interrupted: --resume may take it
+    finally:
+        store.close()
+    _stamp_with_spec(empty_url, "old-run", _old_local_spec(loaded, spec), "0003")
+
+    store = ResultStore.open(empty_url)
+    try:
+        record = store.get_run("old-run")
+        assert record is not None
+        snapshot = RunSnapshot.model_validate(record.spec)
+        assert snapshot.run.run_id == "old-run"
+        assert snapshot.suite.name == "old"
+        assert snapshot.suite.version == record.suite_version
+        assert snapshot.local is not None
+        assert snapshot.local.suite_file == str(tmp_path / "suite.json")
+        summary = LocalEngine(store, ProcessBackend()).resume("old-run")
+        assert summary.phase == "Succeeded"
+        assert sorted(s.row_id for s in store.iter_samples("old-run")) == ["0", "1", "2", "3"]
+    finally:
+        store.close()
+    assert _revision(empty_url) == (schema.REVISION,)
+
+
+def test_an_operator_run_s_wrapped_snapshot_is_unwrapped_and_goes_back_on_downgrade(
+    empty_url: str,
+) -> None:
+    snapshot = {
+        "run": {"run_id": "ns-r-1", "namespace": "ns", "name": "r", "uid": "1"},
+        "suite": {"name": "s", "spec": {"tasks": []}, "version": "sha256:0"},
+        "run_spec": {"models": ["precomputed"]},
+    }
+    wrapped = {"namespace": "ns", "name": "r", "snapshot": snapshot}
+    store = ResultStore.open(empty_url)
+    try:
+        store.create_run(RunRecord("ns-r-1", "s", "sha256:0", {}, "pod"))
+    finally:
+        store.close()
+    _stamp_with_spec(empty_url, "ns-r-1", wrapped, "0003")
+    store = ResultStore.open(empty_url)
+    try:
+        record = store.get_run("ns-r-1")
+        assert record is not None
+        assert record.spec == snapshot
+    finally:
+        store.close()
+    engine = create_engine(empty_url)
+    try:
+        with engine.begin() as conn:
+            from alembic import command
+
+            command.downgrade(migrate._config(conn), "0003")
+            (text,) = conn.execute(schema.runs.select().with_only_columns(schema.runs.c.spec)).one()
+    finally:
+        engine.dispose()
+    assert json.loads(text) == wrapped

@@ -1,4 +1,4 @@
-"""The run reconciler at sizes a real cluster meets (issue 25): the operator's shard size
+"""The run reconciler at sizes a real cluster meets: the operator's shard size
 pinned into the snapshot, Job deadlines that say what they are made of, a snapshot too large
 for a ConfigMap, and status and event messages that stay bounded with 10,000 failed units.
 
@@ -18,7 +18,7 @@ import pytest
 from evalkube import limits
 from evalkube.controller import names
 from evalkube.controller.reconcile import JobState
-from evalkube.engine.pod import parse_snapshot
+from evalkube.engine.snapshot import parse_snapshot
 from evalkube.models.snapshot import RunSnapshot
 
 from .fake_kube import LiveJobIndex

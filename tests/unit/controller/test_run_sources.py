@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from evalkube.controller import names
-from evalkube.engine.pod import PREPARE_UNIT, Prepared, parse_snapshot, prepare_sources
+from evalkube.engine.pod import prepare_sources
+from evalkube.engine.snapshot import PREPARE_UNIT, Prepared, parse_snapshot
 from evalkube.models.snapshot import RunSnapshot
 
 from .test_run_reconciler import EXACT, NS, Harness, run
