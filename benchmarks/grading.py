@@ -366,7 +366,7 @@ def main() -> None:
         if isolation == "sample" and unit:
             print(f"isolation: sample costs {unit / rate:.1f}x unit for {grader} at {size:,}")
     print(
-        "targets (issue 28): isolation unit >= 0.5 of the raw pipe; isolation sample >= 0.7 of "
+        "targets: isolation unit >= 0.5 of the raw pipe; isolation sample >= 0.7 of "
         "a fork per sample; peak RSS flat from 10k to 1M"
     )
 

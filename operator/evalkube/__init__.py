@@ -1,6 +1,6 @@
 """evalkube: self-hosted, sandboxed Python graders for LLM evaluations.
 
-The package is layered (see DESIGN.md §3): ``controller -> engine -> (sandbox, proxy,
+The package is layered (see docs/development.md): ``controller -> engine -> (sandbox, proxy,
 store, grading) -> models``. ``grading`` and ``models`` import nothing from the others.
 """
 

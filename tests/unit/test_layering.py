@@ -1,4 +1,4 @@
-"""The package layering of DESIGN.md §3: import-linter's contracts hold on this tree, each one
+"""The package layering (docs/development.md): import-linter's contracts hold on this tree, each one
 fails when a module breaks it, and the operator does not load the local engine at run time."""
 
 from __future__ import annotations

@@ -616,7 +616,7 @@ def _apply_candidate(
     return True
 
 
-#: What an evalkube task's ``item`` adds to the row (DESIGN.md §1).
+#: What an evalkube task's ``item`` adds to the row (docs/graders.md).
 CONVENIENCE_KEYS = ("prompt", "target", "reference_answer", "choices", "task_id")
 
 
@@ -638,7 +638,7 @@ def _parsed_arguments(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def grader_inputs(
     p: _Prepared, openai: bool = False, templated: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(sample, item)`` as graders receive them (DESIGN.md §1).
+    """``(sample, item)`` as graders receive them (docs/graders.md).
 
     ``item`` is the row plus convenience fields; the row's own fields win (an OpenAI dataset's
     ``reference_answer`` column is the reference, whatever the target template says).
@@ -817,7 +817,7 @@ def _execute_criterion(
 
 
 def batch_sample(record: SampleRecord) -> dict[str, Any]:
-    """The shape ``grade_batch`` receives for one sample (DESIGN.md §1)."""
+    """The shape ``grade_batch`` receives for one sample (docs/graders.md)."""
     return {
         "sample_id": record.sample_id,
         "task_id": record.task_id,

@@ -1,4 +1,4 @@
-"""Validate what a grader returned, exactly as DESIGN.md §1 says (pure functions).
+"""Validate what a grader returned, exactly as docs/graders.md says (pure functions).
 
 A finite number (not a bool) is stored under ``metric_id``; a dict with ``scores`` keeps its
 finite numeric scores and its ``judge``. Everything else is *invalid*: it scores 0 under

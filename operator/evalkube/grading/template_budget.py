@@ -4,7 +4,7 @@ Jinja's sandbox stops templates from reaching Python internals, not from spendin
 host's memory and time: it folds ``'x' * 500000000`` and ``9 ** (9 ** 9)`` into constants
 while *compiling* (gigabytes, or a pinned core, at ``evalkube validate``), and nested
 ``range`` loops render hundreds of megabytes per sample. Templates come from suite files and
-imports, rendered on rows from datasets: all hostile (DESIGN.md §5). Here:
+imports, rendered on rows from datasets: all hostile (docs/security.md). Here:
 
 - ``*``, ``**``, ``+`` and ``%`` are intercepted operators: never folded at compile time,
   and at render time refused *before* they run when their result would be larger than the

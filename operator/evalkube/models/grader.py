@@ -1,4 +1,4 @@
-"""The grader and preprocessor declarations: the normative contract of DESIGN.md §1."""
+"""The grader and preprocessor declarations: the contract docs/graders.md states."""
 
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ def _metric_id_schema(schema: dict[str, Any]) -> None:
 
 
 class GraderSpec(_CodeRef):
-    """A grader (DESIGN.md §1): Python code, or one of OpenAI's built-in types."""
+    """A grader (docs/graders.md): Python code, or one of OpenAI's built-in types."""
 
     model_config = ConfigDict(json_schema_extra=cel(_GRADER_CODE, _FILE_REF))
 

@@ -263,7 +263,7 @@ class TaskSpec(SpecModel):
     metrics: list[MetricName] | None = Field(default=None, json_schema_extra=cluster(max_items=64))
     """Declared metric ids; undeclared batch metrics are dropped from aggregates."""
     grader_inputs: Literal["evalkube", "openai"] = "evalkube"
-    """What graders get as ``sample`` and ``item``. ``evalkube`` (DESIGN.md §1): the row
+    """What graders get as ``sample`` and ``item``. ``evalkube`` (docs/graders.md): the row
     plus ``prompt``, ``target``, ``reference_answer``, ``choices``, ``task_id``, and a sample
     with ``extracted_output``, ``model``, ids. ``openai`` (``evalkube import openai`` writes
     it): OpenAI's namespaces, ``item`` the row exactly and ``sample`` with ``output_text``,

@@ -310,7 +310,7 @@ class Upstream:
         succeeds at once (a retry state, a future, strategies wrapped into coroutines and
         inspected again at each step, reference cycles left to the GC) cut the Python
         proxy's calls/s in ``benchmarks/proxy.py`` by ~20% at 1 concurrent call and ~40% at
-        16 and 64 (its CPU per call +30-80%; issue 17).
+        16 and 64 (its CPU per call +30-80%).
         """
         provider = self.provider(provider_name)
         url = self._urls.get((provider_name, path))

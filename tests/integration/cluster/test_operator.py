@@ -252,7 +252,7 @@ def test_wrong_token_is_rejected(operator: dict[str, Any], cluster_namespace: st
         json={"samples": []},
         headers={"Authorization": "Bearer forged"},
     )
-    # 401 whether or not the run exists: the port is no oracle for names (issue 24)
+    # 401 whether or not the run exists: the port is no oracle for names
     assert response.status_code == 401
 
 

@@ -1,4 +1,4 @@
-"""A ``grade_batch`` unit is bounded (issue 25): past :data:`limits.BATCH_SAMPLES_MAX`
+"""A ``grade_batch`` unit is bounded: past :data:`limits.BATCH_SAMPLES_MAX`
 samples or :data:`limits.BATCH_SAMPLES_BYTES` its runner fails the unit with a reason naming
 the task and what to do, reported to the operator as the unit's failure reason, instead of
 being killed for memory; up to the limit it runs within the runner's 512 Mi.

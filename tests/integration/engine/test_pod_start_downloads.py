@@ -1,4 +1,4 @@
-"""What a work-unit pod downloads when it starts (issue 25): its own shard's recorded ids,
+"""What a work-unit pod downloads when it starts: its own shard's recorded ids,
 never its task x model's other shards'.
 
 ``evalkube unit`` as its pod runs it, against the operator's real ingest server on loopback

@@ -1,4 +1,4 @@
-"""``evalkube report --api`` and API exports at size (issue 25): the report of an EvalRun read
+"""``evalkube report --api`` and API exports at size: the report of an EvalRun read
 from the operator's samples API is the report of the same run read from the store, and
 exports page through samples whose judges hold 200 kB each within bounded memory (on the
 operator, one page is at most ``limits.SAMPLES_PAGE_BYTES``; on the client, the export's own

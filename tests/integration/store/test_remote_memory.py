@@ -1,4 +1,4 @@
-"""What a runner posts is freed when the post returns (issue 25): httpx's response refers to
+"""What a runner posts is freed when the post returns: httpx's response refers to
 its body's stream and back (encode/httpx#3733), which kept every response, its request and
 the request's whole body (a sample chunk of up to 16 MB) until a full garbage collection,
 rare under the runner's relaxed GC thresholds. With the collector off, no response of the

@@ -1,6 +1,6 @@
 """charts/evalkube/values.schema.json: helm refuses a bad value before any template renders.
 
-Each bad value from issue 18 (and one of each kind the schema checks: type, enum, range,
+Each bad value a user is likely to write (and one of each kind the schema checks: type, enum, range,
 pattern, unknown key, required pair) must fail both ``helm template`` and ``helm lint
 --strict`` with a message naming the value's path; every key of values.yaml is described by
 the schema; and the value sets the chart's other tests and docs use still render.

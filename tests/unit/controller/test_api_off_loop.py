@@ -1,5 +1,5 @@
-"""Ingest bodies are parsed and validated off the event loop the operator shares with kopf
-(issue 25): a 16 MB ``POST .../samples`` (and a large ``samples:update``) must not run JSON
+"""Ingest bodies are parsed and validated off the event loop the operator shares with kopf:
+a 16 MB ``POST .../samples`` (and a large ``samples:update``) must not run JSON
 parsing or sample validation on the loop's thread.
 
 No timing: a profile hook, set for every thread the test starts (the server's loop thread

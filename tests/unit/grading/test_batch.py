@@ -1,4 +1,4 @@
-"""DESIGN.md §1 batch contract: what ``grade_batch`` may return, and every update case."""
+"""docs/graders.md, the batch contract: what ``grade_batch`` may return, and every update case."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN.md §1 "Return values": every valid and every invalid kind of ``grade()`` result."""
+"""docs/graders.md, what ``grade()`` may return: every valid and every invalid kind of ``grade()`` result."""
 
 from __future__ import annotations
 

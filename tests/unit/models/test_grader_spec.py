@@ -1,4 +1,4 @@
-"""GraderSpec and PreprocessSpec: every field of DESIGN.md §1 with its range and default."""
+"""GraderSpec and PreprocessSpec: every field of docs/graders.md with its range and default."""
 
 from __future__ import annotations
 

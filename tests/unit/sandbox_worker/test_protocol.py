@@ -1,7 +1,7 @@
 """Frames: the worker's protocol module, and the contract between host and worker sides.
 
 ``evalkube_sandbox`` imports nothing from ``evalkube``; this test is what keeps the two
-implementations of the framing in step (DESIGN.md §3).
+implementations of the framing in step (docs/security.md, "The worker channel").
 """
 
 from __future__ import annotations
