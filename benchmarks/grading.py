@@ -245,7 +245,8 @@ def bare_loop(grader: str, size: int) -> float:
 
 def engine_pass(suite: Path, sandbox: str, db: Path, workers: int | None) -> dict[str, float]:
     """Run the engine in this process; report samples/s and this process's peak RSS."""
-    from evalkube.engine import LocalEngine, load_files, resolve_run_spec
+    from evalkube.engine import load_files, resolve_run_spec
+    from evalkube.local import LocalEngine
     from evalkube.sandbox import resolve_backend
     from evalkube.store import ResultStore
 

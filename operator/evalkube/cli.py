@@ -39,18 +39,11 @@ from evalkube.cli_support import (
 from evalkube.cli_support import fail as _fail
 from evalkube.cli_support import open_store as _open_store
 from evalkube.compare_view import gate_table
-from evalkube.engine import (
-    ConfigError,
-    LocalEngine,
-    RunSummary,
-    Unit,
-    UnitFailed,
-    load_files,
-    resolve_run_spec,
-)
+from evalkube.engine import ConfigError, Unit, UnitFailed, load_files, resolve_run_spec
 from evalkube.engine.guard import RunAborted
-from evalkube.engine.preflight import preflight
 from evalkube.grading.gate import gate_message, gate_run
+from evalkube.local import LocalEngine, RunSummary
+from evalkube.local.preflight import preflight
 from evalkube.models import GateStatus
 from evalkube.reporting import track
 from evalkube.reporting.output import write_run_output
@@ -544,7 +537,7 @@ def import_openai_command(
     """Write an OpenAI eval export as suite.yaml + run.yaml (see docs/migrating-from-openai.md)."""
     import yaml
 
-    from evalkube.engine.openai_import import import_openai
+    from evalkube.local.openai_import import import_openai
     from evalkube.sources.files import read_text
 
     try:

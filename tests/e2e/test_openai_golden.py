@@ -22,7 +22,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from evalkube.engine.openai_import import import_openai
+from evalkube.local.openai_import import import_openai
 from tests.cluster.ctrlplane import wait_for
 from tests.integration.proxy.fake_upstream import FakeUpstream, Received
 from tests.support.ports import accepts, free_port

@@ -1,6 +1,6 @@
 """The one unit driver: plans a run's units and drives each with its model access.
 
-``evalkube run`` (:mod:`evalkube.engine.local`), the work-unit pod's runner
+``evalkube run`` (:mod:`evalkube.local.engine`), the work-unit pod's runner
 (:mod:`evalkube.engine.pod`) and the operator (which only plans) all come here, so the three
 can never disagree about which units a run has or what a grader may spend:
 

@@ -199,5 +199,5 @@ def task_criteria(task: TaskSpec) -> tuple[Criterion, ...]:
 
 
 def suite_criteria(suite: EvalSuiteSpec) -> dict[str, tuple[Criterion, ...]]:
-    """Criteria per task id, for :func:`evalkube.engine.local.aggregate_results`."""
+    """Criteria per task id, for :func:`evalkube.local.engine.aggregate_results`."""
     return {task.id: task_criteria(task) for task in suite.tasks}

@@ -15,7 +15,8 @@ import pytest
 import yaml
 from rapidfuzz import fuzz
 
-from evalkube.engine import LocalEngine, RunSummary, load_files, resolve_run_spec
+from evalkube.engine import load_files, resolve_run_spec
+from evalkube.local import LocalEngine, RunSummary
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore, SampleRecord
 

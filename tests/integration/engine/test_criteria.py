@@ -14,15 +14,10 @@ import yaml
 from rich.console import Console
 
 from evalkube.cli import _results_table
-from evalkube.engine import (
-    LocalEngine,
-    RunSummary,
-    aggregate_results,
-    load_files,
-    resolve_run_spec,
-)
+from evalkube.engine import aggregate_results, load_files, resolve_run_spec
 from evalkube.engine.runtime import suite_criteria
 from evalkube.grading.run_results import expected_metrics
+from evalkube.local import LocalEngine, RunSummary
 from evalkube.models import EvalRunStatus
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore, SampleRecord

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from evalkube.engine import LocalEngine, RunSummary, load_files, resolve_run_spec
+from evalkube.engine import load_files, resolve_run_spec
+from evalkube.local import LocalEngine, RunSummary
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore, SampleRecord
 

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from evalkube.engine import LocalEngine, load_files, resolve_run_spec
+from evalkube.engine import load_files, resolve_run_spec
+from evalkube.local import LocalEngine
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore, SampleRecord
 from tests.integration.proxy.fake_upstream import FakeUpstream, Scripted

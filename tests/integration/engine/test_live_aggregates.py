@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from evalkube.engine import LocalEngine, aggregate_results, load_files, resolve_run_spec
+from evalkube.engine import aggregate_results, load_files, resolve_run_spec
+from evalkube.local import LocalEngine
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore
 

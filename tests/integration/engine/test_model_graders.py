@@ -19,7 +19,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from evalkube.engine import LocalEngine, RunSummary, load_files, resolve_run_spec
+from evalkube.engine import load_files, resolve_run_spec
+from evalkube.local import LocalEngine, RunSummary
 from evalkube.proxy.bridge import local_model_access
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore, SampleRecord

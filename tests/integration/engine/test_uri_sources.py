@@ -18,7 +18,8 @@ import pytest
 import yaml
 import zstandard
 
-from evalkube.engine import LocalEngine, load_files, resolve_run_spec
+from evalkube.engine import load_files, resolve_run_spec
+from evalkube.local import LocalEngine
 from evalkube.models import ConfigError
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore

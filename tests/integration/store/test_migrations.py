@@ -337,7 +337,8 @@ def test_a_local_run_stored_before_run_snapshots_is_migrated_and_resumes(
     """Revision 0004: a local run recorded in the old plain shape becomes a RunSnapshot that
     ``--resume`` accepts (same suite version, same code), and the run finishes with every
     sample once."""
-    from evalkube.engine import LocalEngine, load_files, resolve_run_spec
+    from evalkube.engine import load_files, resolve_run_spec
+    from evalkube.local import LocalEngine
     from evalkube.models.snapshot import RunSnapshot
     from evalkube.sandbox import ProcessBackend
 

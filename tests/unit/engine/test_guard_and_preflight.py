@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from evalkube.engine.guard import ErrorGuard, RunAborted
-from evalkube.engine.preflight import check_providers, used_providers
+from evalkube.local.preflight import check_providers, used_providers
 from evalkube.models import EvalRunSpec
 
 

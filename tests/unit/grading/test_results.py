@@ -1,4 +1,4 @@
-"""docs/graders.md, what ``grade()`` may return: every valid and every invalid kind of ``grade()`` result."""
+"""docs/graders.md, what ``grade()`` may return: every valid and every invalid kind of result."""
 
 from __future__ import annotations
 

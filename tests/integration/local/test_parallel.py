@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import yaml
 
-from evalkube.engine import LocalEngine, aggregate_results, load_files, resolve_run_spec
-from evalkube.engine.parallel import MIN_SAMPLES_PER_WORKER, choose_workers
+from evalkube.engine import aggregate_results, load_files, resolve_run_spec
 from evalkube.engine.runner import UnitFailed
+from evalkube.local import LocalEngine
+from evalkube.local.parallel import MIN_SAMPLES_PER_WORKER, choose_workers
 from evalkube.models.errors import ConfigError
 from evalkube.sandbox import ProcessBackend
 from evalkube.store import ResultStore
-
-from .suites import write_two_task_suite
+from tests.integration.engine.suites import write_two_task_suite
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evalkube.engine.openai_import import import_openai
+from evalkube.local.openai_import import import_openai
 from evalkube.models import ConfigError
 
 EXPORT = json.loads(

@@ -1,4 +1,4 @@
-"""The data source of an exported OpenAI eval run, for :mod:`evalkube.engine.openai_import`.
+"""The data source of an exported OpenAI eval run, for :mod:`evalkube.local.openai_import`.
 
 Three kinds of run (OpenAI's ``data_source.type``):
 

@@ -4,7 +4,7 @@ Reads what OpenAI's Evals API returned for an eval (``data_source_config`` with 
 ``item_schema``, ``testing_criteria``) and for one of its runs (``data_source``), in one JSON
 file ``{"eval": {...}, "run": {...}}``. The run's data source (items, the prompt, the model and
 every sampling parameter, or stored samples to grade) is read by
-:mod:`evalkube.engine.openai_source`. Every shape is checked and a wrong one names its field;
+:mod:`evalkube.local.openai_source`. Every shape is checked and a wrong one names its field;
 the result is checked as a run would check it (the models, the criteria's templates and
 formulas compiled, every template's fields against every item, thresholds against ranges), so
 an import that succeeds runs. Nothing declared is dropped silently: what has no equivalent
@@ -18,10 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from evalkube.engine.openai_source import RunSource, read_run
-from evalkube.engine.openai_source import expect as _expect
-from evalkube.engine.openai_source import messages as _messages
-from evalkube.engine.openai_source import model_id as _model
 from evalkube.engine.runtime import builtin_criterion
 from evalkube.engine.validate import check_source
 from evalkube.grading import (
@@ -32,6 +28,10 @@ from evalkube.grading import (
     compile_template,
 )
 from evalkube.grading.template_fields import field_paths, missing, spelled
+from evalkube.local.openai_source import RunSource, read_run
+from evalkube.local.openai_source import expect as _expect
+from evalkube.local.openai_source import messages as _messages
+from evalkube.local.openai_source import model_id as _model
 from evalkube.models import EvalRun, EvalSuite, GraderSpec, SpecError, validate_spec
 from evalkube.models.errors import ConfigError
 

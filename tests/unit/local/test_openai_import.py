@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from evalkube.engine.openai_import import COSINE_MODEL, import_openai
+from evalkube.local.openai_import import COSINE_MODEL, import_openai
 from evalkube.models.errors import ConfigError
 
 EXPORT = json.loads(

@@ -33,9 +33,7 @@ from evalkube.engine.loading import (
     load_files,
     suite_version,
 )
-from evalkube.engine.parallel import ParallelRun, choose_workers, run_parallel
 from evalkube.engine.plan import Unit
-from evalkube.engine.preflight import pays, preflight
 from evalkube.engine.runner import (
     BridgeControl,
     NoProgress,
@@ -50,6 +48,8 @@ from evalkube.engine.validate import check_programs
 from evalkube.gctune import relaxed_gc
 from evalkube.grading import TaskAggregate
 from evalkube.grading.run_results import aggregate_results, declared_metrics, expected_metrics
+from evalkube.local.parallel import ParallelRun, choose_workers, run_parallel
+from evalkube.local.preflight import pays, preflight
 from evalkube.models import (
     EvalRunSpec,
     EvalSuite,
@@ -143,7 +143,7 @@ class LocalEngine:
         self.progress = progress or NoProgress()
         self.bridge_factory = bridge_factory
         #: Unit processes for shard units (``None``: as many as pay off, see
-        #: :func:`evalkube.engine.parallel.choose_workers`).
+        #: :func:`evalkube.local.parallel.choose_workers`).
         self.workers = workers
         #: How many the last run used.
         self.last_workers = 1
@@ -164,7 +164,7 @@ class LocalEngine:
         probe: bool = False,
     ) -> RunSummary:
         """Start a new run of ``loaded`` with ``spec``; a run that calls models is checked
-        first (:func:`~evalkube.engine.preflight.preflight`, ``probe``: one call per
+        first (:func:`~evalkube.local.preflight.preflight`, ``probe``: one call per
         provider), and nothing is recorded when a check fails."""
         check_programs(loaded)
         for task in loaded.suite.spec.tasks:
