@@ -15,6 +15,9 @@ from evalkube import limits
 from evalkube.controller import names
 from evalkube.controller.reconcile import job_index_entry, job_state
 from evalkube.controller.runs import RunReconciler
+from evalkube.controller.schedule import LABEL_SCHEDULE
+from evalkube.controller.schedules import ScheduleReconciler
+from evalkube.controller.schedules import index_entry as schedule_index_entry
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import config_map_refs
 from evalkube.controller.state import OperatorState
@@ -25,10 +28,6 @@ UNIT_JOBS: dict[str, Any] = {
     names.LABEL_MANAGED_BY: names.MANAGED_BY,
     names.LABEL_RUN: kopf.PRESENT,
 }
-#: Read at import only for the EvalSchedule timer's interval (kopf fixes it when the
-#: decorator runs); every other setting is read again at startup, so an operator restarted in
-#: the same process (tests with ``KopfRunner``) picks up its current environment.
-_IMPORT_SETTINGS = OperatorSettings()
 
 
 class DiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -166,8 +165,40 @@ async def run_event(
         memo.state.reconciler.forget(namespace or "", name)
 
 
-@kopf.timer(GROUP, VERSION, "evalschedules", interval=_IMPORT_SETTINGS.schedule_interval)
-async def schedule_tick(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    new = await memo.state.schedules.reconcile(body)
-    if new is not None:
-        patch.status.update(new.to_wire())
+@kopf.index(GROUP, VERSION, "evalruns", labels={LABEL_SCHEDULE: kopf.PRESENT})
+def scheduled_runs(body: Any, **_: Any) -> dict[Any, Any]:
+    """``(namespace, schedule uid) -> runs``: what a schedule's pass reads of its runs,
+    instead of listing them."""
+    return schedule_index_entry(body)
+
+
+def _schedules(memo: Any, kwargs: dict[str, Any]) -> ScheduleReconciler:
+    schedules: ScheduleReconciler = memo.state.schedules
+    schedules.runs = kwargs["scheduled_runs"]  # kopf's live index, the same object every time
+    return schedules
+
+
+@kopf.daemon(GROUP, VERSION, "evalschedules", cancellation_timeout=RUN_DAEMON_CANCELLATION_SECONDS)
+async def schedule_daemon(
+    namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """Creates the schedule's runs at their times, for as long as the schedule exists."""
+    await _schedules(memo, kwargs).drive(namespace or "", name, body)
+
+
+@kopf.on.event(GROUP, VERSION, "evalschedules")
+async def schedule_event(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+    """The schedule was edited (or its status written): a pass reads it as it is now."""
+    _schedules(memo, kwargs).wake(namespace or "", name)
+
+
+@kopf.on.event(GROUP, VERSION, "evalruns", labels={LABEL_SCHEDULE: kopf.PRESENT})
+async def scheduled_run_event(
+    namespace: str | None, meta: Any, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """A schedule's run was created, changed phase or was deleted: a pass over the schedule
+    (a held-back time may now be due, the history pruned, the status's ``active`` updated)."""
+    schedules = _schedules(memo, kwargs)
+    for owner in meta.get("ownerReferences") or []:
+        if owner.get("kind") == "EvalSchedule":
+            schedules.wake(namespace or "", owner.get("name", ""))

@@ -19,6 +19,9 @@ from lightkube.types import CascadeType, PatchType
 
 EvalSuiteResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalSuite", "evalsuites")
 EvalRunResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalRun", "evalruns")
+EvalScheduleResource = create_namespaced_resource(
+    "evalkube.io", "v1alpha1", "EvalSchedule", "evalschedules"
+)
 
 
 #: API requests the operator has in flight at most; the others wait their turn. httpx keeps 20
@@ -119,14 +122,6 @@ class Kube:
 
     async def run(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get(EvalRunResource, namespace, name)
-
-    async def labelled_runs(
-        self, namespace: str, labels: Mapping[str, str]
-    ) -> list[dict[str, Any]]:
-        """The EvalRuns of ``namespace`` carrying ``labels``."""
-        runs: Any = self.client.list(EvalRunResource, namespace=namespace, labels=dict(labels))
-        async with self._slots:
-            return [dict(run.to_dict()) async for run in runs]
 
     async def delete_run(self, namespace: str, name: str) -> None:
         """Delete an EvalRun and, in the background, what it owns; gone already is fine."""

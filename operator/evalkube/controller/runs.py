@@ -13,7 +13,6 @@ samples).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import functools
 import logging
@@ -47,6 +46,7 @@ from evalkube.controller.results import record_done_units, run_aggregates
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import build_snapshot, check_cluster_suite, image_policy
 from evalkube.controller.tracking import RunTracking
+from evalkube.controller.wakeups import Wakeups, sleep
 from evalkube.engine.driver import grader_calls_models, judges_call_models
 from evalkube.engine.plan import Unit
 from evalkube.engine.runtime import suite_criteria
@@ -149,8 +149,8 @@ class RunReconciler:
         self._unit_settings_cache: tuple[float, OperatorSettings] | None = None
         self._status_refusals: dict[tuple[str, str], int] = {}
         """Status patches the API server refused per run, in a row (see ``_status_refused``)."""
-        self._wakeups: dict[tuple[str, str], asyncio.Event] = {}
-        """Runs whose kopf daemon is driving them: setting the event asks for a pass."""
+        self._wakeups = Wakeups()
+        """Runs whose kopf daemon is driving them."""
         self.jobs: JobIndex = {}
         """``(namespace, run) -> (unit id, JobState)`` of every work-unit Job: kopf's index
         (``handlers.unit_jobs``), kept current by the Job watch, so a pass lists no Jobs."""
@@ -175,10 +175,9 @@ class RunReconciler:
         was missed.
         """
         key = (namespace, name)
-        wakeup = self._wakeups[key] = asyncio.Event()
         first = self._first_body(body)
         failures = 0
-        try:
+        with self._wakeups.held(key) as wakeup:
             while True:
                 wakeup.clear()
                 try:
@@ -197,16 +196,11 @@ class RunReconciler:
                     self.settings.retry_interval,
                     self.settings.reconcile_interval,
                 )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wakeup.wait(), wait)
-        finally:
-            if self._wakeups.get(key) is wakeup:
-                del self._wakeups[key]
+                await sleep(wakeup, wait)
 
     def wake(self, namespace: str, name: str) -> None:
         """Ask for a pass over the run (one of its Jobs changed, or a unit reported done)."""
-        if (wakeup := self._wakeups.get((namespace, name))) is not None:
-            wakeup.set()
+        self._wakeups.wake((namespace, name))
 
     def job_changed(self, namespace: str, run: str, job: str, state: JobState | None) -> None:
         """A work-unit Job's event (``state`` ``None``: the Job is gone): a pass over its run

@@ -1,23 +1,25 @@
-"""Reconcile one EvalSchedule: list its runs, prune the history, create the due run, report.
+"""Reconcile one EvalSchedule: read its runs, prune the history, create the due run, report.
 
-Called from the schedule timer in :mod:`evalkube.controller.handlers`; the decisions are the
-pure functions of :mod:`evalkube.controller.schedule`, this module does the I/O around them
-and returns the status to patch (``None`` when unchanged).
+Each schedule has a kopf daemon (:mod:`evalkube.controller.handlers`) that makes a pass when
+the schedule or one of its runs changes, and otherwise sleeps until the schedule's next time:
+its runs come from kopf's index of scheduled runs, so no pass lists anything. The decisions
+are the pure functions of :mod:`evalkube.controller.schedule`; this module does the I/O
+around them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import kopf
 
-from evalkube.controller.kube import Kube
+from evalkube.controller.kube import EvalScheduleResource, Kube
 from evalkube.controller.runs import FINAL_PHASES, EventSink
 from evalkube.controller.schedule import (
     ANNOTATION_SCHEDULED_AT,
-    LABEL_SCHEDULE,
     Due,
     ScheduledRun,
     decide,
@@ -26,9 +28,9 @@ from evalkube.controller.schedule import (
     parse_time,
     run_manifest,
     runs_to_prune,
-    schedule_label,
 )
 from evalkube.controller.settings import OperatorSettings
+from evalkube.controller.wakeups import Wakeups, sleep
 from evalkube.models import (
     Condition,
     EvalScheduleSpec,
@@ -40,6 +42,36 @@ from evalkube.models import (
 from evalkube.models.status import condition, merge_conditions, read_status, same_status
 
 Clock = Callable[[], datetime]
+#: ``(namespace, schedule uid) -> the runs it owns``, each as :func:`index_entry` keeps it:
+#: kopf's index of scheduled runs (``handlers.scheduled_runs``), kept current by the watch.
+RunIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
+_log = logging.getLogger(__name__)
+
+
+def index_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """What the index of scheduled runs keeps of a run, under its owning schedule: the few
+    fields a pass reads, not the whole object."""
+    meta = body.get("metadata") or {}
+    owners = [
+        o.get("uid")
+        for o in meta.get("ownerReferences") or []
+        if o.get("kind") == "EvalSchedule" and o.get("uid")
+    ]
+    if not owners:
+        return {}
+    status = body.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    entry = {
+        "metadata": {
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "creationTimestamp": meta.get("creationTimestamp"),
+            "annotations": {k: v for k, v in annotations.items() if k == ANNOTATION_SCHEDULED_AT},
+        },
+        "status": {k: status[k] for k in ("phase", "completedAt") if k in status},
+    }
+    namespace = str(meta.get("namespace") or "")
+    return {(namespace, str(owner)): entry for owner in owners}
 
 
 class ScheduleReconciler:
@@ -53,14 +85,53 @@ class ScheduleReconciler:
         clock: Clock | None = None,
     ) -> None:
         self.kube = kube
+        self.settings = settings
         self.event = event or (lambda body, kind, reason, message: None)
         offset = timedelta(seconds=settings.schedule_clock_offset_seconds)
         self.clock = clock or (lambda: datetime.now(UTC) + offset)
+        self.runs: RunIndex = {}
+        """kopf's index of scheduled runs (``handlers.scheduled_runs``)."""
+        self._wakeups = Wakeups()
+
+    async def drive(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        """The body of the schedule's kopf daemon: a pass, then sleep until the schedule's
+        next time, a :meth:`wake` (the schedule or one of its runs changed) or
+        ``reconcile_interval`` (a missed event), whichever comes first. ``body`` is kopf's
+        live view of the schedule: each pass reads it as it is now."""
+        failures = 0
+        with self._wakeups.held((namespace, name)) as wakeup:
+            while True:
+                wakeup.clear()
+                wait = self.settings.reconcile_interval
+                try:
+                    new = await self.reconcile(body)
+                    if new is not None:
+                        wire = new.to_wire()
+                        await self.kube.patch_status(EvalScheduleResource, namespace, name, wire)
+                    status = new or read_status(EvalScheduleStatus, body.get("status"))
+                    wait = self._until(parse_time(status.next_schedule_time), wait)
+                    failures = 0
+                except Exception:  # the daemon goes on: its next pass may succeed
+                    failures += 1
+                    _log.exception("a pass over EvalSchedule %s/%s failed", namespace, name)
+                    wait = min(wait, self.settings.retry_interval * 2 ** min(failures, 5))
+                await sleep(wakeup, wait)
+
+    def wake(self, namespace: str, name: str) -> None:
+        """Ask for a pass over the schedule (its spec or one of its runs changed)."""
+        self._wakeups.wake((namespace, name))
+
+    def _until(self, when: datetime | None, most: float) -> float:
+        """Seconds until ``when`` on the schedule's clock (a little after, so the time is
+        due when the pass comes), at most ``most``."""
+        if when is None:
+            return most
+        return max(0.0, min(most, (when - self.clock()).total_seconds() + _LATE))
 
     async def reconcile(self, body: Mapping[str, Any]) -> EvalScheduleStatus | None:
         """One pass; the status to patch, or ``None`` when it is unchanged."""
         meta = body["metadata"]
-        namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")
+        namespace, generation = meta["namespace"], meta.get("generation")
         old = read_status(EvalScheduleStatus, body.get("status"))
         new = old.model_copy(update={"observed_generation": generation})
         try:
@@ -70,12 +141,7 @@ class ScheduleReconciler:
             invalid = condition("Ready", False, "InvalidSpec", message, generation)
             new.conditions = merge_conditions(old.conditions, [invalid])
             return None if same_status(new, old) else new
-        labelled = await self.kube.labelled_runs(namespace, {LABEL_SCHEDULE: schedule_label(name)})
-        runs = [
-            r
-            for r in labelled
-            if any(o.get("uid") == meta["uid"] for o in r["metadata"].get("ownerReferences") or [])
-        ]
+        runs = [dict(r) for r in self.runs.get((namespace, meta["uid"]), ())]
         active = [r for r in runs if _status(r).get("phase") not in FINAL_PHASES]
         history = [_scheduled(r) for r in runs]
         limits = spec.successful_runs_history_limit, spec.failed_runs_history_limit
@@ -171,6 +237,8 @@ def _scheduled(run: Mapping[str, Any]) -> ScheduledRun:
     )
 
 
+#: Seconds after a scheduled time its pass comes: the time is due then, whatever the rounding.
+_LATE = 0.05
 #: The Scheduled condition's message by its reason.
 _MESSAGES = {
     "RunCreated": "created the run of {}",

@@ -133,9 +133,6 @@ class OperatorSettings(BaseSettings):
     retry_interval: float = Field(default=2.0, gt=0)
     """Seconds before a run blocked ``Pending`` (its suite or a Service missing) is looked at
     again."""
-    schedule_interval: float = Field(default=10.0, gt=0)
-    """Seconds between passes over each EvalSchedule (its timer; read once per process), so a
-    run starts at most this late after its scheduled time."""
     schedule_clock_offset_seconds: float = 0.0
     """Added to the clock EvalSchedules are read against; tests move time forward with it
     instead of waiting for the next minute. Leave 0."""

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 API = "evalkube.io/v1alpha1"
 
 
-operator = module_operator(schedule_interval="0.5", schedule_clock_offset_seconds="90")
+operator = module_operator(schedule_clock_offset_seconds="90")
 
 
 def schedule(ns: str, name: str = "nightly", **spec: Any) -> dict[str, Any]:
