@@ -384,6 +384,41 @@ class ControlPlane:
     def pids(self) -> dict[str, int]:
         return {p.name: p.popen.pid for p in self._procs}
 
+    def process(self, name: str) -> subprocess.Popen[bytes]:
+        """The running (or stopped) process of component ``name`` (``etcd``, ...)."""
+        for proc in self._procs:
+            if proc.name == name:
+                return proc.popen
+        raise ControlPlaneError(f"no control plane component named {name!r}")
+
+    def respawn(self, name: str, timeout: float = 120.0) -> None:
+        """Start component ``name`` again, with its first command line, once it has exited (a
+        fault test stopped it), and wait until it serves again. Its data (etcd's) is kept."""
+        old = next((p for p in self._procs if p.name == name), None)
+        if old is None:
+            raise ControlPlaneError(f"no control plane component named {name!r}")
+        if old.popen.poll() is None:
+            raise ControlPlaneError(f"{name} still runs (pid {old.popen.pid})")
+        args = old.popen.args
+        assert isinstance(args, list), args  # _spawn passes a list
+        self._procs.remove(old)
+        proc = self._spawn(name, [str(a) for a in args])
+        checks: dict[str, Callable[[], Any]] = {
+            "etcd": lambda: self._http_ok(f"http://127.0.0.1:{self.ports['etcd']}/health"),
+            "kube-apiserver": lambda: self._https_ok(f"{self.server}/readyz", client_cert=True),
+            "kube-controller-manager": lambda: self._https_ok(
+                f"https://127.0.0.1:{self.ports['controller-manager']}/healthz",
+                client_cert=False,
+                verify=False,
+            ),
+            "kube-scheduler": lambda: self._https_ok(
+                f"https://127.0.0.1:{self.ports['scheduler']}/healthz",
+                client_cert=False,
+                verify=False,
+            ),
+        }
+        self._wait_component(proc, checks.get(name, lambda: True), "serving again", timeout)
+
     # -- internals ----------------------------------------------------------------------------
     def _make_env(self) -> dict[str, str]:
         env = dict(os.environ)

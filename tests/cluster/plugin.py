@@ -14,6 +14,9 @@ Registered from tests/conftest.py (``pytest_plugins = ["tests.cluster.plugin"]``
   ``real_node`` fixture (session) is added to it automatically. Binaries from
   tests/cluster/build-node.sh, images from .ci/images.sh (``bash .ci/realnode.sh`` builds both).
   Missing host facilities or builds FAIL the test when ``$CI`` is set and skip it otherwise.
+- marker ``faults_nightly``: a real-node fault too slow for every CI run (docs/operator.md,
+  "What survives what", says why each one is there). Deselected unless ``-m`` names it or
+  ``EVALKUBE_FAULTS_NIGHTLY=1`` is set; ``make faults`` runs them.
 
 Binaries: ``$EVALKUBE_CTRLPLANE_BIN``, else the build cache of tests/cluster/build-tools.sh
 (looked up with ``--print-if-cached``; the plugin never builds). If they are missing, tests that
@@ -68,11 +71,27 @@ def pytest_configure(config: pytest.Config) -> None:
         "realnode: needs a real node with gVisor (fixture real_node; binaries from "
         "tests/cluster/build-node.sh, images from .ci/images.sh). Never skipped when $CI is set.",
     )
+    config.addinivalue_line(
+        "markers",
+        "faults_nightly: a real-node fault too slow for every CI run; deselected unless -m "
+        "names it or EVALKUBE_FAULTS_NIGHTLY=1 (make faults).",
+    )
+
+
+def _nightly_selected(config: pytest.Config) -> bool:
+    if os.environ.get("EVALKUBE_FAULTS_NIGHTLY", "") not in ("", "0"):
+        return True
+    return "faults_nightly" in (config.getoption("markexpr", "") or "")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # real-node tests last: their node (session scope) then runs only while they do
     items.sort(key=lambda item: item.get_closest_marker("realnode") is not None)
+    if not _nightly_selected(config):
+        nightly = [item for item in items if item.get_closest_marker("faults_nightly")]
+        if nightly:
+            config.hook.pytest_deselected(items=nightly)
+            items[:] = [item for item in items if not item.get_closest_marker("faults_nightly")]
     for item in items:
         if item.get_closest_marker("cluster") and "control_plane" not in getattr(
             item, "fixturenames", ["control_plane"]

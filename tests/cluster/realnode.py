@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -94,6 +95,20 @@ HOST_COMMANDS = {
     "mount": "mount",
 }
 T = TypeVar("T")
+#: The node's components a fault test may stop, freeze and start again (``RealNode.control``).
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "containerd",
+    "kubelet",
+    "kube-proxy",
+    "kube-router",
+)
+CONTROL_ACTIONS = ("down", "kill", "up", "restart", "freeze", "thaw")
+#: Requests to the launcher (``<id>.json``) and its answers (``<id>.result``), in the work dir.
+CONTROL_DIR = "control"
 
 
 class NodeError(ControlPlaneError):
@@ -368,6 +383,54 @@ class RealNode:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.stop(keep_workdir=exc_type is not None)
 
+    # -- faults -------------------------------------------------------------------------------
+    def control(self, action: str, component: str, timeout: float = 240.0) -> None:
+        """Have the launcher ``action`` one of the node's components (:data:`COMPONENTS`):
+        ``down`` (SIGTERM, then SIGKILL after 15 s), ``kill`` (SIGKILL), ``up`` (start it
+        again with its first command line, waiting until it serves), ``restart`` (down, up),
+        ``freeze``/``thaw`` (SIGSTOP/SIGCONT of its process group). The launcher stays the
+        only one that spawns components, so its end-of-session sweep still stops them all.
+        Raises :class:`NodeError` with the launcher's reason when the action failed."""
+        if action not in CONTROL_ACTIONS:
+            raise ValueError(f"unknown action {action!r} (one of {', '.join(CONTROL_ACTIONS)})")
+        if component not in COMPONENTS:
+            raise ValueError(f"unknown component {component!r} (one of {', '.join(COMPONENTS)})")
+        control = self.workdir / CONTROL_DIR
+        request = uuid.uuid4().hex
+        partial = control / f"{request}.partial"
+        partial.write_text(json.dumps({"action": action, "component": component}))
+        partial.rename(control / f"{request}.json")
+        result = control / f"{request}.result"
+
+        def answered() -> bool:
+            if self._launcher is None or self._launcher.poll() is not None:
+                raise NodeError(
+                    f"the node launcher is gone; last lines of {self.workdir / 'launcher.log'}:"
+                    f"\n{_tail(self.workdir / 'launcher.log')}"
+                )
+            return result.is_file()
+
+        wait_for(answered, timeout=timeout, interval=0.2, what=f"{action} {component}")
+        answer = json.loads(result.read_text())
+        result.unlink()
+        if not answer["ok"]:
+            raise NodeError(f"{action} {component}: {answer['error']}")
+
+    def down(self, component: str) -> None:
+        self.control("down", component)
+
+    def up(self, component: str) -> None:
+        self.control("up", component)
+
+    def restart(self, component: str) -> None:
+        self.control("restart", component)
+
+    def freeze(self, component: str) -> None:
+        self.control("freeze", component)
+
+    def thaw(self, component: str) -> None:
+        self.control("thaw", component)
+
     # -- clients ------------------------------------------------------------------------------
     def in_netns(self, *args: str) -> list[str]:
         """A command line that runs ``args`` in the node's network namespace."""
@@ -479,6 +542,9 @@ class _Launcher:
         self.timings: dict[str, float] = {}
         self.sock = self.w / "containerd" / "containerd.sock"
         self.env = {**os.environ, "PATH": f"{self.bin}:{self.cp_bin}:{os.environ['PATH']}"}
+        #: components a fault test stopped (``alive()`` does not count them) or froze
+        self.stopped: set[str] = set()
+        self.frozen: set[str] = set()
 
     def mark(self, what: str) -> None:
         self.timings[what] = round(time.monotonic() - self.t0, 1)
@@ -507,6 +573,8 @@ class _Launcher:
 
     def alive(self) -> None:
         for name, proc in self.procs:
+            if name in self.stopped:
+                continue
             rc = proc.poll()
             if rc is not None:
                 raise NodeError(
@@ -534,9 +602,91 @@ class _Launcher:
             time.sleep(0.5)
         raise NodeError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
+    # -- faults (RealNode.control) -----------------------------------------------------------
+    def serve_controls(self) -> None:
+        """Carry out each request a test left in the control folder, answering each one."""
+        for request in sorted((self.w / CONTROL_DIR).glob("*.json")):
+            answer: dict[str, Any] = {"ok": True}
+            try:
+                order = json.loads(request.read_text())
+                self.control(order["action"], order["component"])
+            except Exception as exc:
+                answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            print(f"[realnode] control {request.stem}: {answer}", flush=True)
+            partial = request.with_suffix(".partial")
+            partial.write_text(json.dumps(answer))
+            partial.rename(request.with_suffix(".result"))
+            request.unlink()
+
+    def process(self, name: str) -> subprocess.Popen[bytes]:
+        if name not in COMPONENTS:
+            raise NodeError(f"unknown component {name!r}")
+        for own, proc in self.procs:
+            if own == name:
+                return proc
+        assert self.cp is not None
+        return self.cp.process(name)
+
+    def control(self, action: str, name: str) -> None:
+        proc = self.process(name)
+        print(f"[realnode] {action} {name} (pid {proc.pid})", flush=True)
+        if action in ("freeze", "thaw"):
+            if name in self.stopped:
+                raise NodeError(f"{name} is down")
+            os.killpg(proc.pid, signal.SIGSTOP if action == "freeze" else signal.SIGCONT)
+            (self.frozen.add if action == "freeze" else self.frozen.discard)(name)
+            return
+        if action in ("down", "kill", "restart"):
+            self.stopped.add(name)
+            if name in self.frozen:  # a stopped process sees SIGTERM only once continued
+                os.killpg(proc.pid, signal.SIGCONT)
+                self.frozen.discard(name)
+            if action == "kill":
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+            else:
+                self.terminate(proc)
+        if action in ("up", "restart"):
+            if proc.poll() is None:
+                raise NodeError(f"{name} still runs (pid {proc.pid})")
+            self.respawn(name, proc)
+            self.stopped.discard(name)
+
+    def respawn(self, name: str, old: subprocess.Popen[bytes]) -> None:
+        """Start ``name`` again with its first command line, where it was in the start order,
+        and wait until it serves."""
+        if self.cp is not None and all(own != name for own, _ in self.procs):
+            self.cp.respawn(name)
+            return
+        args = old.args
+        assert isinstance(args, list), args  # spawn() passes a list
+        at = self.procs.index((name, old))
+        since = time.time()
+        self.spawn(name, [str(a) for a in args])
+        self.procs[at] = self.procs.pop()  # the new process takes the old one's place
+        if name == "containerd":
+            ctr = [str(self.bin / "ctr"), "-a", str(self.sock), "version"]
+            self.wait(
+                lambda: subprocess.run(ctr, capture_output=True, timeout=10).returncode == 0,
+                "containerd serving again",
+            )
+        elif name == "kubelet":
+
+            def heartbeat() -> bool:
+                node = json.loads(self.kubectl("get", "node", NODE_NAME, "-o", "json"))
+                for cond in node["status"].get("conditions", []):
+                    if cond["type"] == "Ready" and cond["status"] == "True":
+                        beat = datetime.datetime.fromisoformat(cond["lastHeartbeatTime"])
+                        return beat.timestamp() >= since - 1  # the API keeps whole seconds
+                return False
+
+            self.wait(heartbeat, "the restarted kubelet's Ready heartbeat")
+
     # -- start --------------------------------------------------------------------------------
     def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
+        (self.w / CONTROL_DIR).mkdir(exist_ok=True)
         self.mounts()
         self.control_plane()
         self.containerd()
@@ -857,6 +1007,9 @@ class _Launcher:
     def stop(self) -> None:
         """Pods first (through containerd), then the node, then the control plane; at last
         every process left in this mount namespace (shims, sandboxes) -- ours by construction."""
+        for name in list(self.frozen):  # a stopped process would sit out SIGTERM
+            with contextlib.suppress(ProcessLookupError, NodeError):
+                os.killpg(self.process(name).pid, signal.SIGCONT)
         if self.sock.exists():
             ctr = [str(self.bin / "ctr"), "-a", str(self.sock), "-n", "k8s.io"]
             kubelet = [p for n, p in self.procs if n == "kubelet"]
@@ -1001,9 +1154,13 @@ def _inside(argv: Sequence[str]) -> int:
     try:
         launcher.start()
         print(f"[realnode] ready in {time.monotonic() - launcher.t0:.1f}s", flush=True)
+        checked = time.monotonic()
         while True:
-            time.sleep(2)
-            launcher.alive()
+            time.sleep(0.2)
+            launcher.serve_controls()
+            if time.monotonic() - checked >= 2:
+                launcher.alive()
+                checked = time.monotonic()
     except KeyboardInterrupt:
         return 0
     finally:
