@@ -666,6 +666,10 @@ def unit_command(
     egress_grant_file: EgressGrantFile = None,
     pvc_root: PvcRoot = None,
     ca_bundle: CaBundle = None,
+    ingest_retry_seconds: Annotated[
+        float,
+        typer.Option(help="Seconds one ingest call is retried before the Pod fails", min=1.0),
+    ] = 300.0,
 ) -> None:
     """Run one work unit of an EvalRun (the runner container of a work-unit pod)."""
     from evalkube.engine.pod import run_pod_unit
@@ -677,7 +681,7 @@ def unit_command(
     )
     from evalkube.proxy.control import ControlClient
     from evalkube.sandbox.remote import PodSocketBackend
-    from evalkube.store.remote import RemoteStore
+    from evalkube.store.remote import IngestUnreachable, RemoteStore
 
     token = _ingest_token()
     loaded = _pod_snapshot(snapshot, datasets, egress_proxy, egress_grant_file, pvc_root, ca_bundle)
@@ -695,7 +699,9 @@ def unit_command(
             _fail(str(exc), EXIT_RUNTIME)
         console.print("no IPv6 route in the pod", highlight=False)
     backend = PodSocketBackend(worker.removeprefix("unix:")) if worker else resolve_backend(sandbox)
-    store = RemoteStore(ingest_url, loaded.namespace, loaded.name, token)
+    store = RemoteStore(
+        ingest_url, loaded.namespace, loaded.name, token, retry_seconds=ingest_retry_seconds
+    )
     # the control socket sits in a volume only the proxy and this container mount
     control = ControlClient(bridge_control, grader_endpoint=bridge) if bridge_control else None
     try:
@@ -716,6 +722,9 @@ def unit_command(
                 store.retry_seconds = 30
                 store.mark_unit_failed(unit, str(exc)[: limits.ERROR_MESSAGE_CHARS])
         _fail(str(exc), EXIT_CONFIG)
+    except IngestUnreachable as exc:
+        # a runtime failure: the Job's next Pod takes the unit over where this one stopped
+        _fail(str(exc), EXIT_RUNTIME)
     finally:
         store.close()
         if control is not None:

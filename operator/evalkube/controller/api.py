@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from evalkube import jsonfast, limits
 from evalkube._net import bearer_token
@@ -56,6 +58,7 @@ from evalkube.store.wire import (
 )
 
 PREFIX = "/api/v1/namespaces/{namespace}/evalruns/{name}"
+log = logging.getLogger(__name__)
 #: Looks a run up from durable state: ``(namespace, name) -> entry`` or ``None`` (no such run).
 RunResolver = Callable[[str, str], Awaitable[RunEntry | None]]
 #: The one answer to a runner route without this run's token (whether or not the run exists).
@@ -96,6 +99,31 @@ async def _parse(request: web.Request, shape: Shape[_T]) -> _T:
             text=jsonfast.dumps({"error": {"message": str(exc)}}).decode(),
             content_type="application/json",
         ) from None
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store failing, not the request: the database down, restarting
+    or unreachable, its disk full, a connection it dropped. Waiting may fix it."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+@web.middleware
+async def _store_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A store failure answers 503 naming it (runners retry 5xx within their window, and the
+    message says why in their log), not aiohttp's anonymous 500; nothing was recorded."""
+    try:
+        return await handler(request)
+    except Exception as exc:
+        if not store_unavailable(exc):
+            raise
+        cause = getattr(exc, "orig", None) or exc
+        detail = " ".join(str(cause).split())[:500]
+        log.warning("the results store refused %s %s: %s", request.method, request.path, detail)
+        return _error(503, f"the results store is unavailable: {detail}")
 
 
 RunRoute = Callable[["ApiServer", web.Request, RunEntry], Awaitable[web.StreamResponse]]
@@ -162,9 +190,11 @@ class ApiServer:
         self._ingest_pool = ThreadPoolExecutor(
             max_workers=limits.INGEST_THREADS, thread_name_prefix="evalkube-ingest"
         )
-        self.ingest_app = web.Application(client_max_size=limits.INGEST_BODY_BYTES)
+        self.ingest_app = web.Application(
+            client_max_size=limits.INGEST_BODY_BYTES, middlewares=[_store_errors]
+        )
         self.ingest_app.add_routes(self.ingest_routes())
-        self.api_app = web.Application()
+        self.api_app = web.Application(middlewares=[_store_errors])
         self.api_app.add_routes(self.api_routes())
 
     def ingest_routes(self) -> list[web.RouteDef]:

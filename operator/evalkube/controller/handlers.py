@@ -6,6 +6,7 @@ the handlers with kopf.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -53,6 +54,12 @@ def _post_event(body: Any, kind: str, reason: str, message: str) -> None:
     (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message)
 
 
+def peering_priority() -> int:
+    """A kopf peering priority of this replica's own (1..2^31-1: distinct replicas collide
+    with odds of about one in two billion)."""
+    return secrets.randbelow(2**31 - 1) + 1
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="evalkube.io")
@@ -65,6 +72,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if operator_settings.peering:  # the chart's (Cluster)KopfPeering object, not kopf's default
         settings.peering.name = operator_settings.peering_name
         settings.peering.mandatory = True
+        # kopf pauses every replica that sees a live peer of its own priority, so replicas of
+        # one Deployment (all priority 0) would all pause and no run would advance: each
+        # replica draws its own, and the highest live one is the leader
+        settings.peering.priority = peering_priority()
     memo.state = await OperatorState.start(operator_settings, _post_event)
 
 

@@ -379,6 +379,7 @@ def unit_job(
         "--bridge-control": f"unix:{CONTROL_SOCKET}",
         "--datasets": DATASETS_DIR,
         "--ipv6": "allow" if settings.ipv6 == "allow" else "refuse",
+        "--ingest-retry-seconds": f"{settings.ingest_retry_seconds:g}",
     }
     if settings.egress_via_gateway:
         # the proxy sends upstream calls through the gateway with the run's grant, which it

@@ -89,6 +89,9 @@ class OperatorSettings(BaseSettings):
     when half of it has passed (a running pod's proxy re-reads the mounted file)."""
     job_backoff_limit: int = Field(default=2, ge=0, le=10)
     """Retries of a failed work unit before it counts as failed."""
+    ingest_retry_seconds: float = Field(default=300.0, ge=5.0, le=3600.0)
+    """Seconds a unit's runner keeps retrying one call to the ingest API (connection errors,
+    5xx, 404) before its Pod fails and the Job retries it; no single attempt outlasts it."""
     job_ttl_seconds: int = Field(default=3600, ge=0)
     """Seconds finished Jobs are kept (``ttlSecondsAfterFinished``)."""
     tmp_size: str = "256Mi"

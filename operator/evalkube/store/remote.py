@@ -6,12 +6,16 @@ idempotent (samples upsert by id), so a retried request or a re-run unit never d
 
 Calls are retried with capped exponential backoff for up to ``retry_seconds`` on connection
 errors, 5xx and 404 (a replica that does not know the run yet, an operator restarting behind
-its Service): the unit's samples wait instead of failing the unit.
+its Service, its store down or full): the unit's samples wait instead of failing the unit.
+No attempt outlasts the window either (a partition that drops packets answers nothing, and
+a request waiting on it would hold the unit until its Job's deadline); past the window the
+call raises :class:`IngestUnreachable`, the Pod fails and its Job retries it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -28,6 +32,8 @@ SAMPLE_FIELDS = {f.name for f in dataclasses.fields(SampleRecord)}
 RETRIED_STATUSES = frozenset({404, 500, 502, 503, 504})
 #: Sample ids one ``answers:lookup`` request asks for (the whole shard is asked at once).
 ANSWER_LOOKUP_IDS = 5_000
+#: Seconds one attempt may wait for its answer (a large post is parsed and committed first).
+REQUEST_SECONDS = 60.0
 
 
 def _worth_waiting(exc: BaseException) -> bool:
@@ -81,7 +87,9 @@ class RemoteStore:
         self.client = httpx.Client(
             base_url=base_url,
             headers={"Authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(60.0, connect=10.0),
+            timeout=httpx.Timeout(
+                min(REQUEST_SECONDS, retry_seconds), connect=min(10.0, retry_seconds)
+            ),
             transport=transport,
         )
 
@@ -90,14 +98,26 @@ class RemoteStore:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One call, retried (0.25 s doubling to 10 s) while a retry can still start within
-        ``retry_seconds``; the last error is raised as it was."""
+        ``retry_seconds``. An error no wait can fix (401, 400, ...) is raised as it was; one
+        still worth waiting for at the end of the window as :class:`IngestUnreachable`."""
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(_worth_waiting),
             wait=tenacity.wait_exponential(multiplier=0.25, max=10.0),
             stop=tenacity.stop_before_delay(self.retry_seconds),
             reraise=True,
         )
-        return retrying(self._once, method, self.prefix + path, **kwargs)
+        started = time.monotonic()
+        try:
+            return retrying(self._once, method, self.prefix + path, **kwargs)
+        except (RemoteStoreError, httpx.TransportError) as exc:
+            if not _worth_waiting(exc):
+                raise
+            raise IngestUnreachable(
+                f"the ingest API did not take {method} {path}: gave up after "
+                f"{time.monotonic() - started:.0f} s of retries (the runner's retry window "
+                f"is {self.retry_seconds:g} s, EVALKUBE_INGEST_RETRY_SECONDS); last error: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def _once(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         response = self.client.request(method, url, **kwargs)
@@ -222,3 +242,8 @@ class RemoteStoreError(RuntimeError):
             detail = response.text[:300]
         super().__init__(f"ingest API answered HTTP {response.status_code}: {detail}")
         self.status = response.status_code
+
+
+class IngestUnreachable(RuntimeError):
+    """The ingest API did not take a call within the retry window (operator down, its store
+    down or full, a partition): the runner gives up so that its Job retries the unit."""

@@ -5,13 +5,15 @@ and stops at once on a refusal that waiting cannot fix (401)."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from evalkube.store.remote import RemoteStore, RemoteStoreError
+from evalkube.store.remote import IngestUnreachable, RemoteStore, RemoteStoreError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -90,8 +92,25 @@ def test_a_wrong_token_fails_at_once(ingest: ScriptedIngest) -> None:
 def test_waiting_ends_at_the_retry_deadline(ingest: ScriptedIngest) -> None:
     remote = store(ingest.url, retry_seconds=1.0)
     try:
-        with pytest.raises(RemoteStoreError, match="HTTP 404"):
+        with pytest.raises(IngestUnreachable, match=r"retry window is 1 s.*HTTP 404"):
             remote.mark_unit_done("qa.m.00000", {})
     finally:
         remote.close()
     assert 2 <= len(ingest.requests) < 10
+
+
+def test_a_server_that_never_answers_is_given_up_within_the_window() -> None:
+    """A partition that drops packets answers nothing: no attempt may wait past the window
+    (with the 60 s per-request timeout alone, one attempt held the unit for a minute)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts (the kernel does), never reads, never answers
+    remote = store(f"http://127.0.0.1:{silent.getsockname()[1]}", retry_seconds=2.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(IngestUnreachable, match="ReadTimeout"):
+            remote.mark_unit_done("qa.m.00000", {})
+    finally:
+        remote.close()
+        silent.close()
+    assert time.monotonic() - started < 6.0

@@ -228,6 +228,17 @@ def test_the_runner_holds_the_ingest_token_and_no_provider_secret() -> None:
     assert args[args.index("--worker") + 1] == f"unix:{manifests.WORKER_SOCKET}"
 
 
+def test_the_runner_gets_the_operators_ingest_retry_window() -> None:
+    """A runner gives up on the ingest API after the window the operator is set to (its Pod
+    then fails and the Job retries it): the default, and a shorter one."""
+    for window, flag in ((None, "300"), (30.0, "30"), (12.5, "12.5")):
+        settings = (
+            OperatorSettings() if window is None else OperatorSettings(ingest_retry_seconds=window)
+        )
+        args = container(job(settings=settings), "runner")["command"]
+        assert args[args.index("--ingest-retry-seconds") + 1] == flag
+
+
 def test_the_grader_has_no_env_no_secrets_no_token() -> None:
     j = job()
     grader = container(j, "grader")
