@@ -46,7 +46,11 @@ const (
 	// refusedHeader marks the gateway's own refusals, so a proxy tells them from a provider's
 	// 403 on a forwarded plain-HTTP request.
 	refusedHeader = "X-Evalkube-Egress"
-	grantUser     = "evalkube"
+	// sentHeader, on the 502 of a forwarded plain-HTTP call, says the call failed after it was
+	// sent to the destination (a dropped or reset connection, no answer in time): the provider
+	// may have read and billed it, so the proxy counts the attempt.
+	sentHeader = "X-Evalkube-Egress-Sent"
+	grantUser  = "evalkube"
 )
 
 // GatewayOptions are the gateway's flags.
@@ -149,10 +153,22 @@ func NewGateway(keyFile string, dialTimeout, idleTimeout time.Duration, metrics 
 				return
 			}
 			g.Metrics.requests.WithLabelValues("http", "upstream_error").Inc()
-			g.refuse(w, http.StatusBadGateway, "the destination could not be reached")
+			if dialFailure(err) {
+				g.refuse(w, http.StatusBadGateway, "the destination could not be reached")
+				return
+			}
+			w.Header().Set(sentHeader, "1")
+			g.refuse(w, http.StatusBadGateway, "the destination failed after the request was sent")
 		},
 	}
 	return g
+}
+
+// dialFailure: err came before anything was sent to the destination (connecting failed).
+func dialFailure(err error) bool {
+	var opError *net.OpError
+	var dnsError *net.DNSError
+	return (errors.As(err, &opError) && opError.Op == "dial") || errors.As(err, &dnsError)
 }
 
 func (g *Gateway) refuse(w http.ResponseWriter, status int, message string) {

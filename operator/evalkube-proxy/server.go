@@ -21,6 +21,9 @@ const (
 	executionHeader    = "X-Evalkube-Execution"
 	purposeHeader      = "X-Evalkube-Purpose"
 	controlTokenHeader = "X-Evalkube-Control-Token"
+	// requestsHeader: on a control listener's model answer, the call's requests that may have
+	// reached the provider (the runner counts the extra ones as the call's retries).
+	requestsHeader = "X-Evalkube-Upstream-Requests"
 	// executionIDChars is the longest execution id accepted (the runner uses sample ids).
 	executionIDChars = 256
 	// requestBodyBytes is the largest request body accepted from a client.
@@ -170,7 +173,9 @@ func (a *Apps) controlCall(kind Kind) http.HandlerFunc {
 		if !ok {
 			return
 		}
-		status, body := a.Service.ModelCall(kind, raw, executionID, purpose, false)
+		status, body, requests := a.Service.ForwardCall(kind, raw, executionID, purpose, false)
+		// the runner's own calls: it counts their retries itself
+		w.Header().Set(requestsHeader, strconv.Itoa(requests))
 		writeJSON(w, status, body)
 	}
 }

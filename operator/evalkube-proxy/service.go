@@ -113,28 +113,35 @@ func errorBody(kind, message string, extra ...string) []byte {
 // ModelCall forwards one model call. budgeted calls (graders') are charged to the execution
 // and the unit; the runner's calls (control listener) are not.
 func (s *Service) ModelCall(kind Kind, raw []byte, executionID, purpose string, budgeted bool) (int, []byte) {
+	status, body, _ := s.ForwardCall(kind, raw, executionID, purpose, budgeted)
+	return status, body
+}
+
+// ForwardCall is ModelCall with the call's requests that may have reached the provider (0
+// when none was sent), which the control listener tells the runner.
+func (s *Service) ForwardCall(kind Kind, raw []byte, executionID, purpose string, budgeted bool) (int, []byte, int) {
 	if purpose == "" {
 		purpose = kind.defaultPurpose()
 	}
 	body, answer := decodeRequest(raw)
 	if answer != nil {
-		return 400, answer
+		return 400, answer, 0
 	}
 	model, err := modelField(body["model"])
 	if err != nil {
-		return 400, errorBody("invalid_request", err.Error())
+		return 400, errorBody("invalid_request", err.Error()), 0
 	}
 	provider, bare, err := s.ResolveModel(kind, model)
 	if err != nil {
-		return 400, errorBody("invalid_request", err.Error())
+		return 400, errorBody("invalid_request", err.Error()), 0
 	}
 	if provider == localProvider {
 		if kind != Embeddings {
-			return 400, errorBody("invalid_request", "the local provider serves embeddings only")
+			return 400, errorBody("invalid_request", "the local provider serves embeddings only"), 0
 		}
 		return 400, errorBody("invalid_request",
 			"the local provider (on-machine embeddings) is served by the Python proxy only; "+
-				"run the sidecar with `evalkube proxy --engine python`")
+				"run the sidecar with `evalkube proxy --engine python`"), 0
 	}
 	quoted, _ := json.Marshal(bare)
 	body["model"] = quoted
@@ -145,7 +152,7 @@ func (s *Service) ModelCall(kind Kind, raw []byte, executionID, purpose string, 
 	}
 	payload, err := encodeRequest(body)
 	if err != nil {
-		return 400, errorBody("invalid_request", "the request body could not be re-encoded")
+		return 400, errorBody("invalid_request", "the request body could not be re-encoded"), 0
 	}
 	path := kind.path()
 	if kind == Responses {
@@ -153,7 +160,7 @@ func (s *Service) ModelCall(kind Kind, raw []byte, executionID, purpose string, 
 		// cannot take is refused like any other bad request.
 		var failure *UpstreamError
 		if path, payload, failure = s.Upstream.ResponsesCall(provider, payload); failure != nil {
-			return 400, errorBody("invalid_request", failure.Message, "provider", provider)
+			return 400, errorBody("invalid_request", failure.Message, "provider", provider), 0
 		}
 	}
 	if budgeted {
@@ -161,10 +168,10 @@ func (s *Service) ModelCall(kind Kind, raw []byte, executionID, purpose string, 
 			s.Metrics.Rejected(exhausted.Scope)
 			if exhausted.Scope == "unknown_execution" {
 				s.Metrics.Call(purpose, provider, "unknown_execution", -1)
-				return 403, errorBody("unknown_execution", exhausted.Message)
+				return 403, errorBody("unknown_execution", exhausted.Message), 0
 			}
 			s.Metrics.Call(purpose, provider, "budget_exhausted", -1)
-			return 429, errorBody("budget_exhausted", exhausted.Message, "scope", exhausted.Scope)
+			return 429, errorBody("budget_exhausted", exhausted.Message, "scope", exhausted.Scope), 0
 		}
 	}
 	started := time.Now()
@@ -175,9 +182,9 @@ func (s *Service) ModelCall(kind Kind, raw []byte, executionID, purpose string, 
 		log.Printf("WARNING model call failed: %s (execution %s, purpose %s)", failure.Message, executionID, purpose)
 		s.Metrics.Call(purpose, provider, "error", seconds)
 		if executionID != "" {
-			s.Usage.Record(executionID, purpose, seconds*1000, "", nil, false)
+			s.Usage.Record(executionID, purpose, seconds*1000, "", nil, false, failure.Requests)
 		}
-		return status, errorBody(errorKind, failure.Message, "provider", provider)
+		return status, errorBody(errorKind, failure.Message, "provider", provider), failure.Requests
 	}
 	tokens := parsed.Usage.Counts()
 	responseID := ""
@@ -189,9 +196,9 @@ func (s *Service) ModelCall(kind Kind, raw []byte, executionID, purpose string, 
 		s.Metrics.AddTokens(purpose, tokens)
 	}
 	if executionID != "" {
-		s.Usage.Record(executionID, purpose, seconds*1000, responseID, tokens, true)
+		s.Usage.Record(executionID, purpose, seconds*1000, responseID, tokens, true, parsed.Requests)
 	}
-	return 200, reply
+	return 200, reply, parsed.Requests
 }
 
 // decodeRequest parses a client's body into its top-level fields (an empty body is {}).

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"regexp"
@@ -18,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -38,12 +40,16 @@ const (
 
 // UpstreamError is a failed model call; Message is safe to show (never a credential).
 // Kind: credentials, http, timeout, unreachable, invalid_response, configuration,
-// no_credentials. Status is the provider's HTTP status when it answered, else 0.
+// no_credentials. Status is the provider's HTTP status when it answered, else 0. Requests
+// counts the call's attempts that may have reached the provider (as Answer.Requests).
 type UpstreamError struct {
 	Message  string
 	Status   int
 	Provider string
 	Kind     string
+	Requests int
+	// reached: this attempt may have reached the provider (its request was written).
+	reached bool
 }
 
 func (e *UpstreamError) Error() string { return e.Message }
@@ -201,10 +207,14 @@ func (u *Upstream) ProviderNames() []string {
 	return names
 }
 
-// Answer is what the proxy reads of a provider's answer: its id and token usage.
+// Answer is what the proxy reads of a provider's answer: its id and token usage. Requests
+// is how many of the call's attempts may have reached the provider, this answer's included:
+// each may be billed (a timed-out or dropped attempt may have been answered, a 429 or 5xx
+// was at least received), so Requests-1 is counted as the call's retries, never hidden.
 type Answer struct {
-	ID    json.RawMessage `json:"id"`
-	Usage Usage           `json:"usage"`
+	ID       json.RawMessage `json:"id"`
+	Usage    Usage           `json:"usage"`
+	Requests int             `json:"-"`
 }
 
 // ResponsesCall is the path and payload of a Responses request for the provider: as is, or
@@ -239,6 +249,7 @@ func (u *Upstream) PostCall(providerName, path string, payload []byte) ([]byte, 
 			Status:   200,
 			Provider: providerName,
 			Kind:     "invalid_response",
+			Requests: answer.Requests,
 		}
 	}
 	chat, err := decodeObject(raw)
@@ -253,10 +264,13 @@ func (u *Upstream) PostCall(providerName, path string, payload []byte) ([]byte, 
 	if err != nil {
 		return invalid("with an answer that could not be re-encoded")
 	}
+	requests := answer.Requests
 	answer = Answer{}
 	if err := json.Unmarshal(out, &answer); err != nil {
+		answer.Requests = requests
 		return invalid("with an answer that could not be re-encoded")
 	}
+	answer.Requests = requests
 	return out, answer, nil
 }
 
@@ -276,14 +290,20 @@ func (u *Upstream) Post(providerName, path string, payload []byte) ([]byte, Answ
 		}
 	}
 	target := provider.BaseURL + path
+	requests := 0
 	for attempt := 0; ; attempt++ {
 		raw, retryAfter, failure := u.attempt(provider, target, payload)
 		if failure == nil {
+			requests++
 			var answer Answer
 			if failure = decodeAnswer(raw, &answer, provider.Name); failure == nil {
+				answer.Requests = requests
 				return raw, answer, nil
 			}
+		} else if failure.reached {
+			requests++
 		}
+		failure.Requests = requests
 		if failure.Kind == "credentials" || failure.Kind == "no_credentials" || failure.Kind == "invalid_response" ||
 			(failure.Kind == "http" && failure.Status != 429 && failure.Status < 500) {
 			return nil, Answer{}, failure
@@ -335,6 +355,12 @@ func (u *Upstream) attempt(provider *Provider, target string, payload []byte) ([
 	if key != "" {
 		request.Header.Set("Authorization", "Bearer "+key)
 	}
+	// Once the request is written the provider may read, answer and bill it, whatever
+	// happens to the connection afterwards; before (dialing, the egress tunnel) it cannot.
+	var wrote atomic.Bool
+	request = request.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteHeaders: func() { wrote.Store(true) },
+	}))
 	response, err := u.client.Do(request)
 	var raw []byte
 	if err == nil {
@@ -347,12 +373,14 @@ func (u *Upstream) attempt(provider *Provider, target string, payload []byte) ([
 				Message:  fmt.Sprintf("provider %s timed out after %s s", provider.Name, formatSeconds(provider.Timeout)),
 				Provider: provider.Name,
 				Kind:     "timeout",
+				reached:  wrote.Load(),
 			}
 		}
 		return nil, -1, &UpstreamError{
 			Message:  fmt.Sprintf("provider %s is unreachable at %s: %s", provider.Name, origin(provider.BaseURL), transportReason(err)),
 			Provider: provider.Name,
 			Kind:     "unreachable",
+			reached:  wrote.Load(),
 		}
 	}
 	status := response.StatusCode
@@ -361,6 +389,8 @@ func (u *Upstream) attempt(provider *Provider, target string, payload []byte) ([
 			Message:  fmt.Sprintf("provider %s is unreachable at %s: connection failed (%s)", provider.Name, origin(provider.BaseURL), refusal),
 			Provider: provider.Name,
 			Kind:     "unreachable",
+			// the gateway had sent it on when the provider failed: it may be billed
+			reached: response.Header.Get(sentHeader) != "",
 		}
 	}
 	if status < 400 {
@@ -376,6 +406,7 @@ func (u *Upstream) attempt(provider *Provider, target string, payload []byte) ([
 			Status:   status,
 			Provider: provider.Name,
 			Kind:     "credentials",
+			reached:  true,
 		}
 	}
 	reason := strings.TrimSpace(strings.TrimPrefix(response.Status, strconv.Itoa(status)))
@@ -385,6 +416,7 @@ func (u *Upstream) attempt(provider *Provider, target string, payload []byte) ([
 		Status:   status,
 		Provider: provider.Name,
 		Kind:     "http",
+		reached:  true,
 	}
 }
 

@@ -119,3 +119,37 @@ func TestInvalidAnswersAreNotRetried(t *testing.T) {
 		t.Fatalf("message %q", failure.Message)
 	}
 }
+
+// Every attempt the provider received is counted (it may be billed), one that never left is not.
+func TestRequestsCountWhatReachedTheProvider(t *testing.T) {
+	calls := 0
+	server := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		switch calls {
+		case 1:
+			w.WriteHeader(503)
+		case 2: // read, then the connection dropped unanswered
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
+		default:
+			w.Write([]byte(`{"id": "resp_3"}`))
+		}
+	}))
+	defer server.Close()
+	upstream := NewUpstream(Config{MaxConnections: 4, Retries: 3, BackoffBase: 0.01, BackoffMax: 1, Providers: map[string]ProviderConfig{
+		"p": {BaseURL: server.URL, Timeout: 5},
+	}})
+	_, answer, failure := upstream.Post("p", "/responses", []byte(`{}`))
+	if failure != nil || answer.Requests != 3 || calls != 3 {
+		t.Fatalf("failure %v, requests %d, calls %d", failure, answer.Requests, calls)
+	}
+	address := server.Listener.Addr().String()
+	server.Close() // nothing listens there any more
+	closed := NewUpstream(Config{MaxConnections: 4, Retries: 2, BackoffBase: 0.01, BackoffMax: 1, Providers: map[string]ProviderConfig{
+		"p": {BaseURL: "http://" + address, Timeout: 5},
+	}})
+	_, _, failure = closed.Post("p", "/responses", []byte(`{}`))
+	if failure == nil || failure.Kind != "unreachable" || failure.Requests != 0 {
+		t.Fatalf("failure %+v", failure)
+	}
+}

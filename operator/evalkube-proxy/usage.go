@@ -20,6 +20,9 @@ type ExecutionUsage struct {
 	Usage       map[string]int64 `json:"usage"`
 	LatencyMS   []float64        `json:"latency_ms"`
 	ByPurpose   map[string]int   `json:"by_purpose"`
+	// Retries are requests sent again for these calls that may have reached the provider
+	// (after a 429, a 5xx, a timeout or a dropped connection): each may be billed.
+	Retries int `json:"retries"`
 }
 
 // UsageLedger keeps usage by execution id until the runner takes it.
@@ -32,8 +35,9 @@ func NewUsageLedger() *UsageLedger {
 	return &UsageLedger{executions: make(map[string]*ExecutionUsage)}
 }
 
-// Record adds one call of executionID.
-func (l *UsageLedger) Record(executionID, purpose string, latencyMS float64, responseID string, tokens []tokenCount, ok bool) {
+// Record adds one call of executionID; requests: its attempts that may have reached the
+// provider.
+func (l *UsageLedger) Record(executionID, purpose string, latencyMS float64, responseID string, tokens []tokenCount, ok bool, requests int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	entry := l.executions[executionID]
@@ -47,6 +51,9 @@ func (l *UsageLedger) Record(executionID, purpose string, latencyMS float64, res
 		l.executions[executionID] = entry
 	}
 	entry.Calls++
+	if requests > 1 {
+		entry.Retries += requests - 1
+	}
 	if !ok {
 		entry.Errors++
 	}

@@ -22,6 +22,7 @@ from evalkube.grading import parse_output_json
 from evalkube.models import EvalRunSpec, GenerationSpec, OutputsSpec, TaskSpec
 from evalkube.models.errors import ConfigError
 from evalkube.proxy import Provider, Upstream, UpstreamError, response_output_text, split_model
+from evalkube.proxy.upstream import REQUESTS_HEADER
 from evalkube.sources import read_pinned
 
 
@@ -249,14 +250,15 @@ class GeneratedSource:
                         return Candidate(error=f"model bridge unreachable: {exc}")
                     ms = (time.perf_counter() - started) * 1000
                 data = response.json() if response.content else {}
+                requests = _int(response.headers.get(REQUESTS_HEADER), 1)
                 if response.status_code >= 400:
                     error = data.get("error") if isinstance(data, dict) else None
                     message = error.get("message") if isinstance(error, dict) else None
                     return Candidate(
                         error=message or f"model bridge answered HTTP {response.status_code}",
-                        model_calls={"candidate": 1},
+                        model_calls=_calls(requests),
                     )
-                return _from_response(data, ms, structured=self.structured)
+                return _from_response(data, ms, structured=self.structured, requests=requests)
 
             return await _gather(one, prompts, on_answer, self.spec.generation.concurrency)
 
@@ -274,11 +276,14 @@ class GeneratedSource:
                 async with semaphore:
                     started = time.perf_counter()
                     try:
-                        response = await upstream.responses_create(self.provider, body)
+                        path, payload = upstream.responses_call(self.provider, body)
+                        reply = await upstream.post_call(self.provider, path, payload)
                     except UpstreamError as exc:
-                        return Candidate(error=str(exc), model_calls={"candidate": 1})
+                        return Candidate(error=str(exc), model_calls=_calls(exc.requests))
                     ms = (time.perf_counter() - started) * 1000
-                return _from_response(response, ms, structured=self.structured)
+                return _from_response(
+                    reply.data, ms, structured=self.structured, requests=reply.requests
+                )
 
             return await _gather(one, prompts, on_answer, self.spec.generation.concurrency)
 
@@ -399,12 +404,31 @@ def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     return dict(tool)
 
 
-def _from_response(response: Any, ms: float, *, structured: bool = False) -> Candidate:
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def _calls(requests: int) -> dict[str, Any]:
+    """What one candidate call cost: the call, and the requests it sent again that may have
+    reached the provider (each may be billed: docs/proxy.md, "Resilience")."""
+    calls: dict[str, Any] = {"candidate": 1}
+    if requests > 1:
+        calls["retries"] = requests - 1
+    return calls
+
+
+def _from_response(
+    response: Any, ms: float, *, structured: bool = False, requests: int = 1
+) -> Candidate:
     """A candidate from a Responses API object (its text, tool calls, id and the call it
-    cost); ``structured``: the run asked for JSON, so ``output_json`` is its parse."""
+    cost, ``requests`` the provider may have received for it); ``structured``: the run asked
+    for JSON, so ``output_json`` is its parse."""
     if not isinstance(response, dict):
         return Candidate(
-            error="the provider answered with a non-object", model_calls={"candidate": 1}
+            error="the provider answered with a non-object", model_calls=_calls(requests)
         )
     response_id = response.get("id") if isinstance(response.get("id"), str) else None
     text = response_output_text(response)
@@ -417,7 +441,7 @@ def _from_response(response: Any, ms: float, *, structured: bool = False) -> Can
         output_tools=tools,
         response_id=response_id,
         ms=round(ms, 3),
-        model_calls={"candidate": 1, "response_ids": [response_id] if response_id else []},
+        model_calls={**_calls(requests), "response_ids": [response_id] if response_id else []},
         sample_extra=extra,
     )
 

@@ -272,6 +272,9 @@ class _Buffer:
         merged = dict(record.model_calls)
         for purpose, count in (calls.get("by_purpose") or {}).items():
             merged[purpose] = merged.get(purpose, 0) + int(count)
+        retries = int(calls.get("retries") or 0)  # sent again, maybe billed: counted
+        if retries:
+            merged["retries"] = merged.get("retries", 0) + retries
         ids = list(merged.get("response_ids", [])) + list(calls.get("response_ids") or [])
         if ids:
             merged["response_ids"] = ids
@@ -905,6 +908,8 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         if ctx.bridge is not None:
             usage = ctx.bridge.take_usage([token]).get(token) or {}
             batch_calls = {k: int(v) for k, v in (usage.get("by_purpose") or {}).items()}
+            if usage.get("retries"):
+                batch_calls["retries"] = int(usage["retries"])
         report.restarts = sandbox.restarts
         sandbox.close()
     metric_id = grader_spec.metric_id

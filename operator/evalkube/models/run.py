@@ -320,7 +320,8 @@ class TaskModelResult(SpecModel):
     criteria: dict[str, CriterionCounts] = Field(default_factory=dict)
     """Passed and failed samples per criterion that sets ``passThreshold``."""
     model_calls: dict[str, int] = Field(default_factory=dict)
-    """Model calls by purpose (candidate, judge, embedding)."""
+    """Model calls by purpose (candidate, judge, embedding), and ``retries``: requests sent
+    again that may have reached the provider (each may be billed)."""
     error: str | None = None
     """Why the task's batch grading failed, when it did."""
 

@@ -24,6 +24,7 @@ from yarl import URL
 __all__ = [
     "GRANT_USER",
     "REFUSED_HEADER",
+    "SENT_HEADER",
     "EgressGateway",
     "EgressUnavailable",
     "check_gateway_url",
@@ -35,6 +36,9 @@ GRANT_USER = "evalkube"
 #: Header the gateway puts on its own refusals of forwarded plain-HTTP calls, so they are not
 #: mistaken for a provider's 403.
 REFUSED_HEADER = "X-Evalkube-Egress"
+#: On the gateway's 502 for a forwarded call: the call failed after it was sent to the
+#: destination, so the provider may have read and billed it.
+SENT_HEADER = "X-Evalkube-Egress-Sent"
 
 
 class EgressUnavailable(RuntimeError):

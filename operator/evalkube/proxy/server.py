@@ -56,7 +56,7 @@ from evalkube.proxy.budgets import BudgetExhausted, Budgets, UnknownExecution
 from evalkube.proxy.local_embeddings import LOCAL_PROVIDER, LocalEmbeddings, LocalModelError
 from evalkube.proxy.metrics import PURPOSES, ProxyMetrics
 from evalkube.proxy.settings import ProxySettings
-from evalkube.proxy.upstream import Provider, Upstream, UpstreamError
+from evalkube.proxy.upstream import REQUESTS_HEADER, Provider, Upstream, UpstreamError
 from evalkube.proxy.usage import UsageLedger, token_usage
 
 log = logging.getLogger("evalkube.proxy")
@@ -84,6 +84,8 @@ def error_body(kind: str, message: str, **extra: Any) -> bytes:
 class Answer:
     status: int
     body: bytes
+    requests: int = 0
+    """The call's requests that may have reached the provider (0: none was sent)."""
 
 
 class CallRecorder(Protocol):
@@ -219,10 +221,10 @@ class ProxyService:
         try:
             if provider == LOCAL_PROVIDER:
                 data = await self._local(model, body)
-                out = json.dumps(data).encode()
+                out, requests = json.dumps(data).encode(), 0
             else:
                 reply = await self.upstream.post_call(provider, path, payload)
-                data, out = reply.data, reply.raw
+                data, out, requests = reply.data, reply.raw, reply.requests
         except (UpstreamError, LocalModelError) as exc:
             seconds = time.perf_counter() - started
             status, error_kind = _error_status(exc)
@@ -230,9 +232,12 @@ class ProxyService:
                 "model call failed: %s (execution %s, purpose %s)", exc, execution_id, purpose
             )
             self.metrics.call(purpose, provider, "error", seconds)
+            requests = exc.requests if isinstance(exc, UpstreamError) else 0
             if execution_id is not None:
-                self.usage.record(execution_id, purpose, latency_ms=seconds * 1000, ok=False)
-            return Answer(status, error_body(error_kind, str(exc), provider=provider))
+                self.usage.record(
+                    execution_id, purpose, latency_ms=seconds * 1000, ok=False, requests=requests
+                )
+            return Answer(status, error_body(error_kind, str(exc), provider=provider), requests)
         seconds = time.perf_counter() - started
         tokens = token_usage(data)
         response_id = data.get("id") if kind == "responses" else None
@@ -248,8 +253,9 @@ class ProxyService:
                 latency_ms=seconds * 1000,
                 response_id=response_id if isinstance(response_id, str) else None,
                 tokens=tokens,
+                requests=requests,
             )
-        return Answer(200, out)
+        return Answer(200, out, requests)
 
     def _replayed(self, kind: Kind, execution_id: str, purpose: str, answer: bytes) -> Answer:
         """A kept answer, counted on its execution like the call it answered."""
@@ -370,7 +376,10 @@ class ProxyApps:
             answer = await service.model_call(
                 kind, await request.read(), execution_id, purpose, budgeted=budgeted
             )
-            return _json(answer.status, answer.body)
+            response = _json(answer.status, answer.body)
+            if not budgeted:  # the runner's own calls: it counts their retries itself
+                response.headers[REQUESTS_HEADER] = str(answer.requests)
+            return response
 
         return handle
 

@@ -34,7 +34,7 @@ from yarl import URL
 from evalkube import limits
 from evalkube._net import bearer_token
 from evalkube.proxy.chat import CHAT_PATH, ChatTranslationError, chat_request, responses_answer
-from evalkube.proxy.egress import EgressGateway, EgressUnavailable, refusal
+from evalkube.proxy.egress import SENT_HEADER, EgressGateway, EgressUnavailable, refusal
 
 #: Shapes of API keys scrubbed from any provider text even when they are not the
 #: configured key (a provider echoing some other credential it saw).
@@ -46,6 +46,9 @@ CHAT_COMPLETIONS_API = "chat_completions"
 RESPONSES_PATH = "/responses"
 #: Connections one :class:`Upstream` keeps open at most (all of them may go to one host).
 MAX_CONNECTIONS = 128
+#: On a control listener's model answer: the call's requests that may have reached the
+#: provider (the runner counts the extra ones as the candidate call's ``retries``).
+REQUESTS_HEADER = "X-Evalkube-Upstream-Requests"
 
 
 class UpstreamError(RuntimeError):
@@ -54,7 +57,8 @@ class UpstreamError(RuntimeError):
     ``status`` is the provider's HTTP status when it answered; ``kind`` says what failed:
     ``credentials``, ``http``, ``timeout``, ``unreachable``, ``invalid_response``,
     ``configuration`` or ``no_credentials``; ``retry_after`` is the seconds the provider asked
-    to wait before trying again (its ``Retry-After``), if it did.
+    to wait before trying again (its ``Retry-After``), if it did. ``requests``: how many of
+    the call's attempts may have reached the provider (:class:`UpstreamReply`).
     """
 
     def __init__(
@@ -65,12 +69,17 @@ class UpstreamError(RuntimeError):
         provider: str | None = None,
         kind: str = "http",
         retry_after: float | None = None,
+        reached: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.provider = provider
         self.kind = kind
         self.retry_after = retry_after
+        #: This attempt may have reached the provider (it answered, or the connection broke
+        #: or timed out after it was made), so it may be billed.
+        self.reached = reached
+        self.requests = 1 if reached else 0
 
 
 @dataclass
@@ -182,11 +191,18 @@ def retry_after_seconds(value: str | None, now: Callable[[], float] = time.time)
 @dataclass(frozen=True, slots=True)
 class UpstreamReply:
     """A successful provider answer: the raw JSON bytes (passed on unchanged by the proxy)
-    and the decoded object (for ids and token usage)."""
+    and the decoded object (for ids and token usage).
+
+    ``requests``: the attempts that may have reached the provider, this answer's included.
+    Each one may be billed (a timed-out or dropped attempt may have been answered, a 429 or
+    5xx was at least received), so they are counted, never hidden behind the one call:
+    ``requests - 1`` becomes the call's ``retries`` in the audit and the run's status.
+    """
 
     raw: bytes
     data: dict[str, Any]
     attempts: int
+    requests: int = 1
 
 
 class Upstream:
@@ -284,13 +300,15 @@ class Upstream:
         try:
             data = responses_answer(reply.data)
         except ChatTranslationError as exc:
-            raise UpstreamError(
+            failure = UpstreamError(
                 f"provider {provider_name} answered {exc}",
                 status=200,
                 provider=provider_name,
                 kind="invalid_response",
-            ) from None
-        return UpstreamReply(json.dumps(data).encode("utf-8"), data, reply.attempts)
+            )
+            failure.requests = reply.requests
+            raise failure from None
+        return UpstreamReply(json.dumps(data).encode("utf-8"), data, reply.attempts, reply.requests)
 
     async def responses_create(self, provider_name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """A Responses API call whatever API the provider speaks; the Responses object."""
@@ -317,10 +335,13 @@ class Upstream:
         if url is None:
             url = self._urls[(provider_name, path)] = URL(provider.base_url.rstrip("/") + path)
         attempt = 1
+        requests = 0
         while True:
             try:
                 raw, data = await self._send(provider_name, provider, url, payload)
             except UpstreamError as failure:
+                requests += failure.reached
+                failure.requests = requests
                 if not _transient(failure):
                     raise
                 if attempt > self.retries:
@@ -333,7 +354,7 @@ class Upstream:
                 await asyncio.sleep(self._wait(failure, attempt))
                 attempt += 1
             else:
-                return UpstreamReply(raw, data, attempt)
+                return UpstreamReply(raw, data, attempt, requests + 1)
 
     def _wait(self, failure: UpstreamError, attempt: int) -> float:
         """Seconds before the attempt after ``attempt``: the provider's ``Retry-After`` when
@@ -373,18 +394,25 @@ class Upstream:
                 retry_after = response.headers.get("Retry-After")
                 reason = response.reason or ""
                 refused = refusal(response.headers, status, reason)
+                forwarded = bool(response.headers.get(SENT_HEADER))
         except EgressUnavailable as exc:
             raise _unreachable(name, provider.base_url, f"connection failed ({exc})") from None
-        except TimeoutError:
+        except TimeoutError as exc:
             raise UpstreamError(
                 f"provider {name} timed out after {provider.timeout:g} s",
                 provider=name,
                 kind="timeout",
+                # past connecting, the request may have been read and answered meanwhile
+                reached=not isinstance(exc, aiohttp.ConnectionTimeoutError),
             ) from None
         except aiohttp.ClientError as exc:
-            raise _unreachable(name, provider.base_url, _transport_reason(exc)) from None
-        if refused is not None:
-            raise _unreachable(name, provider.base_url, f"connection failed ({refused})")
+            raise _unreachable(
+                name, provider.base_url, _transport_reason(exc), reached=_reached(exc)
+            ) from None
+        if refused is not None:  # the gateway had sent it on when it failed: may be billed
+            raise _unreachable(
+                name, provider.base_url, f"connection failed ({refused})", reached=forwarded
+            )
         if status < 400:
             return raw, _decode(raw, name, status)
         if status in (401, 403):
@@ -394,6 +422,7 @@ class Upstream:
                 status=status,
                 provider=name,
                 kind="credentials",
+                reached=True,
             )
         message = scrub(_error_message(raw, reason), [bearer_token(headers) or ""])
         raise UpstreamError(
@@ -401,6 +430,7 @@ class Upstream:
             status=status,
             provider=name,
             retry_after=retry_after_seconds(retry_after),
+            reached=True,
         )
 
 
@@ -410,6 +440,15 @@ def _transient(failure: UpstreamError) -> bool:
     if failure.kind in ("timeout", "unreachable"):
         return True
     return failure.kind == "http" and (failure.status == 429 or (failure.status or 0) >= 500)
+
+
+def _reached(exc: aiohttp.ClientError) -> bool:
+    """Whether a transport failure came after a connection was made (a dropped or reset
+    connection, a broken answer): the provider may have read the request and billed it.
+    Connecting, or the egress gateway refusing the tunnel, sends it nothing."""
+    return not isinstance(
+        exc, aiohttp.ClientConnectorError | aiohttp.ClientHttpProxyError | aiohttp.InvalidURL
+    )
 
 
 def _decode(raw: bytes, provider_name: str, status: int) -> dict[str, Any]:
@@ -423,17 +462,21 @@ def _decode(raw: bytes, provider_name: str, status: int) -> dict[str, Any]:
             status=status,
             provider=provider_name,
             kind="invalid_response",
+            reached=True,
         )
     return data
 
 
-def _unreachable(provider_name: str, base_url: str, reason: str) -> UpstreamError:
+def _unreachable(
+    provider_name: str, base_url: str, reason: str, *, reached: bool = False
+) -> UpstreamError:
     """A transport failure, a refusing egress gateway or an unreadable grant: unreachable,
     hence retried (a rotated grant or key may be mounted by the next attempt)."""
     return UpstreamError(
         f"provider {provider_name} is unreachable at {_origin(base_url)}: {reason}",
         provider=provider_name,
         kind="unreachable",
+        reached=reached,
     )
 
 

@@ -27,6 +27,10 @@ class ExecutionUsage:
     usage: dict[str, int] = field(default_factory=dict)
     latency_ms: list[float] = field(default_factory=list)
     by_purpose: dict[str, int] = field(default_factory=dict)
+    retries: int = 0
+    """Requests sent again for these calls that may have reached the provider (after a
+    429, a 5xx, a timeout or a dropped connection): each may be billed, so each is counted;
+    ``calls + retries`` is what the provider received, when every call reached it."""
 
 
 def token_usage(answer: Mapping[str, Any]) -> dict[str, int]:
@@ -56,9 +60,12 @@ class UsageLedger:
         response_id: str | None = None,
         tokens: Mapping[str, int] | None = None,
         ok: bool = True,
+        requests: int = 1,
     ) -> None:
+        """One call; ``requests``: its attempts that may have reached the provider."""
         entry = self._executions[execution_id]
         entry.calls += 1
+        entry.retries += max(requests - 1, 0)
         if not ok:
             entry.errors += 1
         entry.by_purpose[purpose] = entry.by_purpose.get(purpose, 0) + 1

@@ -105,6 +105,7 @@ def test_usage_ledger_takes_and_removes() -> None:
             "usage": {"input_tokens": 3, "prompt_tokens": 4},
             "latency_ms": [1.235, 2],
             "by_purpose": {"judge": 1, "embedding": 1},
+            "retries": 0,
         }
     }
     assert len(ledger) == 0

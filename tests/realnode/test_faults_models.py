@@ -1,0 +1,228 @@
+"""Model-call faults on the real node: the provider misbehaves (429 and 5xx storms, slow
+bodies, dropped connections) during a run whose candidates and LLM judge go through the
+work-unit pods' proxy sidecar, to the fake provider on a host outside the cluster
+(tests/realnode/fake_provider.py, switched over HTTP).
+
+Each fault's run is compared with a fault-free run of the same suite: the run succeeds with
+its reason, every sample is stored exactly once with the same scores, the calls the provider
+received (its bill) are exactly what the run's status counts (one per call plus its
+``retries``), no answer the proxy received was asked for again, and nothing of the run is
+left once it is deleted.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalkube.controller import names
+from tests.cluster.realnode import RealNode
+from tests.realnode.support import (
+    OUTSIDE_IP,
+    eval_run,
+    outside_host,
+    provider_calls,
+    stored_samples,
+    wait_finished,
+)
+
+pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
+
+PORT = 8444
+KEY = "sk-realnode-faults-0123456789"
+ROWS = [{"q": "alpha"}, {"q": "beta"}, {"q": "gamma"}]
+#: Every call's first ``times`` requests misbehave: each call costs the provider 1 + times.
+FAULTS: dict[str, dict[str, Any]] = {
+    "storm429": {"times": 2, "retry_after": 1},
+    "storm5xx": {"times": 2, "status": 503},
+    "slow": {"times": 1, "delay": 12},  # past the provider's timeoutSeconds
+    "drop": {"times": 2},
+}
+TIMEOUT_SECONDS = 4
+JUDGE = """
+import json
+
+def grade(sample, item, ctx):
+    response = ctx.responses_create(
+        model="auto",
+        input=f"Reference: {item['target']}\\nPrediction: {sample['output_text']}",
+    )
+    verdict = json.loads(response["output_text"])["verdict"]
+    return 1.0 if verdict == "correct" else 0.0
+"""
+
+
+@dataclass
+class Bench:
+    node: RealNode
+    namespace: str
+    netns: str
+    baseline: dict[str, Any]
+    """The fault-free run: its EvalRun and its stored samples (id -> scores)."""
+
+
+def set_mode(netns: str, mode: str, **options: Any) -> None:
+    """Switch the fake provider's misbehaviour (and forget what it received)."""
+    body = json.dumps({"mode": mode, "clear_calls": True, **options})
+    subprocess.run(
+        ["nsenter", f"--net=/run/netns/{netns}", sys.executable, "-c",
+         "import sys, urllib.request; urllib.request.urlopen(urllib.request.Request("
+         f"'http://{OUTSIDE_IP}:{PORT}/_mode', data=sys.argv[1].encode(), method='POST'))",
+         body],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+
+
+def run_once(bench_node: RealNode, namespace: str, netns: str, name: str) -> dict[str, Any]:
+    """Run the judged suite as EvalRun ``name``; the finished run, its stored samples and
+    what the provider received meanwhile."""
+    providers = {
+        "fake": {
+            "baseURL": f"http://{OUTSIDE_IP}:{PORT}/v1",
+            "credentialsSecretRef": {"name": "provider", "key": "api-key"},
+            "timeoutSeconds": TIMEOUT_SECONDS,
+        }
+    }
+    bench_node.apply(
+        eval_run(
+            namespace, name, "judged",
+            models=["fake:cand"], judgeModel="fake:judge", providers=providers,
+        )
+    )  # fmt: skip
+    run = wait_finished(bench_node, namespace, name)
+    samples = stored_samples(bench_node, run)
+    return {
+        "run": run,
+        "ids": collections.Counter(row(s.sample_id) for s in samples),
+        "scores": {row(s.sample_id): s.scores for s in samples},
+        "calls": provider_calls(netns, PORT),
+    }
+
+
+def row(sample_id: str) -> str:
+    """A sample id without its run's part (``s_<run>_<row>``): the row, the same in every run."""
+    return sample_id.rsplit("_", 1)[-1]
+
+
+@pytest.fixture(scope="module")
+def bench(evalkube_on_node: RealNode) -> Iterator[Bench]:
+    node = evalkube_on_node
+    namespace = f"rn-models-{uuid.uuid4().hex[:6]}"
+    node.kubectl("create", "namespace", namespace)
+    script = str(Path(__file__).with_name("fake_provider.py"))
+    try:
+        with outside_host(node, [script, OUTSIDE_IP, str(PORT)]) as netns:
+            node.kubectl(
+                "create", "secret", "generic", "provider", "-n", namespace,
+                f"--from-literal=api-key={KEY}",
+            )  # fmt: skip
+            node.apply(suite_object(namespace))
+            baseline = run_once(node, namespace, netns, "fault-free")
+            yield Bench(node, namespace, netns, baseline)
+    finally:
+        node.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def suite_object(namespace: str) -> dict[str, Any]:
+    task = {
+        "id": "judged",
+        "dataset": {"rows": ROWS},
+        "prompt": "{{ item.q }}",
+        "target": "{{ item.q }}",
+        "grader": {
+            "type": "python",
+            "contract": "model_backed",
+            "source": JUDGE,
+            "metricId": "judge_score",
+            "maxModelCalls": 2,
+        },
+    }
+    return {
+        "apiVersion": "evalkube.io/v1alpha1",
+        "kind": "EvalSuite",
+        "metadata": {"name": "judged", "namespace": namespace},
+        "spec": {"tasks": [task]},
+    }
+
+
+def test_the_fault_free_run_pays_one_request_per_call(bench: Bench) -> None:
+    """The reference the faults are compared with, itself exact."""
+    status = bench.baseline["run"]["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
+    (result,) = status["results"]
+    assert result["counts"] == {"samples": 3, "valid": 3, "invalid": 0, "errored": 0}
+    assert result["metrics"]["judge_score"] == pytest.approx(2 / 3, abs=1e-6)
+    assert result["modelCalls"] == {"candidate": 3, "judge": 3}, result
+    assert len(bench.baseline["calls"]) == 6
+    assert set(bench.baseline["ids"].values()) == {1}
+
+
+# Every fault on each CI run: a fault's run takes 10-26 s on the shared node (the fault-free
+# run and the node itself are set up once), 66 s for all four.
+@pytest.mark.parametrize("mode", ["storm429", "storm5xx", "slow", "drop"])
+def test_provider_fault_loses_nothing_and_every_paid_request_is_counted(
+    bench: Bench, mode: str
+) -> None:
+    node, namespace = bench.node, bench.namespace
+    set_mode(bench.netns, mode, **FAULTS[mode])
+    try:
+        got = run_once(node, namespace, bench.netns, mode)
+    finally:
+        set_mode(bench.netns, "ok")
+    run, baseline = got["run"], bench.baseline
+    status = run["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
+    conditions = {c["type"]: c for c in status.get("conditions", [])}
+    assert conditions["Succeeded"]["status"] == "True", conditions
+    assert conditions["Succeeded"].get("reason"), conditions
+    # every sample stored exactly once, with the fault-free run's scores
+    assert got["ids"] == baseline["ids"]
+    assert set(got["ids"].values()) == {1}
+    assert got["scores"] == baseline["scores"]
+    (result,) = status["results"]
+    (reference,) = baseline["run"]["status"]["results"]
+    assert result["metrics"] == reference["metrics"]
+    assert result["counts"] == reference["counts"]
+    # the provider's bill, exactly: one request per call and each retry that reached it
+    calls = got["calls"]
+    per_call = 1 + FAULTS[mode]["times"]
+    model_calls = result["modelCalls"]
+    assert model_calls == {"candidate": 3, "judge": 3, "retries": 6 * (per_call - 1)}, model_calls
+    assert len(calls) == model_calls["candidate"] + model_calls["judge"] + model_calls["retries"]
+    assert {c["answer"] for c in calls} == {"ok", mode}
+    # no answer the proxy received was asked for again
+    answered = collections.Counter(c["request"] for c in calls if c["answer"] == "ok")
+    assert len(answered) == 6, answered
+    assert set(answered.values()) == {1}, answered
+    assert_nothing_left(node, namespace, mode, run["metadata"]["uid"])
+
+
+def assert_nothing_left(node: RealNode, namespace: str, name: str, uid: str) -> None:
+    """Delete the run; none of its Jobs, Pods, Secrets or ConfigMaps may remain."""
+    node.kubectl("delete", "evalrun", name, "-n", namespace, "--wait=true", timeout=120)
+
+    def left() -> list[str]:
+        found = []
+        for kind in ("jobs", "pods", "secrets", "configmaps"):
+            for item in node.kubectl_json("get", kind, "-n", namespace)["items"]:
+                meta = item["metadata"]
+                owned = any(o.get("uid") == uid for o in meta.get("ownerReferences", []))
+                labelled = meta.get("labels", {}).get(names.LABEL_RUN) == names.run_label(name)
+                if owned or labelled:
+                    found.append(f"{kind}/{meta['name']}")
+        return found
+
+    deadline = time.monotonic() + 120
+    while remaining := left():
+        assert time.monotonic() < deadline, f"left behind by the deleted run: {remaining}"
+        time.sleep(2)
