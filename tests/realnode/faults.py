@@ -92,28 +92,34 @@ SLOW_SUITE = Expected(
 BIG_FAST, BIG_SLOW = 5_000, 15
 
 
+def one_task_suite(namespace: str, name: str, task: dict[str, Any]) -> dict[str, Any]:
+    """An EvalSuite of one task, as the fault tests apply it."""
+    return {
+        "apiVersion": "evalkube.io/v1alpha1",
+        "kind": "EvalSuite",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"tasks": [task]},
+    }
+
+
+def exact_match_task(task_id: str, rows: list[dict[str, Any]], source: str) -> dict[str, Any]:
+    """A task grading the precomputed column ``out`` against ``a`` (prompt ``q``)."""
+    return {
+        "id": task_id,
+        "dataset": {"rows": rows},
+        "prompt": "{{ item.q }}",
+        "target": "{{ item.a }}",
+        "outputs": {"column": "out"},
+        "grader": {"type": "python", "source": source, "metricId": "exact_match"},
+    }
+
+
 def big_shard_suite(namespace: str) -> dict[str, Any]:
     rows = [
         {"q": str(i), "a": str(i), "out": "wrong" if i % 10 == 0 else str(i), "slow": i >= BIG_FAST}
         for i in range(BIG_FAST + BIG_SLOW)
     ]
-    return {
-        "apiVersion": "evalkube.io/v1alpha1",
-        "kind": "EvalSuite",
-        "metadata": {"name": "big", "namespace": namespace},
-        "spec": {
-            "tasks": [
-                {
-                    "id": "big",
-                    "dataset": {"rows": rows},
-                    "prompt": "{{ item.q }}",
-                    "target": "{{ item.a }}",
-                    "outputs": {"column": "out"},
-                    "grader": {"type": "python", "source": SLOW_EXACT, "metricId": "exact_match"},
-                }
-            ]
-        },
-    }
+    return one_task_suite(namespace, "big", exact_match_task("big", rows, SLOW_EXACT))
 
 
 _BIG_ROWS = BIG_FAST + BIG_SLOW

@@ -27,6 +27,7 @@ import pytest
 
 from evalkube.controller import names
 from tests.cluster.realnode import RealNode
+from tests.realnode.faults import one_task_suite
 from tests.realnode.support import (
     OUTSIDE_IP,
     eval_run,
@@ -147,12 +148,7 @@ def suite_object(namespace: str) -> dict[str, Any]:
             "maxModelCalls": 2,
         },
     }
-    return {
-        "apiVersion": "evalkube.io/v1alpha1",
-        "kind": "EvalSuite",
-        "metadata": {"name": "judged", "namespace": namespace},
-        "spec": {"tasks": [task]},
-    }
+    return one_task_suite(namespace, "judged", task)
 
 
 def test_the_fault_free_run_pays_one_request_per_call(bench: Bench) -> None:

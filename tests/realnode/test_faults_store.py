@@ -30,6 +30,7 @@ from evalkube.controller import names
 from evalkube.store import ResultStore
 from tests.cluster.ctrlplane import wait_for
 from tests.cluster.realnode import POD_CIDR, RealNode
+from tests.realnode.faults import exact_match_task, one_task_suite
 from tests.realnode.support import OPERATOR_NS, RELEASE, diagnose, eval_run, wait_finished
 from tests.support.postgres import find_bindir
 
@@ -71,23 +72,7 @@ def fault_suite(namespace: str) -> dict[str, Any]:
     for i in range(ROWS):
         noise = os.urandom(9000).hex()[:24000]
         rows.append({"q": f"{i}? {noise}", "a": str(i), "out": "wrong" if i % 3 == 0 else str(i)})
-    return {
-        "apiVersion": "evalkube.io/v1alpha1",
-        "kind": "EvalSuite",
-        "metadata": {"name": "faults", "namespace": namespace},
-        "spec": {
-            "tasks": [
-                {
-                    "id": "qa",
-                    "dataset": {"rows": rows},
-                    "prompt": "{{ item.q }}",
-                    "target": "{{ item.a }}",
-                    "outputs": {"column": "out"},
-                    "grader": {"type": "python", "source": GRADER, "metricId": "exact_match"},
-                }
-            ]
-        },
-    }
+    return one_task_suite(namespace, "faults", exact_match_task("qa", rows, GRADER))
 
 
 # --------------------------------------------------------------------------------------------
