@@ -231,8 +231,8 @@ def _receive_exactly(fd: int, pid: int, size: int) -> bytes:
             chunk = os.read(fd, min(size - got, 1 << 20))
             chunks.append(chunk)
             got += len(chunk)
-        elif has_exited(pid):
-            break
+        elif has_exited(pid) and not select.select([fd], [], [], 0)[0]:
+            break  # gone, and nothing it wrote before it exited is left to read
     return b"".join(chunks)
 
 
