@@ -10,7 +10,7 @@
 # The node also uses Debian's runc and CNI plugins (installed by .ci/realnode.sh).
 #
 # Binaries go to a cache OUTSIDE the work tree, keyed by a hash of those go.mod/go.sum files,
-# this script and the Go version, exactly like tests/cluster/build-tools.sh:
+# this script, build-cache.sh and the Go version, exactly like tests/cluster/build-tools.sh:
 #     ${EVALKUBE_NODE_CACHE:-$HOME/.cache/evalkube-realnode}/<key>/bin
 # The Go module and build caches stay at their defaults, shared with build-tools.sh (kubelet
 # reuses most of the control plane's compiled packages).
@@ -26,55 +26,21 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TOOLS=$HERE/tools
 MODE=${1:-build}
+SCRIPT=build-node.sh
 MODULES=(node-k8s containerd gvisor kube-router coredns)
 ALL=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr runsc containerd-shim-runsc-v1
      kube-router coredns)
+# shellcheck source=tests/cluster/build-cache.sh
+source "$HERE/build-cache.sh"
 
-if [[ -z ${GO:-} ]]; then
-  if command -v go >/dev/null 2>&1; then GO=$(command -v go)
-  elif [[ -x /usr/local/go/bin/go ]]; then GO=/usr/local/go/bin/go
-  else echo "build-node.sh: no Go toolchain found (set GO=/path/to/go)" >&2; exit 2; fi
-fi
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOWORK=off
-export GOFLAGS="-mod=readonly -trimpath -buildvcs=false"
-
-GOVER=$("$GO" env GOVERSION GOOS GOARCH | tr '\n' ' ')
+go_env
 KEY=$({ echo "$GOVER"
         for t in "${MODULES[@]}"; do cat "$TOOLS/$t/go.mod" "$TOOLS/$t/go.sum"; done
-        cat "$TOOLS/gvisor/PATCH.md" "${BASH_SOURCE[0]}" "$HERE/../../.ci/gvisor.sh"; } \
+        cat "$TOOLS/gvisor/PATCH.md" "${BASH_SOURCE[0]}" "$HERE/build-cache.sh" \
+            "$HERE/../../.ci/gvisor.sh"; } \
       | sha256sum | cut -c1-16)
-ROOT=${EVALKUBE_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/evalkube-realnode}
-DIR=$ROOT/$KEY
-BIN=$DIR/bin
-
-complete() { local b; for b in "${ALL[@]}"; do [[ -x $1/$b ]] || return 1; done; [[ -f $1/VERSIONS ]]; }
-
-case $MODE in
-  --key) echo "$KEY"; exit 0 ;;
-  --print-if-cached)
-    if complete "$BIN"; then echo "$BIN"; exit 0; fi
-    echo "build-node.sh: node binaries not built for key $KEY (expected in $BIN)" >&2
-    exit 1 ;;
-  build) ;;
-  *) echo "usage: $0 [--print-if-cached|--key]" >&2; exit 2 ;;
-esac
-
-if complete "$BIN"; then echo "$BIN"; exit 0; fi
-mkdir -p "$DIR"
-exec 9>"$DIR/lock"
-if ! flock -n 9; then
-  echo "build-node.sh: another build of $KEY is running; waiting for it ..." >&2
-  flock 9
-fi
-if complete "$BIN"; then echo "$BIN"; exit 0; fi
-
-PART=$DIR/bin.partial      # survives a failed run: finished tools are not rebuilt
-mkdir -p "$PART"
-P=${EVALKUBE_BUILD_P:-2}
-NICE=(nice -n "${EVALKUBE_BUILD_NICE:-10}")
-log() { echo "build-node.sh: $*" >&2; }
-modver() { (cd "$TOOLS/$1" && "$GO" list -m -f '{{.Version}}' "$2"); }
-need() { local b; for b in "$@"; do [[ -x $PART/$b ]] || return 0; done; return 1; }
+cache_open "$MODE" "$KEY" "${EVALKUBE_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/evalkube-realnode}" \
+  "node binaries"
 timed() {
   local name=$1 t0=$SECONDS; shift
   log "building $name (go build -p $P) ..."
@@ -132,16 +98,4 @@ fi
 { echo "key=$KEY"; echo "go=$GOVER"; echo "kubernetes=$K8S"; echo "containerd=$CTRD"
   echo "gvisor=$GV"; echo "kube-router=$KR"; echo "coredns=$CD"
   echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ) in $((SECONDS - T0))s"; } > "$PART/VERSIONS"
-rm -rf "$BIN" && mv "$PART" "$BIN"
-log "done in $((SECONDS - T0))s: $BIN"
-# Prune: keep the newest ${EVALKUBE_TOOLS_KEEP:-3} complete builds (~410 MB each), never one
-# whose build is running (its lock is held).
-n=0
-while IFS= read -r v; do
-  d=$(dirname "$(dirname "$v")")
-  n=$((n + 1))
-  ((n <= ${EVALKUBE_TOOLS_KEEP:-3})) && continue
-  [[ $d == "$DIR" ]] && continue
-  ( exec 8>"$d/lock" && flock -n 8 && rm -rf "$d" && log "pruned old build $d" ) || true
-done < <(ls -1t "$ROOT"/*/bin/VERSIONS 2>/dev/null)
-echo "$BIN"
+cache_close

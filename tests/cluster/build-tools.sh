@@ -4,7 +4,7 @@
 # etcd, helm (v3) and kwok -- each pinned by its own module under tests/cluster/tools/<tool>/.
 #
 # Binaries go to a cache OUTSIDE the work tree, keyed by a hash of the tools' go.mod/go.sum,
-# this script and the Go version:
+# this script, build-cache.sh (shared with build-node.sh) and the Go version:
 #     ${EVALKUBE_TOOLS_CACHE:-$HOME/.cache/evalkube-ctrlplane}/<key>/bin
 # so a second run (or a fresh clone on the same machine, e.g. CI) is instant. The Go module and
 # build caches stay at their defaults (outside the tree), so a rebuild on a warm machine is fast.
@@ -23,57 +23,17 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TOOLS=$HERE/tools
 MODE=${1:-build}
+SCRIPT=build-tools.sh
+ALL=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm kwok)
+# shellcheck source=tests/cluster/build-cache.sh
+source "$HERE/build-cache.sh"
 
-if [[ -z ${GO:-} ]]; then
-  if command -v go >/dev/null 2>&1; then GO=$(command -v go)
-  elif [[ -x /usr/local/go/bin/go ]]; then GO=/usr/local/go/bin/go
-  else echo "build-tools.sh: no Go toolchain found (set GO=/path/to/go)" >&2; exit 2; fi
-fi
-export GOTOOLCHAIN=local CGO_ENABLED=0
-# -mod=readonly: the committed go.sum files must be complete; a mismatch fails loudly instead of
-# rewriting files in the work tree.
-export GOFLAGS="-mod=readonly -trimpath -buildvcs=false"
-unset GOWORK || true
-export GOWORK=off
-
-GOVER=$("$GO" env GOVERSION GOOS GOARCH | tr '\n' ' ')
+go_env
 KEY=$({ echo "$GOVER"
         for t in k8s etcd helm kwok; do cat "$TOOLS/$t/go.mod" "$TOOLS/$t/go.sum"; done
-        cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
-ROOT=${EVALKUBE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/evalkube-ctrlplane}
-DIR=$ROOT/$KEY
-BIN=$DIR/bin
-ALL=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm kwok)
-
-complete() { local b; for b in "${ALL[@]}"; do [[ -x $1/$b ]] || return 1; done; [[ -f $1/VERSIONS ]]; }
-
-case $MODE in
-  --key) echo "$KEY"; exit 0 ;;
-  --print-if-cached)
-    if complete "$BIN"; then echo "$BIN"; exit 0; fi
-    echo "build-tools.sh: control-plane binaries not built for key $KEY (expected in $BIN)" >&2
-    exit 1 ;;
-  build) ;;
-  *) echo "usage: $0 [--print-if-cached|--key]" >&2; exit 2 ;;
-esac
-
-if complete "$BIN"; then echo "$BIN"; exit 0; fi
-
-mkdir -p "$DIR"
-# One builder per key at a time (a developer and CI on the same machine, or two shells).
-exec 9>"$DIR/lock"
-if ! flock -n 9; then
-  echo "build-tools.sh: another build of $KEY is running; waiting for it ..." >&2
-  flock 9
-fi
-if complete "$BIN"; then echo "$BIN"; exit 0; fi
-
-PART=$DIR/bin.partial      # survives a failed/interrupted run: finished tools are not rebuilt
-mkdir -p "$PART"
-P=${EVALKUBE_BUILD_P:-2}
-NICE=(nice -n "${EVALKUBE_BUILD_NICE:-10}")
-log() { echo "build-tools.sh: $*" >&2; }
-modver() { (cd "$TOOLS/$1" && "$GO" list -m -f '{{.Version}}' "$2"); }
+        cat "${BASH_SOURCE[0]}" "$HERE/build-cache.sh"; } | sha256sum | cut -c1-16)
+cache_open "$MODE" "$KEY" "${EVALKUBE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/evalkube-ctrlplane}" \
+  "control-plane binaries"
 modtime() { (cd "$TOOLS/$1" && "$GO" list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' "$2"); }
 timed() {  # timed NAME cmd...   -- runs cmd, logs wall time
   local name=$1 t0=$SECONDS; shift
@@ -91,7 +51,6 @@ gobuild() {  # gobuild TOOLDIR OUT_NAMES... -- go-build-args...
   local o; for o in "${outs[@]}"; do mv -f "$tmp/$o" "$PART/$o"; done
   rm -rf "$tmp"
 }
-need() { local b; for b in "$@"; do [[ -x $PART/$b ]] || return 0; done; return 1; }
 
 T0=$SECONDS
 # --- Kubernetes ---------------------------------------------------------------------------------
@@ -137,19 +96,4 @@ fi
 
 { echo "key=$KEY"; echo "go=$GOVER"; echo "kubernetes=$K8S"; echo "etcd=$ETCD"; echo "helm=$HELM"; echo "kwok=$KWOK"
   echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ) in $((SECONDS - T0))s"; } > "$PART/VERSIONS"
-rm -rf "$BIN" && mv "$PART" "$BIN"
-log "done in $((SECONDS - T0))s: $BIN"
-
-# Prune: keep the newest ${EVALKUBE_TOOLS_KEEP:-3} complete builds (~400 MB each); skip any key
-# whose build is running (its lock is held).
-keep=${EVALKUBE_TOOLS_KEEP:-3}
-n=0
-while IFS= read -r v; do
-  d=$(dirname "$(dirname "$v")")
-  n=$((n + 1))
-  ((n <= keep)) && continue
-  [[ $d == "$DIR" ]] && continue
-  ( exec 8>"$d/lock" && flock -n 8 && rm -rf "$d" \
-      && log "pruned old build $d" ) || true
-done < <(ls -1t "$ROOT"/*/bin/VERSIONS 2>/dev/null)
-echo "$BIN"
+cache_close

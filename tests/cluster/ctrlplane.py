@@ -38,8 +38,18 @@ import urllib.request
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from tests.cluster.kube import (
+    KubeClient,
+    client_env,
+    make_client_dirs,
+    spawn,
+    tail,
+    timed_start,
+    wait_for,
+)
+from tests.cluster.kube import KubectlError as KubectlError
 from tests.support import ports
 
 HERE = Path(__file__).resolve().parent
@@ -60,8 +70,6 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 HOLD_ANNOTATION = "evalkube.io/kwok-hold"
 COMPLETE_ANNOTATION = "evalkube.io/kwok-complete"
 
-T = TypeVar("T")
-
 
 class ControlPlaneError(RuntimeError):
     """The control plane could not be started (the message says which component and why)."""
@@ -69,14 +77,6 @@ class ControlPlaneError(RuntimeError):
 
 class BinariesMissing(ControlPlaneError):
     """The control-plane binaries are not built."""
-
-
-class KubectlError(subprocess.CalledProcessError):
-    """kubectl exited non-zero; ``stderr`` holds its message (also shown by ``str()``)."""
-
-    def __str__(self) -> str:
-        args = " ".join(str(a) for a in self.cmd[2:])  # drop binary and --kubeconfig
-        return f"kubectl {args} exited {self.returncode}: {(self.stderr or '').strip()}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,60 +147,12 @@ def free_port() -> int:
     return ports.free_port()
 
 
-def wait_for(
-    check: Callable[[], T],
-    *,
-    timeout: float,
-    interval: float = 0.2,
-    what: str = "condition",
-    on_timeout: Callable[[], str] | None = None,
-) -> T:
-    """Call ``check`` until it returns a truthy value (returned) or ``timeout`` seconds pass.
-
-    Exceptions from ``check`` count as "not yet"; the last one is reported on timeout.
-    """
-    deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-        except Exception as exc:
-            last_exc = exc
-        if time.monotonic() >= deadline:
-            detail = f" (last error: {last_exc!r})" if last_exc else ""
-            extra = f"\n{on_timeout()}" if on_timeout else ""
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}{extra}")
-        time.sleep(interval)
-
-
 def _openssl(*args: str, cwd: Path) -> None:
     proc = subprocess.run(
         ["openssl", *args], cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL
     )
     if proc.returncode != 0:
         raise ControlPlaneError(f"openssl {' '.join(args)} failed:\n{proc.stderr}")
-
-
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
-    """Have the kernel SIGTERM the child if the test process dies without cleaning up."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except Exception:
-        pass
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        data = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return f"(no log at {path})"
-    return "\n".join(data[-lines:])
 
 
 class _Proc:
@@ -216,7 +168,7 @@ class _Proc:
 # --------------------------------------------------------------------------------------------
 
 
-class ControlPlane:
+class ControlPlane(KubeClient):
     """A loopback Kubernetes control plane (see module docstring).
 
     Attributes after ``start()``:
@@ -271,80 +223,14 @@ class ControlPlane:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.stop(keep_workdir=exc_type is not None)
 
-    # -- public helpers -----------------------------------------------------------------------
-    def kubectl(
-        self,
-        *args: str,
-        input: str | None = None,
-        check: bool = True,
-        timeout: float = 60.0,
-    ) -> subprocess.CompletedProcess[str]:
-        """Run ``kubectl --kubeconfig=<admin> *args``; raise CalledProcessError (with stderr in
-        the message) when ``check`` and it fails (KubectlError, a CalledProcessError)."""
-        cmd = [str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
-        proc = subprocess.run(
-            cmd,
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env,
-            stdin=None if input is not None else subprocess.DEVNULL,
-        )
-        if check and proc.returncode != 0:
-            raise KubectlError(proc.returncode, cmd, proc.stdout, proc.stderr)
-        return proc
-
-    def kubectl_json(self, *args: str, timeout: float = 60.0) -> Any:
-        """``kubectl *args -o json``, parsed."""
-        return json.loads(self.kubectl(*args, "-o", "json", timeout=timeout).stdout)
-
-    def apply(self, manifest: str | dict[str, Any] | list[dict[str, Any]], *args: str) -> str:
-        """``kubectl apply -f -`` of YAML text or of object(s) (dicts, sent as JSON)."""
-        if not isinstance(manifest, str):
-            items = manifest if isinstance(manifest, list) else [manifest]
-            manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-        return self.kubectl("apply", "-f", "-", *args, input=manifest).stdout
-
-    def run(
-        self, tool: str, *args: str, input: str | None = None, timeout: float = 60.0
-    ) -> subprocess.CompletedProcess[str]:
-        """Run another binary from ``bin`` (e.g. ``helm``) with ``env``; never raises on exit."""
-        return subprocess.run(
-            [str(self.bin / tool), *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env,
-            stdin=None if input is not None else subprocess.DEVNULL,
-        )
-
-    def wait_for(
-        self,
-        check: Callable[[], T],
-        *,
-        timeout: float = 60.0,
-        what: str = "condition",
-        interval: float = 0.2,
-    ) -> T:
-        return wait_for(
-            check,
-            timeout=timeout,
-            what=what,
-            interval=interval,
-            on_timeout=self._dead_processes_report,
-        )
+    # -- clients (KubeClient: kubectl, kubectl_json, apply, run, wait_for) --------------------
+    def timeout_report(self) -> str:
+        return self._dead_processes_report()
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> ControlPlane:
-        t0 = self._t_start = time.monotonic()
-        try:
-            self._start()
-        except BaseException:
-            self.stop(keep_workdir=True)
-            raise
-        self.startup_seconds = time.monotonic() - t0
+        self._t_start = time.monotonic()
+        self.startup_seconds = timed_start(self._start, self.stop)
         return self
 
     def stop(self, *, keep_workdir: bool = False, timeout: float = 15.0) -> None:
@@ -421,36 +307,15 @@ class ControlPlane:
 
     # -- internals ----------------------------------------------------------------------------
     def _make_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["KUBECONFIG"] = str(self.kubeconfig)
+        env = client_env(self.workdir, self.kubeconfig)  # helm and kubectl state out of $HOME
         env["PATH"] = f"{self.bin}{os.pathsep}{env.get('PATH', '')}"
-        # keep helm and kubectl state out of $HOME
-        for var, sub in (
-            ("HELM_CACHE_HOME", "helm/cache"),
-            ("HELM_CONFIG_HOME", "helm/config"),
-            ("HELM_DATA_HOME", "helm/data"),
-            ("KUBECACHEDIR", "kube-cache"),
-        ):
-            env[var] = str(self.workdir / sub)
         env["KWOK_WORKDIR"] = str(self.workdir / "kwok-home")  # no ~/.kwok/kwok.yaml
         return env
 
     def _spawn(self, name: str, args: list[str]) -> _Proc:
         log = self.logs_dir / f"{name}.log"
-        with open(log, "ab") as fh:
-            fh.write(f"$ {' '.join(args)}\n".encode())
-            fh.flush()
-            popen = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                env=self.env,
-                start_new_session=True,  # own process group: stop() kills exactly this group
-                preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
-            )
-        proc = _Proc(name, popen, log)
+        # own process group: stop() kills exactly this group
+        proc = _Proc(name, spawn(args, log, cwd=self.workdir, env=self.env), log)
         self._procs.append(proc)
         return proc
 
@@ -459,7 +324,7 @@ class ControlPlane:
         for p in self._procs:
             rc = p.popen.poll()
             if rc is not None:
-                out.append(f"--- {p.name} exited with {rc}; last lines of {p.log}:\n{_tail(p.log)}")
+                out.append(f"--- {p.name} exited with {rc}; last lines of {p.log}:\n{tail(p.log)}")
         return "\n".join(out)
 
     def _wait_component(
@@ -470,26 +335,23 @@ class ControlPlane:
             if rc is not None:
                 raise ControlPlaneError(
                     f"{proc.name} exited with code {rc} during startup; last lines of "
-                    f"{proc.log}:\n{_tail(proc.log)}"
+                    f"{proc.log}:\n{tail(proc.log)}"
                 )
             return check()
 
-        deadline = time.monotonic() + (timeout or self.start_timeout)
-        last: BaseException | None = None
-        while time.monotonic() < deadline:
-            try:
-                if probe():
-                    self.timings[f"{proc.name} {what}"] = time.monotonic() - self._t_start
-                    return
-            except ControlPlaneError:
-                raise
-            except Exception as exc:
-                last = exc
-            time.sleep(0.1)
-        raise ControlPlaneError(
-            f"{proc.name}: timed out waiting for {what} (last error: {last!r}); last lines of "
-            f"{proc.log}:\n{_tail(proc.log)}"
-        )
+        try:
+            wait_for(
+                probe,
+                timeout=timeout or self.start_timeout,
+                interval=0.1,
+                what=what,
+                fatal=(ControlPlaneError,),
+            )
+        except TimeoutError as exc:
+            raise ControlPlaneError(
+                f"{proc.name}: {exc}; last lines of {proc.log}:\n{tail(proc.log)}"
+            ) from None
+        self.timings[f"{proc.name} {what}"] = time.monotonic() - self._t_start
 
     def _https_ok(self, url: str, *, client_cert: bool, verify: bool = True) -> bool:
         if verify:
@@ -659,8 +521,8 @@ class ControlPlane:
             raise ControlPlaneError("already started")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
-        for d in ("helm/cache", "helm/config", "helm/data", "kube-cache", "kwok-home"):
-            (self.workdir / d).mkdir(parents=True, exist_ok=True)
+        make_client_dirs(self.workdir)
+        (self.workdir / "kwok-home").mkdir(exist_ok=True)
         t0 = time.monotonic()
         self._make_pki()
         self.timings["certificates"] = time.monotonic() - t0
@@ -742,18 +604,24 @@ class ControlPlane:
         )
 
         # controller-manager and scheduler -----------------------------------------------------
+        def served(user: str, port: int, cert_dir: str) -> list[str]:
+            """Their shared flags: own kubeconfig, a loopback HTTPS port, no leader election."""
+            return [
+                f"--kubeconfig={kcs[user]}",
+                f"--authentication-kubeconfig={kcs[user]}",
+                f"--authorization-kubeconfig={kcs[user]}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / cert_dir}",
+                "--leader-elect=false",
+            ]
+
         cmp_ = self.ports["controller-manager"]
         kcm = self._spawn(
             "kube-controller-manager",
             [
                 str(self.bin / "kube-controller-manager"),
-                f"--kubeconfig={kcs['controller-manager']}",
-                f"--authentication-kubeconfig={kcs['controller-manager']}",
-                f"--authorization-kubeconfig={kcs['controller-manager']}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={cmp_}",
-                f"--cert-dir={self.workdir / 'kcm-certs'}",
-                "--leader-elect=false",
+                *served("controller-manager", cmp_, "kcm-certs"),
                 f"--root-ca-file={pki / 'ca.crt'}",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
@@ -768,13 +636,7 @@ class ControlPlane:
             "kube-scheduler",
             [
                 str(self.bin / "kube-scheduler"),
-                f"--kubeconfig={kcs['scheduler']}",
-                f"--authentication-kubeconfig={kcs['scheduler']}",
-                f"--authorization-kubeconfig={kcs['scheduler']}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={sp}",
-                f"--cert-dir={self.workdir / 'scheduler-certs'}",
-                "--leader-elect=false",
+                *served("scheduler", sp, "scheduler-certs"),
                 "--profiling=false",
             ],
         )

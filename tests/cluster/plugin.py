@@ -32,8 +32,9 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -123,22 +124,34 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
         if _in_ci():
             pytest.fail(f"[CI] cluster tests cannot run: {missing}", pytrace=False)
         pytest.skip(f"cluster tests skipped: {missing}")
-    cp = ControlPlane(bin_dir)
-    try:
-        cp.start()
-    except BaseException:
-        _KEPT.append(str(cp.workdir))
-        raise
-    sys.stderr.write(
-        f"\n[evalkube] control plane up in {cp.startup_seconds:.1f}s at {cp.server} "
-        f"(bin {cp.bin})\n"
+    yield from _for_the_session(
+        request,
+        ControlPlane(bin_dir),
+        lambda cp: f"control plane up in {cp.startup_seconds:.1f}s at {cp.server} (bin {cp.bin})",
     )
-    yield cp
+
+
+Cluster = TypeVar("Cluster", ControlPlane, RealNode)
+
+
+def _for_the_session(
+    request: pytest.FixtureRequest, cluster: Cluster, started: Callable[[Cluster], str]
+) -> Iterator[Cluster]:
+    """Start ``cluster``, say ``started(cluster)``, yield it; stop it after the session, keeping
+    its work dir (and saying where) when it failed to start, a test failed, or
+    ``$EVALKUBE_KEEP_CTRLPLANE`` asks."""
+    try:
+        cluster.start()
+    except BaseException:
+        _KEPT.append(str(cluster.workdir))
+        raise
+    sys.stderr.write(f"\n[evalkube] {started(cluster)}\n")
+    yield cluster
     failed = request.session.testsfailed > 0
     keep = failed or os.environ.get("EVALKUBE_KEEP_CTRLPLANE", "") not in ("", "0")
-    cp.stop(keep_workdir=keep)
+    cluster.stop(keep_workdir=keep)
     if keep:
-        _KEPT.append(str(cp.workdir))
+        _KEPT.append(str(cluster.workdir))
 
 
 @pytest.fixture
@@ -165,22 +178,13 @@ def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
         if _in_ci():
             pytest.fail(f"[CI] {message}", pytrace=False)
         pytest.skip(message)
-    node = RealNode(found["cp"], found["node"], found["images"])
-    try:
-        node.start()
-    except BaseException:
-        _KEPT.append(str(node.workdir))
-        raise
-    sys.stderr.write(
-        f"\n[evalkube] real node up in {node.startup_seconds:.1f}s (netns {node.netns}; "
-        f"{node.timings})\n"
+    yield from _for_the_session(
+        request,
+        RealNode(found["cp"], found["node"], found["images"]),
+        lambda node: (
+            f"real node up in {node.startup_seconds:.1f}s (netns {node.netns}; {node.timings})"
+        ),
     )
-    yield node
-    failed = request.session.testsfailed > 0
-    keep = failed or os.environ.get("EVALKUBE_KEEP_CTRLPLANE", "") not in ("", "0")
-    node.stop(keep_workdir=keep)
-    if keep:
-        _KEPT.append(str(node.workdir))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]

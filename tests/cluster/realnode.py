@@ -46,13 +46,16 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.cluster.ctrlplane import (
-    BinariesMissing,
-    ControlPlane,
-    ControlPlaneError,
-    KubectlError,
-    _set_pdeathsig,
-    find_bin_dir,
+from tests.cluster.ctrlplane import BinariesMissing, ControlPlane, ControlPlaneError, find_bin_dir
+from tests.cluster.kube import (
+    KubeClient,
+    client_env,
+    make_client_dirs,
+    set_pdeathsig,
+    spawn,
+    tail,
+    terminate,
+    timed_start,
     wait_for,
 )
 
@@ -141,26 +144,31 @@ def missing_facilities() -> list[str]:
     return missing
 
 
+def _cached(variable: str, script: Path, missing: str, fix: str) -> Path:
+    """``$variable``, else the folder ``script --print-if-cached`` prints (it never builds)."""
+    explicit = os.environ.get(variable)
+    if explicit:
+        return Path(explicit)
+    out = subprocess.run(
+        ["bash", str(script), "--print-if-cached"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    if out.returncode != 0 or not out.stdout.strip():
+        raise BinariesMissing(f"{missing} ({out.stderr.strip()[-300:]}). {fix}, or set {variable}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
 def find_node_bin() -> Path:
     """``$EVALKUBE_NODE_BIN``, else the cache of build-node.sh (never builds)."""
-    explicit = os.environ.get("EVALKUBE_NODE_BIN")
-    if explicit:
-        bin_dir = Path(explicit)
-    else:
-        out = subprocess.run(
-            ["bash", str(BUILD_NODE), "--print-if-cached"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            stdin=subprocess.DEVNULL,
-        )
-        if out.returncode != 0 or not out.stdout.strip():
-            raise BinariesMissing(
-                f"node binaries are not built ({out.stderr.strip()}). Build them once with "
-                f"`bash {BUILD_NODE.relative_to(ROOT)}` (or `bash .ci/realnode.sh`), or set "
-                "EVALKUBE_NODE_BIN"
-            )
-        bin_dir = Path(out.stdout.strip().splitlines()[-1])
+    bin_dir = _cached(
+        "EVALKUBE_NODE_BIN",
+        BUILD_NODE,
+        "node binaries are not built",
+        f"Build them once with `bash {BUILD_NODE.relative_to(ROOT)}` (or `bash .ci/realnode.sh`)",
+    )
     lacking = [b for b in NODE_BINARIES if not os.access(bin_dir / b, os.X_OK)]
     if lacking:
         raise BinariesMissing(f"{bin_dir} lacks {', '.join(lacking)}")
@@ -169,23 +177,12 @@ def find_node_bin() -> Path:
 
 def find_images() -> Path:
     """``$EVALKUBE_IMAGES_DIR``, else the cache of .ci/images.sh for this tree (never builds)."""
-    explicit = os.environ.get("EVALKUBE_IMAGES_DIR")
-    if explicit:
-        images = Path(explicit)
-    else:
-        out = subprocess.run(
-            ["bash", str(IMAGES_SCRIPT), "--print-if-cached"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            stdin=subprocess.DEVNULL,
-        )
-        if out.returncode != 0 or not out.stdout.strip():
-            raise BinariesMissing(
-                f"images are not built for this tree ({out.stderr.strip()[-300:]}). Build them "
-                "with `bash .ci/images.sh`, or set EVALKUBE_IMAGES_DIR"
-            )
-        images = Path(out.stdout.strip().splitlines()[-1])
+    images = _cached(
+        "EVALKUBE_IMAGES_DIR",
+        IMAGES_SCRIPT,
+        "images are not built for this tree",
+        "Build them with `bash .ci/images.sh`",
+    )
     lacking = [t for t in IMAGE_TARS if not (images / t).is_file()]
     if lacking:
         raise BinariesMissing(f"{images} lacks {', '.join(lacking)}")
@@ -234,13 +231,16 @@ def coredns_image(node_bin: Path) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
-class RealNode:
+class RealNode(KubeClient):
     """One real node and its control plane in a private network namespace (see module doc).
 
     After ``start()``: ``netns``, ``workdir``, ``kubeconfig``, ``server``, ``bin`` (control
     plane binaries: kubectl, helm), ``node_bin``, ``images``, ``version`` (the images' tag),
-    ``startup_seconds`` and ``timings`` (from the launcher's ready.json).
+    ``startup_seconds`` and ``timings`` (from the launcher's ready.json). Clients
+    (``kubectl``, ``kubectl_json``, ``apply``, ``helm``, ``run``) run in the netns.
     """
+
+    poll_interval = 0.5
 
     def __init__(
         self,
@@ -264,25 +264,11 @@ class RealNode:
         self.timings: dict[str, float] = {}
         self._launcher: subprocess.Popen[bytes] | None = None
         self._lock: Any = None
-        self.env = dict(os.environ)
-        for var, sub in (
-            ("HELM_CACHE_HOME", "helm/cache"),
-            ("HELM_CONFIG_HOME", "helm/config"),
-            ("HELM_DATA_HOME", "helm/data"),
-            ("KUBECACHEDIR", "kube-cache"),
-        ):
-            self.env[var] = str(self.workdir / sub)
-        self.env["KUBECONFIG"] = str(self.kubeconfig)
+        self.env = client_env(self.workdir, self.kubeconfig)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> RealNode:
-        t0 = time.monotonic()
-        try:
-            self._start()
-        except BaseException:
-            self.stop(keep_workdir=True)
-            raise
-        self.startup_seconds = time.monotonic() - t0
+        self.startup_seconds = timed_start(self._start, self.stop)
         return self
 
     def _start(self) -> None:
@@ -315,8 +301,7 @@ class RealNode:
             "ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1",
             "net.bridge.bridge-nf-call-iptables=1", "net.bridge.bridge-nf-call-ip6tables=1",
         )  # fmt: skip
-        for d in ("helm/cache", "helm/config", "helm/data", "kube-cache"):
-            (self.workdir / d).mkdir(parents=True, exist_ok=True)
+        make_client_dirs(self.workdir)
         log = open(self.workdir / "launcher.log", "ab")  # noqa: SIM115 - the child keeps it
         args = [
             "nsenter", f"--net=/run/netns/{ns}", "unshare", "--mount", "--propagation", "private",
@@ -333,7 +318,7 @@ class RealNode:
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
             start_new_session=True,
-            preexec_fn=_set_pdeathsig,  # pytest killed: the launcher still stops the node
+            preexec_fn=set_pdeathsig,  # pytest killed: the launcher still stops the node
         )
         log.close()
         ready = self.workdir / "ready.json"
@@ -343,14 +328,14 @@ class RealNode:
             if rc is not None:
                 raise NodeError(
                     f"the node launcher exited with {rc} during startup; last lines of "
-                    f"{self.workdir / 'launcher.log'}:\n{_tail(self.workdir / 'launcher.log')}"
+                    f"{self.workdir / 'launcher.log'}:\n{tail(self.workdir / 'launcher.log', 60)}"
                 )
             return ready.is_file()
 
         try:
             wait_for(is_ready, timeout=self.start_timeout, interval=0.5, what="the real node")
         except TimeoutError as exc:
-            raise NodeError(f"{exc}\n{_tail(self.workdir / 'launcher.log')}") from None
+            raise NodeError(f"{exc}\n{tail(self.workdir / 'launcher.log', 60)}") from None
         info = json.loads(ready.read_text())
         self.server = info["server"]
         self.timings = info["timings"]
@@ -360,15 +345,7 @@ class RealNode:
         the kubelet's cgroups and the netns. Signals only the launcher's process group."""
         launcher, self._launcher = self._launcher, None
         if launcher is not None:
-            if launcher.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(launcher.pid, signal.SIGTERM)
-            try:
-                launcher.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait(timeout=10)
+            terminate(launcher, timeout=timeout, kill_wait=10)
         if self._lock is not None:
             remove_kubepods_cgroups()
             subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
@@ -406,7 +383,7 @@ class RealNode:
             if self._launcher is None or self._launcher.poll() is not None:
                 raise NodeError(
                     f"the node launcher is gone; last lines of {self.workdir / 'launcher.log'}:"
-                    f"\n{_tail(self.workdir / 'launcher.log')}"
+                    f"\n{tail(self.workdir / 'launcher.log', 60)}"
                 )
             return result.is_file()
 
@@ -436,51 +413,11 @@ class RealNode:
         """A command line that runs ``args`` in the node's network namespace."""
         return ["nsenter", f"--net=/run/netns/{self.netns}", *args]
 
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
-    ) -> subprocess.CompletedProcess[str]:
-        cmd = self.in_netns(str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args)
-        proc = subprocess.run(
-            cmd,
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env,
-            stdin=None if input is not None else subprocess.DEVNULL,
-        )
-        if check and proc.returncode != 0:
-            raise KubectlError(proc.returncode, cmd[2:], proc.stdout, proc.stderr)
-        return proc
-
-    def kubectl_json(self, *args: str, timeout: float = 60.0) -> Any:
-        return json.loads(self.kubectl(*args, "-o", "json", timeout=timeout).stdout)
-
-    def apply(self, manifest: str | dict[str, Any] | list[dict[str, Any]], *args: str) -> str:
-        if not isinstance(manifest, str):
-            items = manifest if isinstance(manifest, list) else [manifest]
-            manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-        return self.kubectl("apply", "-f", "-", *args, input=manifest).stdout
+    def command(self, argv: list[str]) -> list[str]:
+        return self.in_netns(*argv)
 
     def helm(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.in_netns(str(self.bin / "helm"), f"--kubeconfig={self.kubeconfig}", *args),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-        )
-
-    def wait_for(
-        self,
-        check: Callable[[], T],
-        *,
-        timeout: float = 60.0,
-        what: str = "condition",
-        interval: float = 0.5,
-    ) -> T:
-        return wait_for(check, timeout=timeout, what=what, interval=interval)
+        return self.run("helm", f"--kubeconfig={self.kubeconfig}", *args, timeout=timeout)
 
     def pod_log(self, namespace: str, pod: str, container: str) -> str:
         return self.kubectl("logs", "-n", namespace, pod, "-c", container, check=False).stdout
@@ -490,17 +427,15 @@ def remove_kubepods_cgroups() -> None:
     """The kubelet's cgroup v1 trees (``kubepods`` in each hierarchy), deepest first, after
     killing any process still in them (a gVisor sandbox lives in its own mount namespace, so
     the launcher's sweep cannot see it; its pod cgroup can)."""
-    for _ in range(5):
+
+    def in_kubepods() -> set[int]:
         left = set()
         for procs in Path("/sys/fs/cgroup/pids/kubepods").rglob("cgroup.procs"):
             with contextlib.suppress(OSError):
                 left.update(int(p) for p in procs.read_text().split())
-        if not left:
-            break
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(1)
+        return left
+
+    _kill_until_none(in_kubepods, rounds=5)
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
         top = hierarchy / "kubepods"
         if not top.is_dir():
@@ -510,17 +445,23 @@ def remove_kubepods_cgroups() -> None:
                 os.rmdir(dirpath)
 
 
+def _kill_until_none(find: Callable[[], set[int]], rounds: int) -> None:
+    """SIGKILL the processes ``find()`` names, a second apart, until it names none (at most
+    ``rounds`` times)."""
+    for _ in range(rounds):
+        left = find()
+        if not left:
+            break
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(1)
+
+
 def _run(*args: str) -> None:
     proc = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise NodeError(f"{' '.join(args)} failed: {proc.stderr.strip()}")
-
-
-def _tail(path: Path, lines: int = 60) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no log at {path})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -551,19 +492,8 @@ class _Launcher:
         print(f"[realnode] {what} at {self.timings[what]}s", flush=True)
 
     def spawn(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
-        with open(self.logs / f"{name}.log", "ab") as fh:
-            fh.write(f"$ {' '.join(args)}\n".encode())
-            fh.flush()
-            popen = subprocess.Popen(
-                list(args),
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                cwd=self.w,
-                env=self.env,
-                start_new_session=True,
-                preexec_fn=_set_pdeathsig,  # a killed launcher takes its components along
-            )
+        # a killed launcher takes its components along (pdeathsig)
+        popen = spawn(args, self.logs / f"{name}.log", cwd=self.w, env=self.env)
         self.procs.append((name, popen))
         return popen
 
@@ -579,7 +509,7 @@ class _Launcher:
             if rc is not None:
                 raise NodeError(
                     f"{name} exited with {rc}; last lines of {self.logs / (name + '.log')}:\n"
-                    f"{_tail(self.logs / (name + '.log'))}"
+                    f"{tail(self.logs / (name + '.log'), 60)}"
                 )
 
     def wait(self, check: Callable[[], T], what: str, timeout: float = 120.0) -> T:
@@ -587,20 +517,12 @@ class _Launcher:
             self.alive()
             return check()
 
-        deadline = time.monotonic() + timeout
-        last: BaseException | None = None
-        while time.monotonic() < deadline:
-            try:
-                result = probe()
-                if result:
-                    self.mark(what)
-                    return result
-            except NodeError:
-                raise
-            except Exception as exc:
-                last = exc
-            time.sleep(0.5)
-        raise NodeError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+        try:
+            result = wait_for(probe, timeout=timeout, interval=0.5, what=what, fatal=(NodeError,))
+        except TimeoutError as exc:
+            raise NodeError(str(exc)) from None
+        self.mark(what)
+        return result
 
     # -- faults (RealNode.control) -----------------------------------------------------------
     def serve_controls(self) -> None:
@@ -1027,32 +949,23 @@ class _Launcher:
         if self.cp is not None:
             self.cp.stop(keep_workdir=True)
         own_mnt = os.stat("/proc/self/ns/mnt").st_ino
-        for _ in range(3):
-            left = []
+
+        def in_own_mount_namespace() -> set[int]:
+            left = set()
             for entry in Path("/proc").iterdir():
                 if not entry.name.isdigit() or int(entry.name) == os.getpid():
                     continue
                 with contextlib.suppress(OSError):
                     if os.stat(entry / "ns" / "mnt").st_ino == own_mnt:
-                        left.append(int(entry.name))
-            if not left:
-                break
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(1)
+                        left.add(int(entry.name))
+            return left
+
+        _kill_until_none(in_own_mount_namespace, rounds=3)
 
     @staticmethod
     def terminate(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
         if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+            terminate(proc, timeout)
 
 
 def coredns_manifest(image: str) -> str:

@@ -9,7 +9,6 @@ answer: resume then called the model again for each of them.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import os
@@ -17,13 +16,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
-from tests.integration.proxy.fake_upstream import FakeUpstream
+from tests.e2e.interrupting import SlowUpstream, stop_after_calls, write_inputs
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -39,19 +36,8 @@ def grade(sample, item):
 """
 
 
-class SlowUpstream(FakeUpstream):
-    """The fake provider, answering each Responses call after ``DELAY`` seconds."""
-
-    async def _responses(self, request: web.Request) -> web.Response:
-        await asyncio.sleep(DELAY)
-        return await super()._responses(request)
-
-
 def make_suite(directory: Path, base_url: str, shard_size: int) -> tuple[Path, Path]:
-    with (directory / "rows.jsonl").open("w") as handle:
-        for n in range(ROWS):
-            handle.write(json.dumps({"id": f"r{n}", "q": f"question {n}"}) + "\n")
-    (directory / "grader.py").write_text(GRADER)
+    write_inputs(directory, ({"id": f"r{n}", "q": f"question {n}"} for n in range(ROWS)), GRADER)
     suite = directory / "suite.yaml"
     suite.write_text(
         "apiVersion: evalkube.io/v1alpha1\nkind: EvalSuite\nmetadata: {name: gen}\nspec:\n"
@@ -92,7 +78,7 @@ def test_ctrl_c_during_generation_repeats_no_model_call(
     tmp_path: Path, workers: int, shard_size: int
 ) -> None:
     db = tmp_path / "results.db"
-    with SlowUpstream() as upstream:
+    with SlowUpstream(DELAY) as upstream:
         suite, run = make_suite(tmp_path, upstream.base_url, shard_size)
         process = subprocess.Popen(
             [EVALKUBE, "run", str(suite), str(run), "--sandbox", "process", "--db", str(db),
@@ -104,18 +90,14 @@ def test_ctrl_c_during_generation_repeats_no_model_call(
             text=True,
             start_new_session=True,
         )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 60
-            while len(upstream.received) < ROWS // 3:
-                assert process.poll() is None, process.communicate()
-                assert time.monotonic() < deadline, "the run made no model call"
-                time.sleep(0.02)
-            os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
-            _, stderr = process.communicate(timeout=60)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+        stderr = stop_after_calls(
+            process,
+            upstream,
+            ROWS // 3,
+            lambda p: os.killpg(p.pid, signal.SIGINT),  # a terminal's Ctrl-C: the whole group
+            what="run",
+            timeout=60,
+        )
         assert process.returncode == 130, stderr
         assert "Traceback" not in stderr
         calls_before = len(upstream.received)
@@ -151,24 +133,13 @@ def test_ctrl_c_during_generation_repeats_no_model_call(
 def test_kill_during_generation_repeats_at_most_the_calls_in_flight(tmp_path: Path) -> None:
     # A crash lets no call finish: only the (at most 8) calls in flight are made again.
     db = tmp_path / "results.db"
-    with SlowUpstream() as upstream:
+    with SlowUpstream(DELAY) as upstream:
         suite, run = make_suite(tmp_path, upstream.base_url, ROWS)
         process = subprocess.Popen(
             [EVALKUBE, "run", str(suite), str(run), "--sandbox", "process", "--db", str(db)],
             cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 60
-            while len(upstream.received) < ROWS // 3:
-                assert process.poll() is None, process.communicate()
-                assert time.monotonic() < deadline, "the run made no model call"
-                time.sleep(0.02)
-            process.kill()
-            process.communicate(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+        stop_after_calls(process, upstream, ROWS // 3, subprocess.Popen.kill, what="run")
         ((run_id,),) = query(db, "SELECT run_id FROM evalkube_runs")
         kept = query(db, "SELECT count(*) FROM evalkube_answers")[0][0]
         assert kept >= ROWS // 3 - 8

@@ -9,20 +9,17 @@ that answers slowly and counts calls by their input.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
-from tests.integration.proxy.fake_upstream import FakeUpstream
+from tests.e2e.interrupting import SlowUpstream, stop_after_calls, write_inputs
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -40,17 +37,8 @@ def grade(sample, item, ctx):
 """
 
 
-class SlowUpstream(FakeUpstream):
-    async def _responses(self, request: web.Request) -> web.Response:
-        await asyncio.sleep(DELAY)
-        return await super()._responses(request)
-
-
 def test_kill_while_judging_then_resume_repeats_only_the_call_in_flight(tmp_path: Path) -> None:
-    with (tmp_path / "rows.jsonl").open("w") as handle:
-        for n in range(ROWS):
-            handle.write(json.dumps({"id": f"r{n}", "out": f"answer {n}"}) + "\n")
-    (tmp_path / "grader.py").write_text(GRADER)
+    write_inputs(tmp_path, ({"id": f"r{n}", "out": f"answer {n}"} for n in range(ROWS)), GRADER)
     suite = tmp_path / "suite.yaml"
     suite.write_text(
         "apiVersion: evalkube.io/v1alpha1\nkind: EvalSuite\nmetadata: {name: judged}\nspec:\n"
@@ -63,7 +51,7 @@ def test_kill_while_judging_then_resume_repeats_only_the_call_in_flight(tmp_path
     db = tmp_path / "r.db"
     env = {**os.environ, "NO_COLOR": "1", "JUDGE_KEY": "sk-test-judge"}
     env.pop("EVALKUBE_DB", None)
-    with SlowUpstream() as upstream:
+    with SlowUpstream(DELAY) as upstream:
         run = tmp_path / "run.yaml"
         run.write_text(
             "apiVersion: evalkube.io/v1alpha1\nkind: EvalRun\nmetadata: {name: judged}\n"
@@ -75,18 +63,7 @@ def test_kill_while_judging_then_resume_repeats_only_the_call_in_flight(tmp_path
             [*command, str(suite), str(run)], cwd=tmp_path, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 60
-            while len(upstream.received) < ROWS // 2:
-                assert process.poll() is None, process.communicate()
-                assert time.monotonic() < deadline, "the graders made no model call"
-                time.sleep(0.02)
-            process.kill()
-            process.communicate(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+        stop_after_calls(process, upstream, ROWS // 2, subprocess.Popen.kill, what="graders")
         with sqlite3.connect(db) as conn:
             ((run_id,),) = conn.execute("SELECT run_id FROM evalkube_runs").fetchall()
             (stored,) = conn.execute("SELECT count(*) FROM evalkube_samples").fetchone()

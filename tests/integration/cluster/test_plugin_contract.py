@@ -62,17 +62,23 @@ def run_inner(
     )
 
 
-@pytest.mark.parametrize("how", ["explicit-bin", "empty-cache"])
-def test_missing_binaries_fail_under_ci(tmp_path: Path, how: str) -> None:
-    env: dict[str, str | None] = {"CI": "true"}
+def run_without_binaries(tmp_path: Path, how: str, ci: str | None) -> tuple[int, str]:
+    """The inner session with ``$CI`` at ``ci`` and no binaries: a bin dir that does not exist
+    (``explicit-bin``) or an empty build cache (``empty-cache``); its exit code and output."""
+    env: dict[str, str | None] = {"CI": ci}
     if how == "explicit-bin":
         env["EVALKUBE_CTRLPLANE_BIN"] = str(tmp_path / "no-such-bin")
     else:
         env["EVALKUBE_CTRLPLANE_BIN"] = None
         env["EVALKUBE_TOOLS_CACHE"] = str(tmp_path / "empty-cache")
     res = run_inner(tmp_path, env)
-    out = res.stdout + res.stderr
-    assert res.returncode == 1, out
+    return res.returncode, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("how", ["explicit-bin", "empty-cache"])
+def test_missing_binaries_fail_under_ci(tmp_path: Path, how: str) -> None:
+    code, out = run_without_binaries(tmp_path, how, ci="true")
+    assert code == 1, out
     assert "[CI] cluster tests cannot run" in out, out
     assert "build-tools.sh" in out, out
     assert "1 error" in out, out
@@ -81,14 +87,7 @@ def test_missing_binaries_fail_under_ci(tmp_path: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["explicit-bin", "empty-cache"])
 def test_missing_binaries_skip_locally(tmp_path: Path, how: str) -> None:
-    env: dict[str, str | None] = {"CI": None}
-    if how == "explicit-bin":
-        env["EVALKUBE_CTRLPLANE_BIN"] = str(tmp_path / "no-such-bin")
-    else:
-        env["EVALKUBE_CTRLPLANE_BIN"] = None
-        env["EVALKUBE_TOOLS_CACHE"] = str(tmp_path / "empty-cache")
-    res = run_inner(tmp_path, env)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out
+    code, out = run_without_binaries(tmp_path, how, ci=None)
+    assert code == 0, out
     assert "1 skipped" in out, out
     assert "build-tools.sh" in out, out

@@ -5,6 +5,9 @@ Under CI every backend must run (a skip there is a failure, see ``support.backen
 
 from __future__ import annotations
 
+import textwrap
+from dataclasses import dataclass
+
 import pytest
 
 from evalkube.sandbox import (
@@ -62,44 +65,86 @@ def test_missed_deadline_kills_the_sandbox_and_a_fresh_one_continues(name: str) 
     assert leftovers().empty
 
 
+@dataclass(frozen=True)
+class BadSample:
+    """A grader that misbehaves on one sample (``bad``) between two good ones, and what the
+    sandbox makes of it: that sample alone fails, with a clear error, and the rest grade."""
+
+    bad: str
+    misbehave: str  # the body of ``if sample == bad:``
+    status: str
+    restarts: int = 0
+    error_type: str | None = None
+    in_message: str | None = None
+    limits: SandboxLimits | None = None
+    timeout: float = 2.0
+    imports: str = ""
+
+    def source(self) -> str:
+        return (
+            self.imports + "def grade(sample, item):\n"
+            f"    if sample == {self.bad!r}:\n"
+            + textwrap.indent(self.misbehave, " " * 8)
+            + "    return 1.0\n"
+        )
+
+
+BAD_SAMPLES = [
+    pytest.param(
+        BadSample(
+            "hog",
+            "return len(bytearray(400 * 1024 * 1024))\n",
+            status="raised",
+            error_type="MemoryError",
+            limits=SandboxLimits(memory_bytes=256 * MIB),
+        ),
+        id="memory-limit",
+    ),
+    pytest.param(
+        BadSample(
+            "spin",
+            "while True:\n    pass\n",
+            status="raised",
+            error_type="CpuTimeLimitExceeded",
+            in_message="1 CPU seconds",  # cpu_seconds is per execution
+            limits=SandboxLimits(cpu_seconds=1),
+            timeout=30,
+        ),
+        id="cpu-seconds",
+    ),
+    pytest.param(
+        BadSample(
+            "segv",
+            "ctypes.string_at(0)\n",
+            status="crashed",
+            # the crash was not announced: probe mode re-ran it alone to be sure
+            restarts=2,
+            in_message="SIGSEGV",  # a native crash names its signal
+            imports="import ctypes\n",
+        ),
+        id="native-crash",
+    ),
+]
+
+
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", BAD_SAMPLES)
 @pytest.mark.parametrize("name", BACKENDS)
-def test_memory_limit_makes_an_invalid_sample_with_a_clear_error(name: str) -> None:
-    source = (
-        "def grade(sample, item):\n"
-        "    if sample == 'hog':\n"
-        "        return len(bytearray(400 * 1024 * 1024))\n"
-        "    return 1.0\n"
-    )
-    limits = SandboxLimits(memory_bytes=256 * MIB)
-    executions, restarts = run(backend(name), source, ["ok", "hog", "ok"], limits=limits)
-
-    assert restarts == 0
-    assert [e.status for e in executions] == ["returned", "raised", "returned"]
-    assert executions[1].error is not None
-    assert executions[1].error["type"] == "MemoryError"
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", BACKENDS)
-def test_cpu_seconds_per_execution(name: str) -> None:
-    source = (
-        "def grade(sample, item):\n"
-        "    if sample == 'spin':\n"
-        "        while True:\n"
-        "            pass\n"
-        "    return 1.0\n"
-    )
-    limits = SandboxLimits(cpu_seconds=1)
+def test_a_bad_sample_fails_alone_with_a_clear_error(name: str, case: BadSample) -> None:
     executions, restarts = run(
-        backend(name), source, ["ok", "spin", "ok"], limits=limits, timeout=30
+        backend(name),
+        case.source(),
+        ["ok", case.bad, "ok"],
+        limits=case.limits,
+        timeout=case.timeout,
     )
 
-    assert restarts == 0
-    assert [e.status for e in executions] == ["returned", "raised", "returned"]
-    assert executions[1].error is not None
-    assert executions[1].error["type"] == "CpuTimeLimitExceeded"
-    assert "1 CPU seconds" in executions[1].error["message"]
+    assert restarts == case.restarts
+    assert [e.status for e in executions] == ["returned", case.status, "returned"]
+    error = executions[1].error
+    assert error is not None
+    assert case.error_type is None or error["type"] == case.error_type
+    assert case.in_message is None or case.in_message in error["message"]
 
 
 @pytest.mark.timeout(60)
@@ -160,24 +205,6 @@ def test_pids_limit(name: str) -> None:
     assert executions[0].status == "raised"
     assert executions[0].error is not None
     assert executions[0].error["type"] == "BlockingIOError"
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", BACKENDS)
-def test_a_native_crash_names_its_signal(name: str) -> None:
-    source = (
-        "import ctypes\n"
-        "def grade(sample, item):\n"
-        "    if sample == 'segv':\n"
-        "        ctypes.string_at(0)\n"
-        "    return 1.0\n"
-    )
-    executions, restarts = run(backend(name), source, ["ok", "segv", "ok"])
-
-    assert restarts == 2  # the crash was not announced: probe mode re-ran it alone to be sure
-    assert [e.status for e in executions] == ["returned", "crashed", "returned"]
-    assert executions[1].error is not None
-    assert "SIGSEGV" in executions[1].error["message"]
 
 
 @pytest.mark.parametrize("name", BACKENDS)

@@ -80,6 +80,12 @@ def substituted(expr: str) -> str:
     return expr
 
 
+def run_promtool(promtool: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(promtool), *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
 def test_dashboard_is_valid() -> None:
     dash = dashboard()
     assert isinstance(dash["schemaVersion"], int)
@@ -146,13 +152,7 @@ def test_every_query_parses_and_returns_data_on_the_real_series(
     (tmp_path / "rules.yaml").write_text(
         yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]})
     )
-    checked = subprocess.run(
-        [str(promtool), "check", "rules", "rules.yaml"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    checked = run_promtool(promtool, tmp_path, "check", "rules", "rules.yaml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     test = {
         "rule_files": ["rules.yaml"],
@@ -168,13 +168,7 @@ def test_every_query_parses_and_returns_data_on_the_real_series(
         ],
     }
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
-    tested = subprocess.run(
-        [str(promtool), "test", "rules", "test.yaml"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    tested = run_promtool(promtool, tmp_path, "test", "rules", "test.yaml")
     output = tested.stdout + tested.stderr
     no_data = sorted(set(re.findall(r'alertname="Panel(\d+)NoData"', output)), key=int)
     titles = [found[int(n)] for n in no_data]

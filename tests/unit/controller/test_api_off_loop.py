@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from aiohttp import web
 
 from evalkube import jsonfast
@@ -155,10 +156,14 @@ def test_a_16_mb_ingest_body_is_parsed_and_validated_off_the_event_loop(tmp_path
         store.close()
 
 
-def test_the_ingest_body_limit_still_holds(tmp_path: Path) -> None:
-    """A body past ``limits.INGEST_BODY_BYTES`` is refused (413) before anything is parsed."""
+def test_the_ingest_body_limit_still_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body past ``limits.INGEST_BODY_BYTES`` is refused (413) before anything is parsed.
+
+    The server takes its limit from ``limits`` when it is built: here 4 MiB, so the test sends
+    4 MiB rather than the 256 MiB of the real limit (20 s on a loaded 2-core machine)."""
     from evalkube import limits
 
+    monkeypatch.setattr(limits, "INGEST_BODY_BYTES", 4 * 1024 * 1024)
     store = ResultStore.open(f"sqlite:///{tmp_path / 'results.db'}")
     probe = Probe()
     auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}

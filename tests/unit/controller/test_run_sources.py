@@ -15,28 +15,18 @@ from evalkube.engine.pod import prepare_sources
 from evalkube.engine.snapshot import PREPARE_UNIT, Prepared, parse_snapshot
 from evalkube.models.snapshot import RunSnapshot
 
-from .test_run_reconciler import EXACT, NS, Harness, run
+from .test_run_reconciler import NS, Harness, run, suite
 
 URI = "pvc://datasets/qa.jsonl"
 
 
 def uri_suite() -> dict[str, Any]:
-    return {
-        "apiVersion": "evalkube.io/v1alpha1",
-        "kind": "EvalSuite",
-        "metadata": {"name": "qa", "namespace": NS},
-        "spec": {
-            "tasks": [
-                {
-                    "id": "qa",
-                    "dataset": {"uri": URI, "idField": "id"},
-                    "target": "{{ item.a }}",
-                    "outputs": {"column": "out"},
-                    "grader": {"type": "python", "source": EXACT, "metricId": "exact_match"},
-                }
-            ]
-        },
-    }
+    """The reconciler tests' suite, its rows read from ``URI`` (no prompt: precomputed)."""
+    doc = suite()
+    [task] = doc["spec"]["tasks"]
+    task["dataset"] = {"uri": URI, "idField": "id"}
+    del task["prompt"]
+    return doc
 
 
 @pytest.fixture

@@ -82,74 +82,60 @@ def test_regex_ignore_case() -> None:
 # -- json ---------------------------------------------------------------------------------------
 
 
-def test_json_field() -> None:
-    assert Extractor("json", field="answer").extract('{"answer": "B", "why": "x"}') == "B"
+JSON_FOUND = [
+    pytest.param("answer", '{"answer": "B", "why": "x"}', "B", id="field"),
+    pytest.param(
+        "result.label", '{"result": {"label": "positive", "score": 0.9}}', "positive", id="nested"
+    ),
+    pytest.param(
+        "items.1.name", '{"items": [{"name": "a"}, {"name": "b"}]}', "b", id="list-index-in-path"
+    ),
+    # a value that is not a string is serialized
+    pytest.param("n", '{"n": 42}', "42", id="number"),
+    pytest.param("v", '{"v": {"a": [1, true]}}', '{"a": [1, true]}', id="object"),
+    pytest.param("answer", '```json\n{"answer": "C"}\n```', "C", id="fenced-with-language-tag"),
+    pytest.param("answer", '```\n{"answer": "D"}\n```', "D", id="fenced-without-language-tag"),
+    pytest.param(
+        "answer",
+        'Here is my answer:\n```json\n{"answer": "E"}\n```\nHope it helps.',
+        "E",
+        id="fenced-after-prose",
+    ),
+    pytest.param(
+        "answer",
+        'Sure! {"answer": "A"} is my final answer {"answer": "B"}',
+        "A",
+        id="first-object-embedded-in-text",
+    ),
+    pytest.param(
+        "answer", 'Use {curly} braces: {"answer": "F"}', "F", id="skips-braces-that-are-not-json"
+    ),
+]
 
 
-def test_json_nested_field() -> None:
-    text = '{"result": {"label": "positive", "score": 0.9}}'
-    assert Extractor("json", field="result.label").extract(text) == "positive"
+@pytest.mark.parametrize(("field", "text", "expected"), JSON_FOUND)
+def test_json_extracts_the_field(field: str, text: str, expected: str) -> None:
+    assert Extractor("json", field=field).extract(text) == expected
 
 
-def test_json_list_index_in_path() -> None:
-    assert (
-        Extractor("json", field="items.1.name").extract('{"items": [{"name": "a"}, {"name": "b"}]}')
-        == "b"
-    )
+JSON_MISSES = [
+    pytest.param(
+        "result.label",
+        '{"result": {"score": 1}}',
+        r"no field 'result\.label'",
+        id="missing-field-named",
+    ),
+    pytest.param("answer", '{"answer": null}', "is null", id="null-field"),
+    pytest.param("answer", "no json here", "no JSON object", id="no-object"),
+    pytest.param("a.b", '{"a": "text"}', None, id="path-through-a-scalar"),
+    pytest.param("a.5", '{"a": [1]}', None, id="index-out-of-range"),
+]
 
 
-def test_json_non_string_value_is_serialized() -> None:
-    assert Extractor("json", field="n").extract('{"n": 42}') == "42"
-    assert Extractor("json", field="v").extract('{"v": {"a": [1, true]}}') == '{"a": [1, true]}'
-
-
-def test_json_fenced_block_with_language_tag() -> None:
-    text = '```json\n{"answer": "C"}\n```'
-    assert Extractor("json", field="answer").extract(text) == "C"
-
-
-def test_json_fenced_block_without_language_tag() -> None:
-    assert Extractor("json", field="answer").extract('```\n{"answer": "D"}\n```') == "D"
-
-
-def test_json_fenced_block_after_prose() -> None:
-    text = 'Here is my answer:\n```json\n{"answer": "E"}\n```\nHope it helps.'
-    assert Extractor("json", field="answer").extract(text) == "E"
-
-
-def test_json_object_embedded_in_text() -> None:
-    text = 'Sure! {"answer": "A"} is my final answer {"answer": "B"}'
-    assert Extractor("json", field="answer").extract(text) == "A"
-
-
-def test_json_skips_braces_that_are_not_json() -> None:
-    text = 'Use {curly} braces: {"answer": "F"}'
-    assert Extractor("json", field="answer").extract(text) == "F"
-
-
-def test_json_missing_field_is_a_miss_naming_it() -> None:
-    with pytest.raises(ExtractionMiss, match=r"no field 'result\.label'"):
-        Extractor("json", field="result.label").extract('{"result": {"score": 1}}')
-
-
-def test_json_null_field_is_a_miss() -> None:
-    with pytest.raises(ExtractionMiss, match="is null"):
-        Extractor("json", field="answer").extract('{"answer": null}')
-
-
-def test_json_no_object_is_a_miss() -> None:
-    with pytest.raises(ExtractionMiss, match="no JSON object"):
-        Extractor("json", field="answer").extract("no json here")
-
-
-def test_json_path_through_a_scalar_is_a_miss() -> None:
-    with pytest.raises(ExtractionMiss):
-        Extractor("json", field="a.b").extract('{"a": "text"}')
-
-
-def test_json_index_out_of_range_is_a_miss() -> None:
-    with pytest.raises(ExtractionMiss):
-        Extractor("json", field="a.5").extract('{"a": [1]}')
+@pytest.mark.parametrize(("field", "text", "match"), JSON_MISSES)
+def test_json_miss(field: str, text: str, match: str | None) -> None:
+    with pytest.raises(ExtractionMiss, match=match):
+        Extractor("json", field=field).extract(text)
 
 
 # -- choice -------------------------------------------------------------------------------------

@@ -46,6 +46,15 @@ def refusal(source: str) -> str:
     return answer or "the child died (memory or CPU limit)"
 
 
+def quick_refusal(source: str) -> str:
+    """``refusal(source)``, which must come in under 10 s: a template is refused before it
+    runs, not after."""
+    started = time.monotonic()
+    answer = refusal(source)
+    assert time.monotonic() - started < 10, "refused only after it ran"
+    return answer
+
+
 @pytest.mark.parametrize(
     ("source", "refused"),
     [
@@ -152,11 +161,9 @@ def refusal(source: str) -> str:
     ],
 )
 def test_an_attack_is_refused_naming_the_field(source: str, refused: str) -> None:
-    started = time.monotonic()
-    answer = refusal(source)
+    answer = quick_refusal(source)
     assert answer.startswith(("refused: tasks[t].prompt: ", "refused: prompt: ")), answer
     assert re.search(refused.replace("(", r"\(").replace("*", r"\*"), answer), answer
-    assert time.monotonic() - started < 10, "refused only after it ran"
 
 
 def _doubled(names: str, depth: int) -> str:
@@ -234,11 +241,9 @@ _CHARGED = "would (build|hold|compare) more than 16,000,000 characters"
     ],
 )
 def test_a_shared_or_compared_container_is_charged_in_full(source: str, refused: str) -> None:
-    started = time.monotonic()
-    answer = refusal(source)
+    answer = quick_refusal(source)
     assert answer.startswith("refused: prompt: "), answer
     assert re.search(refused, answer), answer
-    assert time.monotonic() - started < 10, "refused only after it ran"
 
 
 def test_a_grader_template_names_its_field() -> None:

@@ -16,19 +16,20 @@ from evalkube.sandbox.oci import build_spec, rootfs_dirs
 SYSTEM = [SystemEntry("/usr"), SystemEntry("/bin", "usr/bin"), SystemEntry("/etc/alternatives")]
 
 
-def _spec(bridge: str | None = None) -> dict[str, Any]:
-    return build_spec(
-        args=["/usr/bin/python3", "-c", "pass"],
-        env={"PATH": "/usr/bin:/bin"},
-        system=SYSTEM,
-        worker_package="/pkg/evalkube_sandbox",
-        bridge_socket=bridge,
-        memory_bytes=1 << 30,
-        pids=4096,
-        tmp_bytes=64 << 20,
-        open_files=256,
-        cgroups_path="/evalkube-gvisor-1-abc",
-    )
+def _spec(bridge: str | None = None, **overrides: Any) -> dict[str, Any]:
+    arguments: dict[str, Any] = {
+        "args": ["/usr/bin/python3", "-c", "pass"],
+        "env": {"PATH": "/usr/bin:/bin"},
+        "system": SYSTEM,
+        "worker_package": "/pkg/evalkube_sandbox",
+        "bridge_socket": bridge,
+        "memory_bytes": 1 << 30,
+        "pids": 4096,
+        "tmp_bytes": 64 << 20,
+        "open_files": 256,
+        "cgroups_path": "/evalkube-gvisor-1-abc",
+    }
+    return build_spec(**{**arguments, **overrides})
 
 
 def test_the_container_is_read_only_unprivileged_and_offline() -> None:
@@ -113,19 +114,7 @@ ENV = Path("/cache/evalkube-grader-env/k/site-packages")
 
 
 def test_gvisor_binds_the_grader_environment_read_only() -> None:
-    spec = build_spec(
-        args=["/usr/bin/python3", "-c", "pass"],
-        env={},
-        system=SYSTEM,
-        worker_package="/pkg/evalkube_sandbox",
-        bridge_socket=None,
-        memory_bytes=1 << 30,
-        pids=4096,
-        tmp_bytes=64 << 20,
-        open_files=256,
-        cgroups_path="/x",
-        environment=str(ENV),
-    )
+    spec = _spec(env={}, cgroups_path="/x", environment=str(ENV))
     mounts = {m["destination"]: m for m in spec["mounts"]}
     assert mounts[INSIDE_ENVIRONMENT]["source"] == str(ENV)
     assert {"rbind", "ro"} <= set(mounts[INSIDE_ENVIRONMENT]["options"])

@@ -173,12 +173,6 @@ def test_syntax_error_reports_the_line() -> None:
     assert "(/graders/g.py, line 3)" in info["message"]
 
 
-def test_indentation_error_is_a_syntax_error_with_line() -> None:
-    info = load_error("def grade(sample, item):\nreturn 1\n")
-    assert info["type"] == "SyntaxError"
-    assert info["line"] == 2
-
-
 def test_missing_function() -> None:
     info = load_error("def score(sample, item):\n    return 1\n")
     assert info == {
@@ -220,16 +214,25 @@ def test_import_of_a_missing_module() -> None:
     assert info["line"] == 1
 
 
-def test_system_exit_at_import_is_a_load_error_not_an_exit() -> None:
-    info = load_error("raise SystemExit(3)\n")
-    assert info["type"] == "SystemExit"
-    assert info["line"] == 1
-
-
-def test_keyboard_interrupt_at_import_is_a_load_error() -> None:
-    info = load_error("def grade(s, i):\n    return 1\nraise KeyboardInterrupt\n")
-    assert info["type"] == "KeyboardInterrupt"
-    assert info["line"] == 3
+@pytest.mark.parametrize(
+    ("source", "error_type", "line"),
+    [
+        # an indentation error is a syntax error, with its line
+        pytest.param("def grade(sample, item):\nreturn 1\n", "SyntaxError", 2, id="indentation"),
+        # SystemExit and KeyboardInterrupt at import are load errors, not an exit
+        pytest.param("raise SystemExit(3)\n", "SystemExit", 1, id="system-exit-at-import"),
+        pytest.param(
+            "def grade(s, i):\n    return 1\nraise KeyboardInterrupt\n",
+            "KeyboardInterrupt",
+            3,
+            id="keyboard-interrupt-at-import",
+        ),
+    ],
+)
+def test_a_load_error_names_its_type_and_line(source: str, error_type: str, line: int) -> None:
+    info = load_error(source)
+    assert info["type"] == error_type
+    assert info["line"] == line
 
 
 @pytest.mark.parametrize(

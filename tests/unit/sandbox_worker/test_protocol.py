@@ -101,19 +101,30 @@ def test_host_reads_many_frames_split_across_reads() -> None:
     assert read_all(worker.read_frame, Trickle(data)) == MESSAGES[:5]  # type: ignore[arg-type]
 
 
-# -- worker side --------------------------------------------------------------------------------
+# -- both sides ---------------------------------------------------------------------------------
+
+SIDES = [
+    pytest.param(worker.read_frame, worker.ProtocolError, id="worker"),
+    pytest.param(host.read_frame, host.FrameError, id="host"),
+]
 
 
-def test_worker_clean_end_of_stream_is_none() -> None:
-    assert worker.read_frame(io.BytesIO(b"")) is None
+@pytest.mark.parametrize(("read_frame", "error"), SIDES)
+def test_clean_end_of_stream_is_none(read_frame: Any, error: type[Exception]) -> None:
+    assert read_frame(io.BytesIO(b"")) is None  # not an error
 
 
-def test_worker_end_inside_header_or_body_is_an_error() -> None:
+@pytest.mark.parametrize(("read_frame", "error"), SIDES)
+@pytest.mark.parametrize("cut", [2, -1, -3], ids=["in-header", "last-byte", "in-body"])
+def test_an_end_inside_the_header_or_the_body_is_an_error(
+    read_frame: Any, error: type[Exception], cut: int
+) -> None:
     data = worker.encode({"a": 1})
-    with pytest.raises(worker.ProtocolError, match="inside a frame"):
-        worker.read_frame(io.BytesIO(data[:2]))
-    with pytest.raises(worker.ProtocolError, match="inside a frame"):
-        worker.read_frame(io.BytesIO(data[:-1]))
+    with pytest.raises(error, match="inside a frame"):
+        read_frame(io.BytesIO(data[:cut]))
+
+
+# -- worker side --------------------------------------------------------------------------------
 
 
 def test_worker_refuses_oversized_requests() -> None:
@@ -123,18 +134,6 @@ def test_worker_refuses_oversized_requests() -> None:
 
 
 # -- host side ----------------------------------------------------------------------------------
-
-
-def test_host_clean_end_of_stream_is_none() -> None:
-    assert host.read_frame(io.BytesIO(b"")) is None
-
-
-def test_host_end_inside_a_frame_is_a_frame_error() -> None:
-    data = worker.encode({"a": 1})
-    with pytest.raises(host.FrameError, match="inside a frame"):
-        host.read_frame(io.BytesIO(data[:2]))
-    with pytest.raises(host.FrameError, match="inside a frame"):
-        host.read_frame(io.BytesIO(data[:-3]))
 
 
 def test_host_refuses_frames_over_its_limit_without_reading_them() -> None:
