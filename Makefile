@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: setup grader-env sandboxes demo test faults check lint typecheck crds-check system-deps native-proxy images
+.PHONY: setup grader-env sandboxes demo test nightly check lint typecheck crds-check system-deps native-proxy images
 setup:
 	bash .ci/python.sh
 	bash .ci/grader-env.sh >/dev/null
@@ -53,10 +53,10 @@ crds-check: setup
 test: setup system-deps lint typecheck crds-check
 	bash .ci/test.sh
 
-# The real-node faults too slow for every CI run (marker faults_nightly; docs/operator.md,
+# The tests too slow for every CI run (marker nightly: real-node faults, docs/operator.md,
 # "What survives what"), for a nightly job: the same set-up as `make test`, then only them.
-faults: setup system-deps
-	EVALKUBE_FAULTS_NIGHTLY=1 bash .ci/test.sh -m faults_nightly tests/realnode
+nightly: setup system-deps
+	EVALKUBE_NIGHTLY=1 bash .ci/test.sh -m nightly tests/realnode
 
 # The inner loop: lint, types, CRD drift and the unit tests (no services, no sandboxes, no
 # cluster). CI always runs `make test`.

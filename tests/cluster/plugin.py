@@ -14,9 +14,9 @@ Registered from tests/conftest.py (``pytest_plugins = ["tests.cluster.plugin"]``
   ``real_node`` fixture (session) is added to it automatically. Binaries from
   tests/cluster/build-node.sh, images from .ci/images.sh (``bash .ci/realnode.sh`` builds both).
   Missing host facilities or builds FAIL the test when ``$CI`` is set and skip it otherwise.
-- marker ``faults_nightly``: a real-node fault too slow for every CI run (docs/operator.md,
-  "What survives what", says why each one is there). Deselected unless ``-m`` names it or
-  ``EVALKUBE_FAULTS_NIGHTLY=1`` is set; ``make faults`` runs them.
+- marker ``nightly``: a test too slow for every CI run, for a nightly job (the real-node faults
+  docs/operator.md's "What survives what" marks, every golden OpenAI case on the node).
+  Deselected unless ``-m`` names it or ``EVALKUBE_NIGHTLY=1`` is set; ``make nightly`` runs them.
 
 Binaries: ``$EVALKUBE_CTRLPLANE_BIN``, else the build cache of tests/cluster/build-tools.sh
 (looked up with ``--print-if-cached``; the plugin never builds). If they are missing, tests that
@@ -74,15 +74,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "faults_nightly: a real-node fault too slow for every CI run; deselected unless -m "
-        "names it or EVALKUBE_FAULTS_NIGHTLY=1 (make faults).",
+        "nightly: too slow for every CI run; deselected unless -m names it or "
+        "EVALKUBE_NIGHTLY=1 (make nightly).",
     )
 
 
 def _nightly_selected(config: pytest.Config) -> bool:
-    if os.environ.get("EVALKUBE_FAULTS_NIGHTLY", "") not in ("", "0"):
+    if os.environ.get("EVALKUBE_NIGHTLY", "") not in ("", "0"):
         return True
-    return "faults_nightly" in (config.getoption("markexpr", "") or "")
+    return "nightly" in (config.getoption("markexpr", "") or "")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -98,10 +98,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     )
     if not _nightly_selected(config):
-        nightly = [item for item in items if item.get_closest_marker("faults_nightly")]
+        nightly = [item for item in items if item.get_closest_marker("nightly")]
         if nightly:
             config.hook.pytest_deselected(items=nightly)
-            items[:] = [item for item in items if not item.get_closest_marker("faults_nightly")]
+            items[:] = [item for item in items if not item.get_closest_marker("nightly")]
     for item in items:
         if item.get_closest_marker("cluster") and "control_plane" not in getattr(
             item, "fixturenames", ["control_plane"]

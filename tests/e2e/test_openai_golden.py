@@ -93,11 +93,14 @@ def golden_suite(root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return suite, run
 
 
-def expected_results(results: list[dict[str, Any]]) -> list[tuple[str, str, Any, Any]]:
-    """``(case, what, got, expected)`` for every case whose score or pass differs."""
+def expected_results(
+    results: list[dict[str, Any]], cases: list[dict[str, Any]] = CASES
+) -> list[tuple[str, str, Any, Any]]:
+    """``(case, what, got, expected)`` for every case of ``cases`` whose score or pass
+    differs."""
     by_task = {r["task"]: r for r in results}
     wrong = []
-    for case in CASES:
+    for case in cases:
         result = by_task[task_id(case)]
         name = case["grader"]["name"]
         score, passed = result["metrics"].get(name), result["criteria"].get(name)

@@ -48,7 +48,7 @@ def _assert_jobs_created_once(
     assert sum(failed.values()) == retried, f"Pods failed and retried: {failed}"
 
 
-@pytest.mark.faults_nightly  # about 200 s: the 50 s outage, then about 2 minutes back
+@pytest.mark.nightly  # about 200 s: the 50 s outage, then about 2 minutes back
 def test_api_server_and_etcd_down_mid_run(evalkube_on_node: RealNode, node_namespace: str) -> None:
     node, ns = evalkube_on_node, node_namespace
     node.apply(slow_suite(ns))
@@ -97,7 +97,7 @@ def test_runner_killed_mid_shard_is_retried_without_loss_or_duplicate(
     assert_nothing_left(node, ns, run)
 
 
-@pytest.mark.faults_nightly  # flaky as the node's first fault: 2 Pods failed once
+@pytest.mark.nightly  # flaky as the node's first fault: 2 Pods failed once
 def test_kubelet_and_containerd_restarted_under_running_pods(
     evalkube_on_node: RealNode, node_namespace: str
 ) -> None:

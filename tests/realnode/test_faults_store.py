@@ -34,10 +34,10 @@ from tests.realnode.faults import exact_match_task, one_task_suite
 from tests.realnode.support import OPERATOR_NS, RELEASE, diagnose, eval_run, wait_finished
 from tests.support.postgres import find_bindir
 
-#: Nightly as a module (``make faults``): its set-up moves the session's release to a
+#: Nightly as a module (``make nightly``): its set-up moves the session's release to a
 #: PostgreSQL store and back (two ``helm upgrade`` rollouts and a fault-free run, about 2 min
 #: 10 s) before any fault, and each CI run's real-node time is kept to about 4 minutes.
-pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900), pytest.mark.faults_nightly]
+pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900), pytest.mark.nightly]
 
 #: The PostgreSQL host: TEST-NET-1, in a netns of this module's own (the S3 and provider
 #: hosts of other tests use TEST-NET-2), linked to the node's netns by a veth pair.
