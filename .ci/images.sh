@@ -57,8 +57,10 @@ PAUSE_C=$(cd tests/cluster/tools/node-k8s && GOFLAGS=-mod=readonly GOWORK=off go
   | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')/build/pause/linux/pause.c
 
 BASE_KEY=$({ echo "$SUITE $BASE_PKGS $GOVER"; sed -n '/^# >>> base/,/^# <<< base/p' "$SCRIPT"; } | sha256sum | cut -c1-12)
+# (a tracked file deleted in the work tree, not yet `git rm`ed, is left out)
 FILES=$(git ls-files -co --exclude-standard -- operator sandbox_image pyproject.toml README.md \
-        | grep -v -e '__pycache__' -e '\.pyc$' | LC_ALL=C sort)
+        | grep -v -e '__pycache__' -e '\.pyc$' | LC_ALL=C sort \
+        | while IFS= read -r f; do if [[ -e $f ]]; then echo "$f"; fi; done)
 KEY=$({ echo "$BASE_KEY $VERSION $K8S"; cat "$SCRIPT" "$PAUSE_C"
         while IFS= read -r f; do echo "$f"; cat "$f"; done <<<"$FILES"; } | sha256sum | cut -c1-16)
 CACHE=${EVALKUBE_IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/evalkube-images}

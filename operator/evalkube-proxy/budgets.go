@@ -142,6 +142,23 @@ func (b *Budgets) Acquire(executionID string) *BudgetExhausted {
 	return nil
 }
 
+// Charge counts a call that was charged before (replayed from the journal), without checks.
+func (b *Budgets) Charge(executionID string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if used, open := b.perExecution[executionID]; open {
+		b.perExecution[executionID] = used + 1
+	}
+	b.used++
+}
+
+// CountRefused counts a refused call (replayed from the journal).
+func (b *Budgets) CountRefused(scope string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refused[scope]++
+}
+
 func (b *Budgets) Snapshot() BudgetSnapshot {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -31,6 +31,8 @@ type Config struct {
 	// through it with the grant of EgressGrantFile (egress.go). nil: direct.
 	EgressProxy     *string `json:"egress_proxy"`
 	EgressGrantFile *string `json:"egress_grant_file"`
+	// StateDir holds the journal (journal.go) a restarted proxy replays. nil: none.
+	StateDir *string `json:"state_dir"`
 }
 
 // ProviderConfig is one OpenAI-compatible endpoint and where its key comes from.

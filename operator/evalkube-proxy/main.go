@@ -92,6 +92,19 @@ func serve(config Config) error {
 		Metrics:        metrics,
 		Usage:          NewUsageLedger(),
 	}
+	if config.StateDir != nil && *config.StateDir != "" {
+		journal, replayed, err := OpenJournal(*config.StateDir, service.Budgets, service.Usage)
+		if err != nil {
+			return fmt.Errorf("state directory %s: %w", *config.StateDir, err)
+		}
+		defer journal.Close()
+		service.Journal = journal
+		if replayed.Records > 0 {
+			log.Printf("INFO restarted: replayed %d journal records; %d requests sent by the previous process "+
+				"never answered count as retries (%d of them attributable to no execution or call)",
+				replayed.Records, replayed.Lost, replayed.Unattributed)
+		}
+	}
 	apps := &Apps{Service: service, ControlToken: token}
 
 	type bound struct {

@@ -24,6 +24,9 @@ const (
 	// requestsHeader: on a control listener's model answer, the call's requests that may have
 	// reached the provider (the runner counts the extra ones as the call's retries).
 	requestsHeader = "X-Evalkube-Upstream-Requests"
+	// callKeyHeader: on a control listener's model call, the runner's name for the call, the
+	// same when it sends the call again after the proxy was restarted (journal.go).
+	callKeyHeader = "X-Evalkube-Call"
 	// executionIDChars is the longest execution id accepted (the runner uses sample ids).
 	executionIDChars = 256
 	// requestBodyBytes is the largest request body accepted from a client.
@@ -169,11 +172,16 @@ func (a *Apps) controlCall(kind Kind) http.HandlerFunc {
 			writeJSON(w, 400, errorBody("invalid_request", purposeHeader+" must be candidate, judge or embedding"))
 			return
 		}
+		key := r.Header.Get(callKeyHeader)
+		if key != "" && !validExecutionID(key) {
+			writeJSON(w, 400, errorBody("invalid_request", "bad "+callKeyHeader+" header"))
+			return
+		}
 		raw, ok := readBody(w, r)
 		if !ok {
 			return
 		}
-		status, body, requests := a.Service.ForwardCall(kind, raw, executionID, purpose, false)
+		status, body, requests := a.Service.ForwardKeyedCall(kind, raw, executionID, purpose, key, false)
 		// the runner's own calls: it counts their retries itself
 		w.Header().Set(requestsHeader, strconv.Itoa(requests))
 		writeJSON(w, status, body)
@@ -195,7 +203,9 @@ func (a *Apps) usageTake(w http.ResponseWriter, r *http.Request) {
 	valid := json.Unmarshal(raw, &request) == nil
 	if valid && string(bytes.TrimSpace(request.ExecutionIDs)) == `"*"` {
 		a.Service.Budgets.Close(nil)
-		writeJSON(w, 200, marshal(a.Service.Usage.TakeAll()))
+		taken := a.Service.Usage.TakeAll()
+		a.Service.Journal.Take(nil)
+		writeJSON(w, 200, marshal(taken))
 		return
 	}
 	if !valid || len(request.ExecutionIDs) == 0 || json.Unmarshal(request.ExecutionIDs, &ids) != nil || ids == nil {
@@ -205,7 +215,9 @@ func (a *Apps) usageTake(w http.ResponseWriter, r *http.Request) {
 	}
 	// Taking an execution's usage closes its token: it can call no more.
 	a.Service.Budgets.Close(ids)
-	writeJSON(w, 200, marshal(a.Service.Usage.Take(ids)))
+	taken := a.Service.Usage.Take(ids)
+	a.Service.Journal.Take(ids)
+	writeJSON(w, 200, marshal(taken))
 }
 
 func (a *Apps) executionsOpen(w http.ResponseWriter, r *http.Request) {
@@ -229,6 +241,7 @@ func (a *Apps) executionsOpen(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 409, errorBody("invalid_request", err.Error()))
 		return
 	}
+	a.Service.Journal.Open(request.Tokens)
 	writeJSON(w, 200, marshal(map[string]int{"opened": len(request.Tokens)}))
 }
 
@@ -258,6 +271,7 @@ func (a *Apps) budgetPut(w http.ResponseWriter, r *http.Request) {
 	}
 	plannedInt := int(planned)
 	a.Service.Budgets.Configure(unitID, int(perExecution), &plannedInt)
+	a.Service.Journal.Unit(unitID, int(perExecution), plannedInt)
 	writeJSON(w, 200, marshal(a.Service.Budgets.Snapshot()))
 }
 

@@ -43,6 +43,8 @@ type Service struct {
 	Budgets        *Budgets
 	Metrics        *Metrics
 	Usage          *UsageLedger
+	// Journal (nil: none) keeps budgets, tokens, usage and sent requests across a restart.
+	Journal *Journal
 }
 
 // forcedResponseFlags: a grader gets one synchronous, stored answer, never a stream or a
@@ -120,6 +122,13 @@ func (s *Service) ModelCall(kind Kind, raw []byte, executionID, purpose string, 
 // ForwardCall is ModelCall with the call's requests that may have reached the provider (0
 // when none was sent), which the control listener tells the runner.
 func (s *Service) ForwardCall(kind Kind, raw []byte, executionID, purpose string, budgeted bool) (int, []byte, int) {
+	return s.ForwardKeyedCall(kind, raw, executionID, purpose, "", budgeted)
+}
+
+// ForwardKeyedCall is ForwardCall for a call the runner names with key (X-Evalkube-Call,
+// the same when it sends the call again): the requests a killed proxy sent for that key and
+// never answered are added to this call's (they were paid, their answers never used).
+func (s *Service) ForwardKeyedCall(kind Kind, raw []byte, executionID, purpose, key string, budgeted bool) (int, []byte, int) {
 	if purpose == "" {
 		purpose = kind.defaultPurpose()
 	}
@@ -165,6 +174,7 @@ func (s *Service) ForwardCall(kind Kind, raw []byte, executionID, purpose string
 	}
 	if budgeted {
 		if exhausted := s.Budgets.Acquire(executionID); exhausted != nil {
+			s.Journal.Refused(exhausted.Scope)
 			s.Metrics.Rejected(exhausted.Scope)
 			if exhausted.Scope == "unknown_execution" {
 				s.Metrics.Call(purpose, provider, "unknown_execution", -1)
@@ -174,18 +184,29 @@ func (s *Service) ForwardCall(kind Kind, raw []byte, executionID, purpose string
 			return 429, errorBody("budget_exhausted", exhausted.Message, "scope", exhausted.Scope), 0
 		}
 	}
+	call := s.Journal.NextCall()
+	var sent func()
+	if s.Journal != nil {
+		sent = func() { s.Journal.Sent(call, executionID, key) }
+	}
+	claimed := s.Journal.Claim(key)
 	started := time.Now()
-	reply, parsed, failure := s.Upstream.PostCall(provider, path, payload)
+	reply, parsed, failure := s.Upstream.PostCallTraced(provider, path, payload, sent)
 	seconds := time.Since(started).Seconds()
+	done := journalRecord{Exec: executionID, Key: key, Purpose: purpose, MS: seconds * 1000, Budgeted: budgeted}
 	if failure != nil {
 		status, errorKind := errorStatus(failure)
+		requests := failure.Requests + claimed
 		log.Printf("WARNING model call failed: %s (execution %s, purpose %s)", failure.Message, executionID, purpose)
 		s.Metrics.Call(purpose, provider, "error", seconds)
 		if executionID != "" {
-			s.Usage.Record(executionID, purpose, seconds*1000, "", nil, false, failure.Requests)
+			s.Usage.Record(executionID, purpose, seconds*1000, "", nil, false, requests)
 		}
-		return status, errorBody(errorKind, failure.Message, "provider", provider), failure.Requests
+		done.Requests = requests
+		s.Journal.Done(call, done)
+		return status, errorBody(errorKind, failure.Message, "provider", provider), requests
 	}
+	requests := parsed.Requests + claimed
 	tokens := parsed.Usage.Counts()
 	responseID := ""
 	if kind == Responses && len(parsed.ID) > 0 && parsed.ID[0] == '"' {
@@ -196,9 +217,17 @@ func (s *Service) ForwardCall(kind Kind, raw []byte, executionID, purpose string
 		s.Metrics.AddTokens(purpose, tokens)
 	}
 	if executionID != "" {
-		s.Usage.Record(executionID, purpose, seconds*1000, responseID, tokens, true, parsed.Requests)
+		s.Usage.Record(executionID, purpose, seconds*1000, responseID, tokens, true, requests)
 	}
-	return 200, reply, parsed.Requests
+	if s.Journal != nil {
+		done.OK, done.Requests, done.RID = true, requests, responseID
+		done.Usage = make(map[string]int64, len(tokens))
+		for _, token := range tokens {
+			done.Usage[token.name] = token.value
+		}
+		s.Journal.Done(call, done)
+	}
+	return 200, reply, requests
 }
 
 // decodeRequest parses a client's body into its top-level fields (an empty body is {}).

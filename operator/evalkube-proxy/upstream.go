@@ -239,7 +239,13 @@ func (u *Upstream) ResponsesCall(providerName string, payload []byte) (string, [
 // PostCall posts what ResponsesCall built (or any other model call); a chat completion comes
 // back as the Responses object it stands for, with that object's id and usage.
 func (u *Upstream) PostCall(providerName, path string, payload []byte) ([]byte, Answer, *UpstreamError) {
-	raw, answer, failure := u.Post(providerName, path, payload)
+	return u.PostCallTraced(providerName, path, payload, nil)
+}
+
+// PostCallTraced is PostCall calling sent (when not nil) each time a request of the call has
+// been written upstream: from then on the provider may bill it.
+func (u *Upstream) PostCallTraced(providerName, path string, payload []byte, sent func()) ([]byte, Answer, *UpstreamError) {
+	raw, answer, failure := u.post(providerName, path, payload, sent)
 	if failure != nil || path != chatPath {
 		return raw, answer, failure
 	}
@@ -277,6 +283,10 @@ func (u *Upstream) PostCall(providerName, path string, payload []byte) ([]byte, 
 // Post sends payload to provider's path and returns the raw answer (a JSON object, passed on
 // unchanged) with its id and usage.
 func (u *Upstream) Post(providerName, path string, payload []byte) ([]byte, Answer, *UpstreamError) {
+	return u.post(providerName, path, payload, nil)
+}
+
+func (u *Upstream) post(providerName, path string, payload []byte, sent func()) ([]byte, Answer, *UpstreamError) {
 	provider, ok := u.Providers[providerName]
 	if !ok {
 		known := strings.Join(u.ProviderNames(), ", ")
@@ -292,7 +302,7 @@ func (u *Upstream) Post(providerName, path string, payload []byte) ([]byte, Answ
 	target := provider.BaseURL + path
 	requests := 0
 	for attempt := 0; ; attempt++ {
-		raw, retryAfter, failure := u.attempt(provider, target, payload)
+		raw, retryAfter, failure := u.attempt(provider, target, payload, sent)
 		if failure == nil {
 			requests++
 			var answer Answer
@@ -330,7 +340,7 @@ func (u *Upstream) Post(providerName, path string, payload []byte) ([]byte, Answ
 }
 
 // attempt makes one call. retryAfter is the provider's Retry-After in seconds, or -1.
-func (u *Upstream) attempt(provider *Provider, target string, payload []byte) ([]byte, float64, *UpstreamError) {
+func (u *Upstream) attempt(provider *Provider, target string, payload []byte, sent func()) ([]byte, float64, *UpstreamError) {
 	key := provider.APIKey()
 	if key == "" && provider.KeySource() != "" {
 		return nil, -1, &UpstreamError{
@@ -360,6 +370,12 @@ func (u *Upstream) attempt(provider *Provider, target string, payload []byte) ([
 	var wrote atomic.Bool
 	request = request.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		WroteHeaders: func() { wrote.Store(true) },
+		// the whole request written (body included): the journal's "sent" record
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil && sent != nil {
+				sent()
+			}
+		},
 	}))
 	response, err := u.client.Do(request)
 	var raw []byte

@@ -40,16 +40,7 @@ func NewUsageLedger() *UsageLedger {
 func (l *UsageLedger) Record(executionID, purpose string, latencyMS float64, responseID string, tokens []tokenCount, ok bool, requests int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	entry := l.executions[executionID]
-	if entry == nil {
-		entry = &ExecutionUsage{
-			ResponseIDs: []string{},
-			Usage:       map[string]int64{},
-			LatencyMS:   []float64{},
-			ByPurpose:   map[string]int{},
-		}
-		l.executions[executionID] = entry
-	}
+	entry := l.entry(executionID)
 	entry.Calls++
 	if requests > 1 {
 		entry.Retries += requests - 1
@@ -65,6 +56,39 @@ func (l *UsageLedger) Record(executionID, purpose string, latencyMS float64, res
 	for _, token := range tokens {
 		entry.Usage[token.name] += token.value
 	}
+}
+
+// RecordCounts is Record with the token counts by name (as the journal keeps them).
+func (l *UsageLedger) RecordCounts(executionID, purpose string, latencyMS float64, responseID string, usage map[string]int64, ok bool, requests int) {
+	var tokens []tokenCount
+	for _, name := range tokenFields {
+		if value, found := usage[name]; found {
+			tokens = append(tokens, tokenCount{name, value})
+		}
+	}
+	l.Record(executionID, purpose, latencyMS, responseID, tokens, ok, requests)
+}
+
+// AddRetries counts requests of executionID's calls that may have reached the provider and
+// whose answers were never used (a killed proxy's calls, replayed from its journal).
+func (l *UsageLedger) AddRetries(executionID string, requests int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.entry(executionID).Retries += requests
+}
+
+func (l *UsageLedger) entry(executionID string) *ExecutionUsage {
+	entry := l.executions[executionID]
+	if entry == nil {
+		entry = &ExecutionUsage{
+			ResponseIDs: []string{},
+			Usage:       map[string]int64{},
+			LatencyMS:   []float64{},
+			ByPurpose:   map[string]int{},
+		}
+		l.executions[executionID] = entry
+	}
+	return entry
 }
 
 // Take removes and returns the usage of ids (ids without calls are absent).

@@ -119,6 +119,11 @@ UNIT_DEADLINE_MAX_SECONDS: Final = 86_400
 GENERATION_CONCURRENCY_DEFAULT: Final = 8
 #: Retries of a candidate-generation request on 429/5xx/timeouts.
 GENERATION_RETRIES_DEFAULT: Final = 4
+#: Seconds the runner (and a grader's ctx, ``evalkube_sandbox.ctx.RESTART_RETRY_SECONDS``)
+#: send a call to the proxy sidecar again while it restarts: its socket refuses, or it hung
+#: up before answering. The kubelet starts a killed sidecar again at once, 10 s later after a
+#: second kill (docs/proxy.md, "Resilience").
+BRIDGE_RESTART_RETRY_SECONDS: Final = 60.0
 #: Samples written to the store in one transaction.
 STORE_CHUNK_SIZE: Final = 5_000
 #: Samples one ``grade_batch`` call may receive: the call needs all of a task x model's

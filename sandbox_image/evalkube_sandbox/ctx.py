@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from typing import Any
 
 EXECUTION_HEADER = "X-Evalkube-Execution"
+#: How long a call is sent again while the bridge is restarting: its socket refuses or is
+#: missing, or it hung up before answering (the proxy sidecar was killed; the kubelet starts
+#: it again within seconds, and 10 s later after a second kill). The restarted proxy counts
+#: what the dead one had sent as the execution's ``retries`` (docs/proxy.md, "Resilience").
+RESTART_RETRY_SECONDS = 60.0
 
 
 class ModelCallError(RuntimeError):
@@ -114,28 +119,52 @@ class Context:
             raise ModelCallError(
                 f"the request is not JSON-serializable: {exc}", kind="invalid_request"
             ) from None
-        conn = self._connection()
-        try:
-            conn.request(
-                "POST",
-                path,
-                body=payload,
-                headers={"Content-Type": "application/json", EXECUTION_HEADER: self.execution_id},
-            )
-            reply = conn.getresponse()
-            data = reply.read()
-        except TimeoutError:
-            raise ModelCallError(
-                f"the model bridge did not answer within {self._timeout:g} s",
-                kind="bridge_unreachable",
-            ) from None
-        except (OSError, _http()[0].HTTPException) as exc:
-            raise ModelCallError(
-                f"model bridge unreachable at {self._endpoint}: {exc or type(exc).__name__}",
-                kind="bridge_unreachable",
-            ) from None
-        finally:
-            conn.close()
+        client = _http()[0]
+        deadline = pause = 0.0
+        while True:
+            conn = self._connection()
+            try:
+                conn.request(
+                    "POST",
+                    path,
+                    body=payload,
+                    headers={
+                        "Content-Type": "application/json",
+                        EXECUTION_HEADER: self.execution_id,
+                    },
+                )
+                reply = conn.getresponse()
+                data = reply.read()
+                break
+            except TimeoutError:
+                raise ModelCallError(
+                    f"the model bridge did not answer within {self._timeout:g} s",
+                    kind="bridge_unreachable",
+                ) from None
+            except (OSError, client.HTTPException) as exc:
+                # refused or hung up before the answer: the proxy is restarting (its socket
+                # missing only counts while it restarts: a stopped proxy removes it)
+                restarting = isinstance(exc, (ConnectionError, client.IncompleteRead)) or (
+                    bool(deadline) and isinstance(exc, FileNotFoundError)
+                )
+                if restarting:
+                    import time
+
+                    now = time.monotonic()
+                    if not deadline:
+                        deadline, pause = now + RESTART_RETRY_SECONDS, 0.1
+                    if now + pause < deadline:
+                        time.sleep(pause)
+                        pause = min(pause * 2, 2.0)
+                        continue
+                waited = f" (sent again for {RESTART_RETRY_SECONDS:g} s)" if restarting else ""
+                raise ModelCallError(
+                    f"model bridge unreachable at {self._endpoint}: "
+                    f"{exc or type(exc).__name__}{waited}",
+                    kind="bridge_unreachable",
+                ) from None
+            finally:
+                conn.close()
         try:
             decoded = json.loads(data) if data else {}
         except ValueError:

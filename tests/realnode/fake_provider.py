@@ -10,7 +10,9 @@ result 2 when the input contains ``blue``, else 8.
 ``POST /v1/embeddings`` embeds each input text as ``[len(text), 1.0]``.
 ``GET /_calls`` returns what it received: ``[{path, model, authorization, answer, request}]``
 (every model request, whatever it was answered: it is the bill; ``answer`` is ``ok`` or the
-misbehaviour it got, ``request`` a digest of path and body, the same for a call sent again).
+misbehaviour it got, ``request`` a digest of path and body, the same for a call sent again;
+``delivered``, for a ``slow`` answer, whether its body was all written: ``null`` while it
+dribbles, ``false`` when the client hung up first).
 
 Misbehaviour, switched at run time by ``POST /_mode`` with ``{"mode", "times", "rate",
 "retry_after", "delay", "status", "clear_calls"}``: a hit request is answered ``storm429``
@@ -82,9 +84,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _answer(self, fault: str, payload: Any) -> None:
+    def _answer(self, fault: str, payload: Any, number: int = 0) -> None:
         if fault == "slow":
-            self._misbehave(fault, json.dumps(payload).encode())
+            self._misbehave(fault, json.dumps(payload).encode(), number)
         else:
             self._reply(payload)
 
@@ -104,7 +106,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 CALLS.clear()
             self._reply(dict(MODE))
 
-    def _misbehave(self, fault: str, answer: bytes) -> None:
+    def _misbehave(self, fault: str, answer: bytes, number: int = 0) -> None:
         """Answer as ``fault`` says instead of with ``answer``."""
         if fault == "drop":
             self.close_connection = True
@@ -116,6 +118,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
             pause = float(MODE.get("delay", 5.0)) / max(len(answer), 1)
+            delivered = True
             try:
                 for byte in answer:
                     self.wfile.write(bytes([byte]))
@@ -123,6 +126,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     time.sleep(pause)
             except OSError:
                 self.close_connection = True  # the client gave up waiting
+                delivered = False
+            if number:
+                with LOCK:
+                    if len(CALLS) >= number:  # not cleared by /_mode meanwhile
+                        CALLS[number - 1]["delivered"] = delivered
             return
         status = 429 if fault == "storm429" else int(MODE.get("status", 503))
         data = json.dumps({"error": {"message": f"fake {fault}", "type": fault}}).encode()
@@ -151,6 +159,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     "authorization": self.headers.get("Authorization", ""),
                     "answer": fault,
                     "request": key[:16],
+                    "delivered": None if fault == "slow" else True,
                 }
             )
             number = len(CALLS)
@@ -165,7 +174,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 for i, t in enumerate(texts)
             ]
             usage = {"prompt_tokens": len(texts), "total_tokens": len(texts)}
-            self._answer(fault, {"object": "list", "model": model, "data": data, "usage": usage})
+            answer = {"object": "list", "model": model, "data": data, "usage": usage}
+            self._answer(fault, answer, number)
             return
         text = _text(body)
         schema = (body.get("text") or {}).get("format") or {}
@@ -192,6 +202,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 ],
                 "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7},
             },
+            number,
         )
 
 

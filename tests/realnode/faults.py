@@ -14,7 +14,7 @@ import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,15 +174,58 @@ def running_runner(node: RealNode, namespace: str, run: str, timeout: float = 24
 def kill_container(node: RealNode, pod: dict[str, Any], container: str) -> None:
     """SIGKILL ``container`` of ``pod`` through containerd (the kernel's OOM kill or a crash
     looks the same to the kubelet: the container exits 137)."""
-    (status,) = [
-        s for s in pod["status"]["containerStatuses"] if s["name"] == container
-    ]  # fmt: skip
+    (status,) = [s for s in _container_statuses(pod) if s["name"] == container]
     container_id = status["containerID"].removeprefix("containerd://")
     subprocess.run(
         [str(node.node_bin / "ctr"), "-a", str(node.workdir / "containerd" / "containerd.sock"),
          "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", container_id],
         check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
+
+
+def _container_statuses(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The statuses of the Pod's containers and init containers (native sidecars are init
+    containers)."""
+    status = pod.get("status", {})
+    return [*status.get("containerStatuses", []), *status.get("initContainerStatuses", [])]
+
+
+def kill_proxy_holding_a_call(
+    node: RealNode, namespace: str, run: str, holding: Callable[[], bool], timeout: float = 240
+) -> float:
+    """Once ``holding()`` (the provider holds a model call), SIGKILL the ``proxy`` sidecar of
+    every running work-unit Pod of ``run``; wait until the kubelet has it running again.
+    Returns the seconds from the kill to the restarted sidecar running."""
+    node.wait_for(holding, timeout=timeout, what="a model call held by the provider", interval=0.3)
+    before: dict[str, int] = {}
+    for pod in runner_pods(node, namespace, run):
+        (proxy,) = [s for s in _container_statuses(pod) if s["name"] == "proxy"]
+        if "running" in proxy.get("state", {}):
+            kill_container(node, pod, "proxy")
+            before[pod["metadata"]["name"]] = proxy.get("restartCount", 0)
+    killed = time.monotonic()
+    assert before, f"no work-unit Pod of {run} with a running proxy sidecar"
+
+    def restarted() -> bool:
+        for pod in runner_pods(node, namespace, run):
+            name = pod["metadata"]["name"]
+            if name not in before:
+                continue
+            phase = pod.get("status", {}).get("phase")
+            assert phase in ("Pending", "Running"), (
+                f"Pod {name} ended ({phase}) instead of restarting its proxy sidecar: "
+                f"{json.dumps(_container_statuses(pod))[:3000]}"
+            )
+            (proxy,) = [s for s in _container_statuses(pod) if s["name"] == "proxy"]
+            if proxy.get("restartCount", 0) <= before[name] or "running" not in proxy["state"]:
+                return False
+        return True
+
+    deadline = time.monotonic() + 120
+    while not restarted():
+        assert time.monotonic() < deadline, "the proxy sidecar was not restarted within 120 s"
+        time.sleep(0.2)
+    return round(time.monotonic() - killed, 1)
 
 
 def jobs_by_name(node: RealNode, namespace: str, run: str) -> dict[str, dict[str, Any]]:

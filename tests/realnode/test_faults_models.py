@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import pytest
 
 from evalkube.controller import names
 from tests.cluster.realnode import RealNode
-from tests.realnode.faults import one_task_suite
+from tests.realnode.faults import jobs_by_name, kill_proxy_holding_a_call, one_task_suite
 from tests.realnode.support import (
     OUTSIDE_IP,
     eval_run,
@@ -84,14 +84,22 @@ def set_mode(netns: str, mode: str, **options: Any) -> None:
     )  # fmt: skip
 
 
-def run_once(bench_node: RealNode, namespace: str, netns: str, name: str) -> dict[str, Any]:
-    """Run the judged suite as EvalRun ``name``; the finished run, its stored samples and
-    what the provider received meanwhile."""
+def run_once(
+    bench_node: RealNode,
+    namespace: str,
+    netns: str,
+    name: str,
+    *,
+    timeout_seconds: float = TIMEOUT_SECONDS,
+    during: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Run the judged suite as EvalRun ``name`` (``during`` called once it is applied); the
+    finished run, its stored samples and what the provider received meanwhile."""
     providers = {
         "fake": {
             "baseURL": f"http://{OUTSIDE_IP}:{PORT}/v1",
             "credentialsSecretRef": {"name": "provider", "key": "api-key"},
-            "timeoutSeconds": TIMEOUT_SECONDS,
+            "timeoutSeconds": timeout_seconds,
         }
     }
     bench_node.apply(
@@ -100,6 +108,8 @@ def run_once(bench_node: RealNode, namespace: str, netns: str, name: str) -> dic
             models=["fake:cand"], judgeModel="fake:judge", providers=providers,
         )
     )  # fmt: skip
+    if during is not None:
+        during()
     run = wait_finished(bench_node, namespace, name)
     samples = stored_samples(bench_node, run)
     return {
@@ -222,3 +232,83 @@ def assert_nothing_left(node: RealNode, namespace: str, name: str, uid: str) -> 
     while remaining := left():
         assert time.monotonic() < deadline, f"left behind by the deleted run: {remaining}"
         time.sleep(2)
+
+
+#: How long the provider holds each request's answer (its first try) in the sidecar test: long
+#: enough for the kill to land mid-call, short enough under ``PROXY_TIMEOUT_SECONDS``.
+HOLD_SECONDS = 10
+PROXY_TIMEOUT_SECONDS = 60
+
+
+def test_proxy_sidecar_killed_mid_model_call_loses_nothing_and_pays_nothing_uncounted(
+    bench: Bench,
+) -> None:
+    """The proxy sidecar SIGKILLed twice while the provider holds its calls: once mid candidate
+    call (the runner's), once mid judge call (a grader's ``ctx``). The kubelet restarts it; it
+    replays its journal (budgets, tokens, usage; the requests the dead process had sent count
+    as retries); the runner and ``ctx`` send the dropped calls again. Every sample is graded
+    once with the fault-free scores, and the provider's bill is exactly what ``status``
+    counts."""
+    node, namespace, netns, name = bench.node, bench.namespace, bench.netns, "proxy-killed"
+    set_mode(netns, "slow", times=1, delay=HOLD_SECONDS)
+    restarts: list[float] = []
+
+    def kill_twice() -> None:
+        for model in ("cand", "judge"):
+            try:
+                restarts.append(
+                    kill_proxy_holding_a_call(
+                        node, namespace, name, lambda m=model: held(provider_calls(netns, PORT), m)
+                    )
+                )
+            except (AssertionError, TimeoutError) as exc:  # the checks below say what failed
+                print(f"no {model} call killed: {exc}")
+
+    try:
+        got = run_once(
+            node, namespace, netns, name, timeout_seconds=PROXY_TIMEOUT_SECONDS, during=kill_twice
+        )
+    finally:
+        set_mode(netns, "ok")
+    print(f"proxy sidecar back (restarted, running) {restarts} s after each kill")
+    run, baseline = got["run"], bench.baseline
+    status = run["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
+    conditions = {c["type"]: c for c in status.get("conditions", [])}
+    assert conditions["Succeeded"]["status"] == "True", conditions
+    assert conditions["Succeeded"].get("reason"), conditions
+    assert got["ids"] == baseline["ids"]
+    assert set(got["ids"].values()) == {1}
+    assert got["scores"] == baseline["scores"]
+    (result,) = status["results"]
+    (reference,) = baseline["run"]["status"]["results"]
+    assert result["metrics"] == reference["metrics"]
+    assert result["counts"] == reference["counts"]
+    # the bill: every request the provider received is a call or a counted retry
+    calls = got["calls"]
+    cut = [c for c in calls if c.get("delivered") is False]
+    model_calls = result["modelCalls"]
+    print(f"modelCalls {model_calls}; the provider received {len(calls)}, {len(cut)} cut")
+    assert len(calls) == model_calls["candidate"] + model_calls["judge"] + model_calls.get(
+        "retries", 0
+    ), (model_calls, calls)
+    assert model_calls == {"candidate": 3, "judge": 3, "retries": len(cut)}, (model_calls, calls)
+    # a call of each kind was cut by a kill, and the Pod lived on (its sidecar restarted)
+    assert {c["model"] for c in cut} == {"cand", "judge"}, (restarts, cut)
+    assert len(restarts) == 2, restarts
+    (job,) = jobs_by_name(node, namespace, name).values()
+    assert not job["status"].get("failed"), job["status"]
+    # each call's answer was received once; a request was sent again only when the dead proxy
+    # never got its answer
+    by_request = collections.defaultdict(list)
+    for c in calls:
+        by_request[c["request"]].append(c)
+    assert len(by_request) == 6, by_request
+    for sent in by_request.values():
+        assert [c.get("delivered") for c in sent] == [False] * (len(sent) - 1) + [True], sent
+    assert_nothing_left(node, namespace, name, run["metadata"]["uid"])
+
+
+def held(calls: list[dict[str, Any]], model: str) -> bool:
+    """Whether the provider holds a request of ``model`` (its answer still dribbling)."""
+    return any(c["model"] == model and c.get("delivered", True) is None for c in calls)

@@ -39,6 +39,10 @@ DATASETS_DIR = "/etc/evalkube/datasets"
 BRIDGE_DIR = "/run/evalkube/bridge"
 CONTROL_DIR = "/run/evalkube/control"
 WORKER_DIR = "/run/evalkube/worker"
+#: The native proxy's journal (``--state-dir``), in a volume only the proxy mounts: what the
+#: sidecar replays when the kubelet restarts it (about 300 bytes a model call).
+PROXY_STATE_DIR = "/run/evalkube/proxy-state"
+PROXY_STATE_SIZE = "256Mi"
 PROVIDER_KEYS_DIR = "/var/run/secrets/evalkube/providers"
 BRIDGE_SOCKET = f"{BRIDGE_DIR}/bridge.sock"
 CONTROL_SOCKET = f"{CONTROL_DIR}/control.sock"
@@ -338,11 +342,14 @@ def unit_job(
         {"name": "worker", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": settings.tmp_size}},
         {"name": "runner-tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        # the proxy's journal: what a restarted proxy sidecar replays (docs/proxy.md)
+        {"name": "proxy-state", "emptyDir": {"sizeLimit": PROXY_STATE_SIZE}},
     ]
     proxy_mounts = [
         _mount("snapshot", SNAPSHOT_DIR, read_only=True),
         _mount("bridge", BRIDGE_DIR),
         _mount("control", CONTROL_DIR),
+        _mount("proxy-state", PROXY_STATE_DIR),
     ]
     proxy_env = _provider_credentials(spec, volumes, proxy_mounts)
     runner_mounts = [
@@ -369,6 +376,7 @@ def unit_job(
         "--unit-id": unit.unit_id,
         "--max-calls": "0",
         "--planned-executions": "0",
+        "--state-dir": PROXY_STATE_DIR,
     }
     runner_flags = {
         "--snapshot": f"{SNAPSHOT_DIR}/snapshot.json",

@@ -13,16 +13,18 @@ import functools
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from evalkube import limits
 from evalkube.engine.loading import LoadedSuite, iter_json_rows
 from evalkube.grading import parse_output_json
 from evalkube.models import EvalRunSpec, GenerationSpec, OutputsSpec, TaskSpec
 from evalkube.models.errors import ConfigError
 from evalkube.proxy import Provider, Upstream, UpstreamError, response_output_text, split_model
-from evalkube.proxy.upstream import REQUESTS_HEADER
+from evalkube.proxy.upstream import CALL_KEY_HEADER, REQUESTS_HEADER
 from evalkube.sources import read_pinned
 
 
@@ -238,16 +240,30 @@ class GeneratedSource:
             async def one(prompt: Any) -> Candidate:
                 if prompt is None:
                     return Candidate(error="no prompt rendered")
+                # the call's name, the same when it is sent again: a restarted proxy adds what
+                # its killed process had sent for it to the call's requests
+                headers = {"X-Evalkube-Purpose": "candidate", CALL_KEY_HEADER: uuid.uuid4().hex}
                 async with semaphore:
                     started = time.perf_counter()
-                    try:
-                        response = await client.post(
-                            "/v1/responses",
-                            json=self._body(prompt, self.model),
-                            headers={"X-Evalkube-Purpose": "candidate"},
-                        )
-                    except httpx.HTTPError as exc:
-                        return Candidate(error=f"model bridge unreachable: {exc}")
+                    deadline, pause = 0.0, 0.1
+                    while True:
+                        try:
+                            response = await client.post(
+                                "/v1/responses",
+                                json=self._body(prompt, self.model),
+                                headers=headers,
+                            )
+                            break
+                        except _bridge_restarting() as exc:
+                            # refused, or hung up before answering: the sidecar is restarting
+                            now = time.monotonic()
+                            deadline = deadline or now + limits.BRIDGE_RESTART_RETRY_SECONDS
+                            if now + pause >= deadline:
+                                return Candidate(error=f"model bridge unreachable: {exc}")
+                            await asyncio.sleep(pause)
+                            pause = min(pause * 2, 2.0)
+                        except httpx.HTTPError as exc:
+                            return Candidate(error=f"model bridge unreachable: {exc}")
                     ms = (time.perf_counter() - started) * 1000
                 data = response.json() if response.content else {}
                 requests = _int(response.headers.get(REQUESTS_HEADER), 1)
@@ -402,6 +418,12 @@ def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(function, Mapping):
         return {"type": "function", **function}
     return dict(tool)
+
+
+def _bridge_restarting() -> tuple[type[Exception], ...]:
+    import httpx
+
+    return (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 def _int(value: str | None, default: int) -> int:

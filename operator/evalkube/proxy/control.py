@@ -8,11 +8,13 @@ drives its child binary through it: the same four calls the in-process
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import httpx
 
+from evalkube import limits
 from evalkube.proxy.bridge_base import CONTROL_TIMEOUT
 
 CONTROL_TOKEN_HEADER = "X-Evalkube-Control-Token"
@@ -27,9 +29,13 @@ class ControlClient:
         *,
         grader_endpoint: str | None = None,
         token: str | None = None,
+        restart_retry_seconds: float = limits.BRIDGE_RESTART_RETRY_SECONDS,
     ) -> None:
-        """``grader_endpoint``: where this bridge's graders reach it (``endpoint``)."""
+        """``grader_endpoint``: where this bridge's graders reach it (``endpoint``);
+        ``restart_retry_seconds``: how long a call is sent again while the bridge restarts
+        (a pod's sidecar; 0 for a child process that nobody restarts)."""
         self.control_endpoint = control_endpoint
+        self.restart_retry_seconds = restart_retry_seconds
         self.endpoint = grader_endpoint
         if control_endpoint.startswith("unix:"):
             transport: httpx.HTTPTransport | None = httpx.HTTPTransport(
@@ -85,7 +91,22 @@ class ControlClient:
         return self._send(method, path, body).json()
 
     def _send(self, method: str, path: str, body: Any = None) -> httpx.Response:
-        response = self._client.request(method, path, json=body)
+        # While the sidecar restarts its socket refuses: nothing was sent, so any call is sent
+        # again (its journal restores what the calls before had set); an idempotent one also
+        # when the dead process hung up before answering.
+        again: tuple[type[Exception], ...] = (httpx.ConnectError,)
+        if method in ("GET", "PUT"):
+            again = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)
+        deadline, pause = time.monotonic() + self.restart_retry_seconds, 0.1
+        while True:
+            try:
+                response = self._client.request(method, path, json=body)
+                break
+            except again:
+                if time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
         if response.status_code >= 400:
             raise ControlError(method, path, response)
         return response

@@ -95,6 +95,7 @@ def native_config(
     log_level: str = "INFO",
     egress_proxy: str | None = None,
     egress_grant_file: Path | str | None = None,
+    state_dir: Path | str | None = None,
 ) -> dict[str, Any]:
     """The binary's configuration: the same choices the Python proxy would make."""
     return {
@@ -111,6 +112,7 @@ def native_config(
         "log_level": log_level,
         "egress_proxy": egress_proxy,
         "egress_grant_file": str(egress_grant_file) if egress_grant_file else None,
+        "state_dir": str(state_dir) if state_dir else None,
         "providers": {
             name: {
                 "base_url": p.base_url,
@@ -214,7 +216,7 @@ class NativeBridge(BridgeLifecycle):
             raise
         self.endpoint = ready["endpoint"]
         self.control_endpoint = ready["control_endpoint"]
-        self._client = ControlClient(f"unix:{control}")
+        self._client = ControlClient(f"unix:{control}", restart_retry_seconds=0)
         assert self.endpoint is not None
         return self.endpoint
 

@@ -606,7 +606,14 @@ def serve_forever(settings: ProxySettings, registry: CollectorRegistry | None = 
                 log_level=settings.log_level,
                 egress_proxy=settings.egress_proxy,
                 egress_grant_file=settings.egress_grant_file,
+                state_dir=settings.state_dir,
             ),
+        )
+    if settings.state_dir is not None:
+        log.warning(
+            "model bridge proxy: the python engine keeps no journal (--state-dir %s is ignored): "
+            "if this process is killed, its budgets, tokens and usage are lost",
+            settings.state_dir,
         )
 
     service = ProxyService(

@@ -70,6 +70,10 @@ class ProxySettings(BaseSettings):
     of ``egress_grant_file`` (work-unit pods reach nothing else). Unset: calls go direct."""
     egress_grant_file: Path | None = None
     """File holding the run's egress grant (a mounted Secret, re-read when it changes)."""
+    state_dir: Path | None = None
+    """Directory of the native engine's journal (budgets, execution tokens, usage, requests
+    sent upstream), replayed when the proxy starts again in the same Pod after it was killed
+    (a volume only the proxy mounts). The Python engine ignores it. Unset: nothing kept."""
 
     @model_validator(mode="after")
     def _egress_pair(self) -> ProxySettings:

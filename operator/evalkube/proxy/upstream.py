@@ -49,6 +49,10 @@ MAX_CONNECTIONS = 128
 #: On a control listener's model answer: the call's requests that may have reached the
 #: provider (the runner counts the extra ones as the candidate call's ``retries``).
 REQUESTS_HEADER = "X-Evalkube-Upstream-Requests"
+#: On the runner's model call to a control listener: its name for the call, the same when it
+#: sends the call again after the proxy sidecar was restarted; the native proxy then adds the
+#: requests its killed process had sent for it (paid, never answered) to ``REQUESTS_HEADER``.
+CALL_KEY_HEADER = "X-Evalkube-Call"
 
 
 class UpstreamError(RuntimeError):
