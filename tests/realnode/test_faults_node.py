@@ -7,7 +7,9 @@ survives what")."""
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 import pytest
 
@@ -65,8 +67,30 @@ def test_api_server_and_etcd_down_mid_run(evalkube_on_node: RealNode, node_names
     assert_nothing_left(node, ns, run)
 
 
+def _evict(node: RealNode, pod: dict[str, Any]) -> None:
+    """Evict ``pod`` through the Eviction API, as a node drain or the kubelet's pressure
+    eviction does: the Pod gets ``DisruptionTarget`` and its containers SIGTERM."""
+    meta = pod["metadata"]
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+    }
+    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/eviction"
+    node.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction))
+
+
+@pytest.mark.parametrize(
+    ("fault", "counted"),
+    [
+        # SIGKILL through containerd, as an OOM kill or a crash: a failure the Job counts
+        ("sigkill", 1),
+        # the Eviction API: the Job's podFailurePolicy ignores a DisruptionTarget Pod
+        ("evicted", 0),
+    ],
+)
 def test_runner_killed_mid_shard_is_retried_without_loss_or_duplicate(
-    evalkube_on_node: RealNode, node_namespace: str
+    evalkube_on_node: RealNode, node_namespace: str, fault: str, counted: int
 ) -> None:
     node, ns = evalkube_on_node, node_namespace
     node.apply(big_shard_suite(ns))
@@ -86,10 +110,13 @@ def test_runner_killed_mid_shard_is_retried_without_loss_or_duplicate(
     node.wait_for(first_chunk_stored, timeout=240, what="the shard's first chunk stored")
     pod = running_runner(node, ns, "killed", timeout=5)  # still grading the slow tail
     before = jobs_by_name(node, ns, "killed")
-    kill_container(node, pod, "runner")
+    if fault == "sigkill":
+        kill_container(node, pod, "runner")
+    else:
+        _evict(node, pod)
     run = assert_exact_outcome(node, ns, "killed", BIG_SUITE)
     jobs = jobs_by_name(node, ns, "killed")
-    _assert_jobs_created_once(jobs, before, run["status"]["units"]["total"], retried=1)
+    _assert_jobs_created_once(jobs, before, run["status"]["units"]["total"], retried=counted)
     (info,) = done_unit_infos(node, run).values()
     # the retried Pod graded only what the killed one had not stored
     assert info["skipped"] == BIG_FAST, info

@@ -64,7 +64,11 @@ CA_BUNDLE_DIR = "/etc/evalkube/source-ca"
 #: programs that do not load, a source changed since it was pinned, a ``grade_batch`` past its
 #: limits; it reports the reason to the operator first): the Job fails without retrying.
 RUNNER_EXIT_UNIT_FAILED = 2
-CONFIG_ERROR_FAILS_JOB = {
+#: A runner that exits with evalkube's config-error code (2) has reported why to the
+#: operator: another pod would fail the same way. A Pod evicted, preempted or drained (the
+#: ``DisruptionTarget`` condition) failed through no fault of its unit: its retry does not
+#: count against ``backoffLimit`` (the next Pod skips what the evicted one stored).
+JOB_POD_FAILURE_POLICY = {
     "rules": [
         {
             "action": "FailJob",
@@ -73,7 +77,8 @@ CONFIG_ERROR_FAILS_JOB = {
                 "operator": "In",
                 "values": [RUNNER_EXIT_UNIT_FAILED],
             },
-        }
+        },
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
     ]
 }
 
@@ -512,9 +517,7 @@ def _job(
         "spec": {
             **({"suspend": True} if suspend else {}),
             "backoffLimit": settings.job_backoff_limit,
-            # a runner that exits with evalkube's config-error code (2) has reported why to
-            # the operator: another pod would fail the same way
-            "podFailurePolicy": CONFIG_ERROR_FAILS_JOB,
+            "podFailurePolicy": JOB_POD_FAILURE_POLICY,
             "ttlSecondsAfterFinished": settings.job_ttl_seconds,
             "activeDeadlineSeconds": deadline,
             "template": {

@@ -60,8 +60,8 @@ def test_a_run_without_shard_size_is_planned_with_the_operators_setting(
         job = jobs["qa.precomputed.00006"]  # the last qa shard: row 24 only
         assert job["spec"]["activeDeadlineSeconds"] == 1 * 120 + 300
         assert jobs["qa.precomputed.00000"]["spec"]["activeDeadlineSeconds"] == 4 * 120 + 300
-        [rule] = job["spec"]["podFailurePolicy"]["rules"]  # accepted by the API server
-        assert rule["action"] == "FailJob"
+        rules = job["spec"]["podFailurePolicy"]["rules"]  # accepted by the API server
+        assert [rule["action"] for rule in rules] == ["FailJob", "Ignore"]
 
 
 def test_a_snapshot_larger_than_a_config_map_fails_the_run_with_the_reason(

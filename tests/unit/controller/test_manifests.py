@@ -414,12 +414,20 @@ def test_deadline_of_an_aggregate_unit_and_the_cap() -> None:
 def test_a_runner_that_reports_its_unit_failed_is_not_retried() -> None:
     """The runner exits with EXIT_CONFIG when its unit cannot run at all (after reporting why):
     the Job's podFailurePolicy fails the Job at once instead of retrying it."""
-    [rule] = job()["spec"]["podFailurePolicy"]["rules"]
+    [rule, _] = job()["spec"]["podFailurePolicy"]["rules"]
     assert rule == {
         "action": "FailJob",
         "onExitCodes": {"containerName": "runner", "operator": "In", "values": [EXIT_CONFIG]},
     }
     assert manifests.RUNNER_EXIT_UNIT_FAILED == EXIT_CONFIG
+
+
+def test_an_evicted_pod_is_retried_without_counting_against_the_backoff_limit() -> None:
+    """Eviction, preemption and a node drain mark the Pod ``DisruptionTarget``: the Job
+    retries its unit without spending ``backoffLimit`` (the real eviction:
+    tests/realnode/test_faults_node.py)."""
+    [_, rule] = job()["spec"]["podFailurePolicy"]["rules"]
+    assert rule == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
 
 
 def test_job_metadata_labels_annotation_and_owner() -> None:

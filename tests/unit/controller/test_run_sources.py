@@ -127,7 +127,7 @@ def test_a_unit_whose_runner_gives_up_fails_the_run_with_its_reason(tmp_path: Pa
     harness.step()
     unit = "qa.precomputed.00001"
     job = harness.jobs()[unit]
-    [rule] = job["spec"]["podFailurePolicy"]["rules"]
+    [rule, _] = job["spec"]["podFailurePolicy"]["rules"]
     assert rule == {
         "action": "FailJob",
         "onExitCodes": {"containerName": "runner", "operator": "In", "values": [2]},
