@@ -102,11 +102,12 @@ def store_url(db: str | None) -> str:
     return f"sqlite:///{path}"
 
 
-def shown_store(url: str) -> str:
-    """The store as a person should read it: the file of a SQLite URL, else the URL without
-    its password."""
+def shown_store(db: str | None) -> str:
+    """The store ``--db`` names as a person should read it: the file of a SQLite URL, else the
+    URL without its password."""
     from sqlalchemy.engine import make_url
 
+    url = store_url(db)
     if url.startswith("sqlite:///"):
         return url.removeprefix("sqlite:///")
     try:
@@ -120,6 +121,14 @@ def open_store(db: str | None) -> ResultStore:
         return ResultStore.open(store_url(db))
     except StoreError as exc:
         fail(str(exc), EXIT_RUNTIME)
+
+
+def not_in_store(run_id: str, db: str | None) -> NoReturn:
+    fail(
+        f"run {run_id!r} is not in the store {shown_store(db)}; list its runs with "
+        "`evalkube runs` (or pass --db)",
+        EXIT_CONFIG,
+    )
 
 
 def fail(message: str, code: int) -> NoReturn:

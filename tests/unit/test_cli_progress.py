@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.progress import Progress
 
-from evalkube.cli import _RichProgress
+from evalkube.cli.run_output import RichProgress
 from evalkube.engine import Unit
 
 
@@ -14,7 +14,7 @@ def bars(progress: Progress) -> dict[str, tuple[float, float | None]]:
 
 def test_generated_models_get_a_generate_bar_apart_from_the_grade_bar() -> None:
     progress = Progress(disable=True)
-    drawn = _RichProgress(progress)
+    drawn = RichProgress(progress)
     shards = [Unit(f"u{i}", "qa", "openai:m", "shard", i, i * 10, i * 10 + 10) for i in range(2)]
     free = Unit("p0", "qa", "precomputed", "shard", 0, 0, 10)
     drawn.planned([*shards, free])

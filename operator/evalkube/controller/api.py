@@ -43,10 +43,9 @@ from evalkube._wire import BodyError, Shape
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunEntry, RunRegistry, token_matches, token_shaped
 from evalkube.engine.snapshot import PREPARE_UNIT, Prepared
-from evalkube.store import ResultStore, TaskResultRecord
+from evalkube.store import ResultStore, TaskResultRecord, decode_cursor
 from evalkube.store.filters import SampleFilter, main_metrics
 from evalkube.store.remote import sample_from_wire
-from evalkube.store.store import decode_cursor
 from evalkube.store.views import sample_view
 from evalkube.store.wire import (
     ANSWER_LOOKUP,

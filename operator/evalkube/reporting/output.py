@@ -21,11 +21,7 @@ def write_run_output(
         path.write_text(json.dumps(summary, indent=2) + "\n")
         return
     head = json.dumps({k: v for k, v in summary.items() if k != "samples"}, indent=2)
-    store = open_store(db)
-    try:
-        with path.open("wb") as binary, text_stream(binary) as out:
-            out.write(head[: head.rindex("}")].rstrip() + ',\n  "samples": ')
-            write_json(store_views(store, summary["run_id"], SampleFilter()), out)
-            out.write("}\n")
-    finally:
-        store.close()
+    with open_store(db) as store, path.open("wb") as binary, text_stream(binary) as out:
+        out.write(head[: head.rindex("}")].rstrip() + ',\n  "samples": ')
+        write_json(store_views(store, summary["run_id"], SampleFilter()), out)
+        out.write("}\n")

@@ -30,10 +30,9 @@ from evalkube.cli_support import (
     DbOption,
     errors,
     fail,
+    not_in_store,
     open_store,
-    shown_store,
 )
-from evalkube.cli_support import store_url as _store_url
 from evalkube.reporting.export import ApiError, ApiRun
 from evalkube.reporting.runs import run_overview
 from evalkube.store import ResultStore, RunRecord
@@ -364,18 +363,11 @@ def report(
             fail(str(exc), EXIT_RUNTIME if exc.unreachable else EXIT_CONFIG)
         _write_report(out or Path(f"{shown_id}.html"), html)
         return
-    url = _store_url(db)
-    store = open_store(db)
-    try:
-        html = render_report(store, run_id, max_samples)
-    except LookupError:
-        fail(
-            f"run {run_id!r} is not in the store {shown_store(url)}; list its runs with "
-            "`evalkube runs` (or pass --db)",
-            EXIT_CONFIG,
-        )
-    finally:
-        store.close()
+    with open_store(db) as store:
+        try:
+            html = render_report(store, run_id, max_samples)
+        except LookupError:
+            not_in_store(run_id, db)
     _write_report(out or Path(f"{run_id}.html"), html)
 
 

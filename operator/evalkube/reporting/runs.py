@@ -10,14 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from evalkube.cli_support import (
-    DbOption,
-    console,
-    json_printable,
-    open_store,
-    shown_store,
-    store_url,
-)
+from evalkube.cli_support import DbOption, console, json_printable, open_store, shown_store
 from evalkube.store import RunRecord
 
 COUNTED = ("valid", "invalid", "errored", "pending")
@@ -113,13 +106,9 @@ def runs(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """List recent runs in the store: phase, duration, sample counts and scores."""
-    url = store_url(db)
-    store = open_store(db)
-    try:
+    with open_store(db) as store:
         overviews = [run_overview(store, record) for record in store.list_runs(limit)]
-    finally:
-        store.close()
-    where = shown_store(url)
+    where = shown_store(db)
     if as_json:
         print(
             json_printable(

@@ -24,10 +24,9 @@ from evalkube.cli_support import (
     console,
     errors,
     fail,
+    not_in_store,
     open_store,
     printable,
-    shown_store,
-    store_url,
     utf8,
 )
 from evalkube.reporting.export import (
@@ -139,22 +138,14 @@ def samples(
         return
     if out is not None:
         _check_writable(out)
-    url = store_url(db)
-    store = open_store(db)
-    try:
+    with open_store(db) as store:
         record = store.get_run(run_id)
         if record is None:
-            fail(
-                f"run {run_id!r} is not in the store {shown_store(url)}; list its runs with "
-                "`evalkube runs` (or pass --db)",
-                EXIT_CONFIG,
-            )
+            not_in_store(run_id, db)
         where = where.for_run(record.spec)
         columns = limits.CSV_SCORE_COLUMNS_MAX + 1  # one more: to say there are more
         metrics = store.score_names(run_id, columns) if fmt == "csv" else []
         _write(store_views(store, run_id, where, wanted), fmt, out, metrics, limit)
-    finally:
-        store.close()
 
 
 def _check_writable(out: Path) -> None:

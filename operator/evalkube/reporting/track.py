@@ -35,6 +35,15 @@ from evalkube.tracking.mlflow_log import shown_uri
 #: The environment variables ``--mlflow`` and ``--mlflow-experiment`` default to.
 URI_ENV = "EVALKUBE_MLFLOW_TRACKING_URI"
 EXPERIMENT_ENV = "EVALKUBE_MLFLOW_EXPERIMENT"
+#: ``--mlflow-experiment`` of ``track`` and ``run``.
+MlflowExperiment = Annotated[
+    str | None,
+    typer.Option(
+        "--mlflow-experiment",
+        envvar=EXPERIMENT_ENV,
+        help="MLflow experiment [default: the run file's, else evalkube/SUITE]",
+    ),
+]
 REPORT = "report.html"
 
 
@@ -65,8 +74,7 @@ def log_local_run(
     gate: GateStatus | None = None,
 ) -> Logged:
     """Log a recorded run with its HTML report and samples; where it went."""
-    store = open_store(db)
-    try:
+    with open_store(db) as store:
         record = store.get_run(run_id)
         if record is None:
             raise TrackingFailed(f"run {run_id!r} is not in the store")
@@ -91,8 +99,6 @@ def log_local_run(
 
         artifacts = [Artifact(REPORT, report), *run_artifacts(store, run_id, results)]
         return log_run(target, run_id, record.phase, describe(facts), artifacts)
-    finally:
-        store.close()
 
 
 class Background:
@@ -149,11 +155,8 @@ def start(
     experiment: str | None,
 ) -> Background | None:
     """Start logging a finished local run when a tracking server is named; else ``None``."""
-    store = open_store(db)
-    try:
+    with open_store(db) as store:
         record = store.get_run(run_id)
-    finally:
-        store.close()
     spec = run_spec(record.spec) if record is not None else None
     target = target_for(spec, uri, experiment, suite) if spec is not None else None
     if target is None:
@@ -167,24 +170,14 @@ def track(
         str | None,
         typer.Option("--mlflow", envvar=URI_ENV, help="MLflow tracking URI"),
     ] = None,
-    experiment: Annotated[
-        str | None,
-        typer.Option(
-            "--mlflow-experiment",
-            envvar=EXPERIMENT_ENV,
-            help="MLflow experiment [default: the run file's, else evalkube/SUITE]",
-        ),
-    ] = None,
+    experiment: MlflowExperiment = None,
     db: DbOption = None,
 ) -> None:
     """Log a recorded run to MLflow (params, metrics, the HTML report and samples as artifacts):
     one that ran without --mlflow, or whose tracking server was down. Logging it again updates
     the same MLflow run."""
-    store = open_store(db)
-    try:
+    with open_store(db) as store:
         record = store.get_run(run_id)
-    finally:
-        store.close()
     if record is None:
         fail(f"run {run_id!r} is not in the store; list its runs with `evalkube runs`", EXIT_CONFIG)
     target = target_for(run_spec(record.spec), mlflow, experiment, record.suite_name)

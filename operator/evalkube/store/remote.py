@@ -34,6 +34,7 @@ RETRIED_STATUSES = frozenset({404, 500, 502, 503, 504})
 ANSWER_LOOKUP_IDS = 5_000
 #: Seconds one attempt may wait for its answer (a large post is parsed and committed first).
 REQUEST_SECONDS = 60.0
+_JSON = {"Content-Type": "application/json"}
 
 
 def _worth_waiting(exc: BaseException) -> bool:
@@ -127,18 +128,16 @@ class RemoteStore:
         return response
 
     def _post(self, path: str, body: Any) -> httpx.Response:
-        return self._request(
-            "POST", path, content=jsonfast.dumps(body), headers={"Content-Type": "application/json"}
-        )
+        """POST ``body`` as JSON (``bytes``: already encoded)."""
+        content = body if isinstance(body, bytes) else jsonfast.dumps(body)
+        return self._request("POST", path, content=content, headers=_JSON)
 
     # -- SampleStore ---------------------------------------------------------------------------
     def encode_samples(self, records: Sequence[SampleRecord]) -> bytes:
         return jsonfast.dumps({"samples": [sample_to_wire(r) for r in records]})
 
     def write_encoded(self, payload: bytes) -> None:
-        self._request(
-            "POST", "/samples", content=payload, headers={"Content-Type": "application/json"}
-        )
+        self._post("/samples", payload)
 
     def record_samples(self, records: Sequence[SampleRecord]) -> None:
         self.write_encoded(self.encode_samples(records))
@@ -146,8 +145,7 @@ class RemoteStore:
     def recorded_sample_ids(
         self, run_id: str, task_id: str, model: str, seqs: tuple[int, int] | None = None
     ) -> set[str]:
-        response = self._request("GET", "/sample-ids", params=_ids_query(task_id, model, seqs))
-        return set(response.json()["sample_ids"])
+        return self._ids("/sample-ids", task_id, model, seqs)
 
     def iter_samples(
         self, run_id: str, *, task_id: str | None = None, model: str | None = None
@@ -192,9 +190,7 @@ class RemoteStore:
     def generation_errored_ids(
         self, run_id: str, task_id: str, model: str, seqs: tuple[int, int] | None = None
     ) -> set[str]:
-        params = _ids_query(task_id, model, seqs)
-        response = self._request("GET", "/generation-errored-ids", params=params)
-        return set(response.json()["sample_ids"])
+        return self._ids("/generation-errored-ids", task_id, model, seqs)
 
     def save_task_result(self, result: TaskResultRecord) -> None:
         self._post(
@@ -215,6 +211,13 @@ class RemoteStore:
         params = {"task": task_id} if task_id is not None else {}
         return dict(self._request("GET", "/prepared", params=params).json())
 
+    def _ids(self, path: str, task_id: str, model: str, seqs: tuple[int, int] | None) -> set[str]:
+        """Sample ids at ``path?task=&model=`` (one shard's: ``&seq_from=&seq_to=`` too)."""
+        params = {"task": task_id, "model": model}
+        if seqs is not None:
+            params["seq_from"], params["seq_to"] = str(seqs[0]), str(seqs[1])
+        return set(self._request("GET", path, params=params).json()["sample_ids"])
+
     def mark_unit_done(self, unit_id: str, info: dict[str, Any]) -> None:
         self._post(f"/units/{quote(unit_id, safe='')}:done", info)
 
@@ -222,14 +225,6 @@ class RemoteStore:
         """The unit cannot run (:class:`~evalkube.engine.runner.UnitFailed`): the reason
         becomes the unit's failure reason in the run's status."""
         self._post(f"/units/{quote(unit_id, safe='')}:failed", {"reason": reason})
-
-
-def _ids_query(task_id: str, model: str, seqs: tuple[int, int] | None) -> dict[str, str]:
-    """``?task=&model=`` and, for one shard's ids only, ``&seq_from=&seq_to=``."""
-    params = {"task": task_id, "model": model}
-    if seqs is not None:
-        params["seq_from"], params["seq_to"] = str(seqs[0]), str(seqs[1])
-    return params
 
 
 class RemoteStoreError(RuntimeError):

@@ -67,7 +67,7 @@ DETAIL_KEYS = (
 
 # Columns that queries filter or aggregate on stay columns; the rest of a sample is one JSON
 # object in ``detail``. One encode and ten values per sample instead of six encodes and 21
-# values keeps the store from pacing the engine (see ``evalkube.store.store``).
+# values keeps the store from pacing the engine (see ``evalkube.store.sample_writes``).
 samples = Table(
     "evalkube_samples",
     metadata,

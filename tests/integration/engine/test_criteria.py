@@ -13,7 +13,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from evalkube.cli import _results_table
+from evalkube.cli.run_output import run_table
 from evalkube.engine import aggregate_results, load_files, resolve_run_spec
 from evalkube.engine.runtime import suite_criteria
 from evalkube.grading.run_results import expected_metrics
@@ -177,7 +177,7 @@ def test_the_results_table_shows_passed_and_failed_per_criterion(
     outcome: tuple[RunSummary, list[SampleRecord], int],
 ) -> None:
     console = Console(width=200, record=True)
-    console.print(_results_table(outcome[0]))
+    console.print(run_table(outcome[0]))
     text = console.export_text()
     assert "passed/failed" in text
     assert "exact: 20/0" in text

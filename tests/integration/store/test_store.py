@@ -16,7 +16,7 @@ from evalkube.store import (
     decode_cursor,
     encode_cursor,
 )
-from evalkube.store.store import ids_query
+from evalkube.store.sample_reads import ids_query
 
 RUN = "run-1"
 

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("evalkube.cli", "sqlalchemy", "evalkube.store.store", "evalkube.reporting")
+HEAVY = ("evalkube.cli", "sqlalchemy", "evalkube.store.database", "evalkube.reporting")
 
 
 def _imported_by(*argv: str) -> tuple[list[str], str]:
