@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -112,6 +113,9 @@ def unit(
     )
     # the control socket sits in a volume only the proxy and this container mount
     control = ControlClient(bridge_control, grader_endpoint=bridge) if bridge_control else None
+    # the container's PID 1 ignores a SIGTERM it has no handler for: an evicted or deleted
+    # Pod would grade on through its grace period, then be SIGKILLed
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         report = run_pod_unit(
             loaded,
@@ -133,6 +137,9 @@ def unit(
     except IngestUnreachable as exc:
         # a runtime failure: the Job's next Pod takes the unit over where this one stopped
         fail(str(exc), EXIT_RUNTIME)
+    except KeyboardInterrupt:
+        # the answers that arrived are kept (run_pod_unit); the next Pod skips what is stored
+        fail(f"unit {unit}: stopped by a signal (the Pod evicted or deleted)", EXIT_RUNTIME)
     finally:
         store.close()
         if control is not None:
