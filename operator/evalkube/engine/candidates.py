@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import os
 import signal
 import sys
 import time
@@ -256,9 +257,10 @@ class GeneratedSource:
                             break
                         except _bridge_restarting() as exc:
                             # refused, or hung up before answering: the sidecar is restarting
+                            # (a killed one leaves its socket; a stopped one removes it)
                             now = time.monotonic()
                             deadline = deadline or now + limits.BRIDGE_RESTART_RETRY_SECONDS
-                            if now + pause >= deadline:
+                            if now + pause >= deadline or (uds and not os.path.exists(uds)):
                                 return Candidate(error=f"model bridge unreachable: {exc}")
                             await asyncio.sleep(pause)
                             pause = min(pause * 2, 2.0)
