@@ -1,8 +1,8 @@
-"""Store and ingest faults on the real node: PostgreSQL restarted under ingesting units, its
-disk full, two operator replicas losing their leader, and runners cut from the ingest API for
-longer than their retry window. Each run must end with the samples, counts and scores of the
-same suite run without the fault, every sample stored once, and nothing left behind once the
-EvalRun is deleted.
+"""Store and ingest faults on the real node: PostgreSQL restarted or unreachable under
+ingesting units, its disk full, two operator replicas losing their leader, and runners cut
+from the ingest API for longer than their retry window. Each run must end with the samples,
+counts and scores of the same suite run without the fault, every sample stored once, and
+nothing left behind once the EvalRun is deleted.
 
 The module moves the session's release onto a PostgreSQL server on a host outside the cluster
 (its own netns, like the S3 store of test_sources.py), with the runners' retry window
@@ -400,6 +400,38 @@ def test_postgres_restarted_while_units_ingest_loses_and_duplicates_nothing(
     assert "the results store refused" in operator_logs(node)  # the outage was met, and named
     assert failed_pods(node, ns) == 0, "a runner gave up on an outage shorter than its window"
     assert_like_baseline(node, ns, "pg-restart", got, baseline)
+
+
+def test_postgres_unreachable_while_units_ingest_loses_and_duplicates_nothing(
+    pg: OutsidePostgres, baseline: Outcome, evalkube_on_node: RealNode, node_namespace: str
+) -> None:
+    """Every packet to PostgreSQL dropped for OUTAGE_SECONDS while every unit grades (no
+    refusal, no reset: the operator's connections hang, as behind a broken switch), then let
+    through again: nothing is stored twice or lost, and the run ends exactly as without the
+    fault (a runner whose post outlasted its window fails, and its Job's next Pod finishes the
+    unit)."""
+    node, ns = evalkube_on_node, node_namespace
+    rule = ["INPUT", "-p", "tcp", "--dport", str(PG_PORT), "-j", "DROP"]
+    in_pg = ["nsenter", f"--net=/run/netns/{pg.netns}", "iptables", "-w"]
+    start_run(node, ns, "pg-unreachable")
+    runners_started(node, ns, "pg-unreachable", ROWS // SHARD)
+    time.sleep(2)
+    subprocess.run([*in_pg, "-I", *rule], check=True)
+    try:
+        time.sleep(OUTAGE_SECONDS)
+        # every unit has graded its rows by now (GRADE_SECONDS x SHARD): what is not stored
+        # is held behind the dropped packets (the test reads the store over its unix socket)
+        uid = node.kubectl_json("get", "evalrun", "pg-unreachable", "-n", ns)["metadata"]["uid"]
+        store = ResultStore.open(pg.host_url)
+        try:
+            held = ROWS - sum(store.sample_counts(names.run_id(ns, "pg-unreachable", uid)).values())
+        finally:
+            store.close()
+    finally:
+        subprocess.run([*in_pg, "-D", *rule], check=False)
+    assert held > 0, "no post met the outage"
+    got = outcome(node, pg, ns, "pg-unreachable")
+    assert_like_baseline(node, ns, "pg-unreachable", got, baseline)
 
 
 def test_store_disk_full_waits_and_loses_nothing(
