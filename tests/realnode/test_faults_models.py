@@ -175,6 +175,27 @@ def test_the_fault_free_run_pays_one_request_per_call(bench: Bench) -> None:
 
 # Every fault on each CI run: a fault's run takes 10-26 s on the shared node (the fault-free
 # run and the node itself are set up once), 66 s for all four.
+def _assert_like_baseline(
+    got: dict[str, Any], baseline: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Succeeded with its reason, every sample stored exactly once with the fault-free run's
+    scores, metrics and counts; the run and its one result."""
+    run = got["run"]
+    status = run["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
+    conditions = {c["type"]: c for c in status.get("conditions", [])}
+    assert conditions["Succeeded"]["status"] == "True", conditions
+    assert conditions["Succeeded"].get("reason"), conditions
+    assert got["ids"] == baseline["ids"]
+    assert set(got["ids"].values()) == {1}
+    assert got["scores"] == baseline["scores"]
+    (result,) = status["results"]
+    (reference,) = baseline["run"]["status"]["results"]
+    assert result["metrics"] == reference["metrics"]
+    assert result["counts"] == reference["counts"]
+    return run, result
+
+
 @pytest.mark.parametrize("mode", ["storm429", "storm5xx", "slow", "drop"])
 def test_provider_fault_loses_nothing_and_every_paid_request_is_counted(
     bench: Bench, mode: str
@@ -185,20 +206,7 @@ def test_provider_fault_loses_nothing_and_every_paid_request_is_counted(
         got = run_once(node, namespace, bench.netns, mode)
     finally:
         set_mode(bench.netns, "ok")
-    run, baseline = got["run"], bench.baseline
-    status = run["status"]
-    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
-    conditions = {c["type"]: c for c in status.get("conditions", [])}
-    assert conditions["Succeeded"]["status"] == "True", conditions
-    assert conditions["Succeeded"].get("reason"), conditions
-    # every sample stored exactly once, with the fault-free run's scores
-    assert got["ids"] == baseline["ids"]
-    assert set(got["ids"].values()) == {1}
-    assert got["scores"] == baseline["scores"]
-    (result,) = status["results"]
-    (reference,) = baseline["run"]["status"]["results"]
-    assert result["metrics"] == reference["metrics"]
-    assert result["counts"] == reference["counts"]
+    run, result = _assert_like_baseline(got, bench.baseline)
     # the provider's bill, exactly: one request per call and each retry that reached it
     calls = got["calls"]
     per_call = 1 + FAULTS[mode]["times"]
@@ -271,19 +279,7 @@ def test_proxy_sidecar_killed_mid_model_call_loses_nothing_and_pays_nothing_unco
     finally:
         set_mode(netns, "ok")
     print(f"proxy sidecar back (restarted, running) {restarts} s after each kill")
-    run, baseline = got["run"], bench.baseline
-    status = run["status"]
-    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
-    conditions = {c["type"]: c for c in status.get("conditions", [])}
-    assert conditions["Succeeded"]["status"] == "True", conditions
-    assert conditions["Succeeded"].get("reason"), conditions
-    assert got["ids"] == baseline["ids"]
-    assert set(got["ids"].values()) == {1}
-    assert got["scores"] == baseline["scores"]
-    (result,) = status["results"]
-    (reference,) = baseline["run"]["status"]["results"]
-    assert result["metrics"] == reference["metrics"]
-    assert result["counts"] == reference["counts"]
+    run, result = _assert_like_baseline(got, bench.baseline)
     # the bill: every request the provider received is a call or a counted retry
     calls = got["calls"]
     cut = [c for c in calls if c.get("delivered") is False]

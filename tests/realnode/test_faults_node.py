@@ -8,11 +8,13 @@ survives what")."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from typing import Any
 
 import pytest
 
+from evalkube.cli_support import EXIT_RUNTIME
 from evalkube.controller import names
 from evalkube.store import ResultStore, default_url
 from tests.cluster.realnode import RealNode
@@ -67,17 +69,47 @@ def test_api_server_and_etcd_down_mid_run(evalkube_on_node: RealNode, node_names
     assert_nothing_left(node, ns, run)
 
 
-def _evict(node: RealNode, pod: dict[str, Any]) -> None:
+def _evict(node: RealNode, pod: dict[str, Any]) -> dict[str, Any]:
     """Evict ``pod`` through the Eviction API, as a node drain or the kubelet's pressure
-    eviction does: the Pod gets ``DisruptionTarget`` and its containers SIGTERM."""
+    eviction does (the Pod gets ``DisruptionTarget``, its containers SIGTERM); the runner
+    container's last state, as a watch saw the Pod until it was deleted."""
     meta = pod["metadata"]
     eviction = {
         "apiVersion": "policy/v1",
         "kind": "Eviction",
         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
     }
+    watch = subprocess.Popen(
+        node.in_netns(
+            str(node.bin / "kubectl"), f"--kubeconfig={node.kubeconfig}", "get", "pod",
+            meta["name"], "-n", meta["namespace"], "--watch", "--output-watch-events", "-o",
+            "json",
+        ),
+        stdout=subprocess.PIPE, text=True, env=node.env,
+    )  # fmt: skip
     path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/eviction"
-    node.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction))
+    runner: dict[str, Any] = {}
+    try:
+        node.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction))
+        decoder, text = json.JSONDecoder(), ""
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            text += line
+            try:
+                event, end = decoder.raw_decode(text.strip())
+            except ValueError:
+                continue
+            text = text.strip()[end:]
+            statuses = event["object"]["status"].get("containerStatuses", [])
+            runner = next((c for c in statuses if c["name"] == "runner"), runner)
+            if event["type"] == "DELETED":
+                break
+    finally:
+        watch.kill()
+        watch.wait()
+        if watch.stdout is not None:
+            watch.stdout.close()
+    return runner
 
 
 @pytest.mark.parametrize(
@@ -113,7 +145,10 @@ def test_runner_killed_mid_shard_is_retried_without_loss_or_duplicate(
     if fault == "sigkill":
         kill_container(node, pod, "runner")
     else:
-        _evict(node, pod)
+        # the runner (its container's PID 1) handles SIGTERM: it stops at once, keeping the
+        # answers that arrived, rather than grade on until the grace period's SIGKILL (137)
+        runner = _evict(node, pod)
+        assert runner["state"]["terminated"]["exitCode"] == EXIT_RUNTIME, runner
     run = assert_exact_outcome(node, ns, "killed", BIG_SUITE)
     jobs = jobs_by_name(node, ns, "killed")
     _assert_jobs_created_once(jobs, before, run["status"]["units"]["total"], retried=counted)
