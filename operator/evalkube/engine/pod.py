@@ -2,10 +2,10 @@
 
 Reads the run's snapshot (a ConfigMap volume), plans the same units the operator planned
 (both call :meth:`Snapshot.units`, i.e. :func:`~evalkube.engine.driver.plan_run`), drives the
-requested unit with the same driver as ``evalkube run`` (which owns model access: budgets and
-execution tokens on the proxy sidecar through its control socket), grading in the grader
-container (through its socket) and recording through the operator's ingest API, then reports
-the unit done. Exit code 0 only when every sample is stored.
+requested unit in a :class:`~evalkube.engine.session.UnitSession` as ``evalkube run`` does
+(which owns model access: budgets and execution tokens on the proxy sidecar through its
+control socket), grading in the grader container (through its socket), recording through the
+operator's ingest API and reporting the unit done. Exit code 0 only when every sample is stored.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ import time
 from typing import Any
 
 from evalkube import limits
-from evalkube.engine.answers import AnswerLog
-from evalkube.engine.candidates import candidate_source
-from evalkube.engine.driver import BridgeControl, drive_unit
+from evalkube.engine.driver import BridgeControl
 from evalkube.engine.plan import Unit
-from evalkube.engine.runner import UnitContext, UnitFailed, UnitReport
+from evalkube.engine.runner import UnitFailed, UnitReport
 from evalkube.engine.runtime import TaskRuntime
+from evalkube.engine.session import UnitSession
 from evalkube.engine.snapshot import PREPARE_UNIT, Prepared, Snapshot, load_snapshot
 from evalkube.gctune import relaxed_gc
 from evalkube.models.errors import ConfigError
@@ -65,7 +64,7 @@ def run_pod_unit(
 ) -> UnitReport:
     """Run ``unit_id`` and report it done to the operator.
 
-    ``bridge``: the proxy sidecar (its control listener), which the driver configures for the
+    ``bridge``: the proxy sidecar (its control listener), which the session configures for the
     unit; ``bridge_control``: the same listener's address, for candidate generation;
     ``task_id``: the unit's task, whose source pins it fetches (``None``: every task's).
     """
@@ -73,35 +72,30 @@ def run_pod_unit(
         # the row counts and this unit's task's pins, as the prepare pod reported them
         snapshot.apply_pins(Prepared.from_wire(store.prepared(task_id)))
     unit = snapshot.unit(unit_id)
-    runtime = TaskRuntime.build(snapshot.loaded, snapshot.loaded.task(unit.task_id))
-    answers = AnswerLog(store, snapshot.run_id, grader_calls=False)
-    ctx = UnitContext(
-        run_id=snapshot.run_id,
-        runtime=runtime,
-        store=store,
-        backend=backend,
-        source=candidate_source(
-            unit.model,
-            runtime.task,
-            snapshot.spec,
-            snapshot.loaded,
-            bridge_control,
-            (unit.start, unit.stop) if unit.kind == "shard" else None,
-        ),
-        resuming=True,  # a retried Job skips what an earlier attempt recorded
-        # and takes back the candidates it paid for (and retries failed calls)
-        answers=answers,
-    )
+    task = snapshot.loaded.task(unit.task_id)
     started = time.perf_counter()
-    try:
-        with relaxed_gc():
-            rows = rows_of(snapshot, unit) if unit.kind == "shard" else None
-            report = drive_unit(ctx, unit, rows, bridge)
-    except UnitFailed as exc:  # for good: its reason is the unit's, in the run's status
-        store.mark_unit_failed(unit.unit_id, str(exc))
-        raise
-    finally:
-        answers.close()  # every answer that arrived is kept
+    with UnitSession(
+        snapshot.run_id,
+        snapshot.loaded,
+        snapshot.spec,
+        store,
+        backend,
+        {task.id: TaskRuntime.build(snapshot.loaded, task)},
+        # a retried Job skips what an earlier attempt recorded and takes back the
+        # candidates it paid for (and retries failed calls)
+        resuming=True,
+        bridge=bridge,
+        bridge_control=bridge_control,
+        pod=True,
+    ) as session:  # on the way out, every answer that arrived is kept
+        try:
+            with relaxed_gc():
+                report = session.drive_unit(
+                    unit, rows_of(snapshot, unit) if unit.kind == "shard" else None
+                )
+        except UnitFailed as exc:  # for good: its reason is the unit's, in the run's status
+            store.mark_unit_failed(unit.unit_id, str(exc))
+            raise
     store.mark_unit_done(
         unit.unit_id,
         {

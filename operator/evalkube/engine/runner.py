@@ -119,7 +119,7 @@ class UnitContext:
     model_endpoint: str | None = None
     bridge: BridgeControl | None = None
     """The model bridge of a task with model access (set by
-    :func:`evalkube.engine.driver.drive_unit`): executions get tokens, samples their usage."""
+    :class:`~evalkube.engine.session.UnitSession`): executions get tokens, samples their usage."""
     progress: Progress = field(default_factory=NoProgress)
     observe: Callable[[list[SampleRecord]], None] | None = None
     """Sees every chunk of records as it is submitted (live aggregates of a local run)."""

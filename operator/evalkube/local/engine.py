@@ -22,10 +22,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from evalkube import limits
-from evalkube.engine.answers import AnswerLog
-from evalkube.engine.candidates import candidate_source
-from evalkube.engine.driver import drive_unit, has_model_access, plan_run
-from evalkube.engine.guard import ErrorGuard
+from evalkube.engine.driver import has_model_access, plan_run
 from evalkube.engine.loading import (
     LoadedSuite,
     count_dataset_rows,
@@ -34,16 +31,9 @@ from evalkube.engine.loading import (
     suite_version,
 )
 from evalkube.engine.plan import Unit
-from evalkube.engine.runner import (
-    BridgeControl,
-    NoProgress,
-    Progress,
-    TaskModelSandboxes,
-    UnitContext,
-    UnitFailed,
-    observe_into,
-)
+from evalkube.engine.runner import BridgeControl, NoProgress, Progress, UnitFailed
 from evalkube.engine.runtime import TaskRuntime, suite_criteria
+from evalkube.engine.session import UnitSession
 from evalkube.engine.validate import check_programs
 from evalkube.gctune import relaxed_gc
 from evalkube.grading import TaskAggregate
@@ -60,7 +50,7 @@ from evalkube.models.errors import ConfigError
 from evalkube.models.snapshot import RunSnapshot, SnapshotLocal, SnapshotRun, SnapshotSuite
 from evalkube.sandbox import SandboxBackend
 from evalkube.sources import SourceAccess, SourcePin, check_pinned
-from evalkube.store import ResultStore, RunRecord, SampleWriter
+from evalkube.store import ResultStore, RunRecord
 
 
 @dataclass
@@ -274,7 +264,6 @@ class LocalEngine:
         # sample once (a fresh run without grade_batch updates); otherwise read back.
         live: dict[tuple[str, str], TaskAggregate] = {}
         criteria_of = suite_criteria(loaded.suite.spec)
-        observe = functools.partial(observe_into, live, criteria_of=criteria_of)
         use_live = not resuming and not any(unit.kind == "aggregate" for unit in units)
         needs_bridge = any(has_model_access(t) for t in loaded.suite.spec.tasks)
         self.progress.planned([unit for unit in units if unit.unit_id not in done])
@@ -293,82 +282,46 @@ class LocalEngine:
         self.last_workers = workers
         # only runs that pay for model calls stop early; a free one shows every failure
         max_error_rate = self.max_error_rate if pays(loaded, spec) else None
-        guard = None if max_error_rate is None else ErrorGuard(max_error_rate)
+        open_session = functools.partial(
+            UnitSession,
+            run_id,
+            loaded,
+            spec,
+            self.store,
+            self.backend,
+            runtimes,
+            resuming=resuming,
+            max_error_rate=max_error_rate,
+        )
         if workers > 1:
-            job = ParallelRun(
-                run_id,
-                loaded,
-                spec,
-                self.store,
-                self.backend,
-                runtimes,
-                units,
-                resuming,
-                use_live,
-                max_error_rate,
-            )
+            job = ParallelRun(open_session, run_id, self.store, units, use_live)
             for key, aggregate in run_parallel(job, pending, workers, self.progress).items():
                 live.setdefault(key, TaskAggregate()).merge(aggregate)
             done |= {units[i].unit_id for i in pending}
         bridge = self.bridge_factory(spec) if needs_bridge and self.bridge_factory else None
-        # One sandbox per task x model, shared by its shards only.
-        sandboxes = TaskModelSandboxes()
-        writer = SampleWriter(self.store)
-        answers = AnswerLog(self.store, run_id)
-        if bridge is not None and hasattr(bridge, "keep_answers"):
-            bridge.keep_answers(answers)  # graders' model calls too
-        try:
-            for (task_id, model), group in _group(units):
-                runtime = runtimes[task_id]
-                ctx = UnitContext(
-                    run_id=run_id,
-                    runtime=runtime,
-                    store=self.store,
-                    backend=self.backend,
-                    source=candidate_source(model, runtime.task, spec, loaded),
-                    progress=self.progress,
-                    resuming=resuming,
-                    observe=observe if use_live else None,
-                    writer=writer,
-                    answers=answers,
-                    guard=guard,
-                )
+        close_bridge = bridge.close if bridge is not None else None
+        with open_session(
+            bridge=bridge, close_bridge=close_bridge, progress=self.progress
+        ) as session:
+            writer = session.writer
+            assert writer is not None
+            for (task_id, _), group in _group(units):
                 rows: Iterator[dict[str, Any]] = iter(())
                 position = -1
                 for unit in group:
-                    if unit.kind == "aggregate":
-                        if unit.unit_id not in done:
-                            writer.flush()  # grade_batch reads the task's samples back
-                            drive_unit(ctx, unit, None, bridge)
-                            self.store.mark_unit_done(run_id, unit.unit_id)
-                        continue
                     if unit.unit_id in done:
                         continue
+                    if unit.kind == "aggregate":
+                        session.drive_unit(unit, None)
+                        self.store.mark_unit_done(run_id, unit.unit_id)
+                        continue
                     if position != unit.start:  # a shard after skipped ones: seek
-                        rows = iter_dataset(loaded, runtime.task, skip=unit.start)
+                        rows = iter_dataset(loaded, runtimes[task_id].task, skip=unit.start)
                     shard = list(islice(rows, unit.stop - unit.start))
                     position = unit.start + len(shard)
-                    ctx.model_endpoint = (
-                        bridge.endpoint
-                        if bridge is not None and has_model_access(runtime.task)
-                        else None
-                    )
-                    ctx.sandbox = sandboxes.get(ctx, unit)
-                    drive_unit(ctx, unit, shard, bridge)
+                    session.drive_unit(unit, shard, live if use_live else None)
                     writer.then(functools.partial(self.store.mark_unit_done, run_id, unit.unit_id))
             writer.flush()
-        finally:
-            try:
-                sandboxes.close()
-            finally:
-                try:
-                    try:
-                        answers.close()  # every model answer that arrived is kept
-                    finally:
-                        writer.close()  # and what was graded before an interruption
-                finally:
-                    if bridge:
-                        bridge.close()
         expected = expected_metrics(loaded.suite.spec, criteria_of)
         results = aggregate_results(
             self.store,

@@ -29,36 +29,23 @@ import queue
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from types import FrameType
 from typing import Any
 
 from evalkube._process import signal_on_parent_death
-from evalkube.engine.answers import AnswerLog
-from evalkube.engine.candidates import (
-    CandidateSource,
-    candidate_source,
-    ignore_repeated_interrupts,
-)
-from evalkube.engine.driver import drive_unit
-from evalkube.engine.guard import ErrorGuard, RunAborted
-from evalkube.engine.loading import LoadedSuite, shard_rows
+from evalkube.engine.candidates import ignore_repeated_interrupts
+from evalkube.engine.guard import RunAborted
+from evalkube.engine.loading import shard_rows
 from evalkube.engine.plan import Unit
-from evalkube.engine.runner import (
-    Progress,
-    TaskModelSandboxes,
-    UnitContext,
-    UnitFailed,
-    observe_into,
-)
-from evalkube.engine.runtime import TaskRuntime, task_criteria
+from evalkube.engine.runner import Progress, UnitFailed
+from evalkube.engine.session import UnitSession
 from evalkube.grading import TaskAggregate
-from evalkube.models import EvalRunSpec
 from evalkube.models.errors import ConfigError
-from evalkube.sandbox import SandboxBackend, SandboxError
-from evalkube.store import ResultStore, SampleWriter, StoreError
+from evalkube.sandbox import SandboxError
+from evalkube.store import ResultStore, StoreError
 
 #: Below this many samples per extra process, forking and one more sandbox cold start per
 #: task (about 0.3 s under gVisor, the time of grading some 10k samples) cost more than the
@@ -82,18 +69,13 @@ _ERRORS: tuple[tuple[str, type[Exception]], ...] = (
 class ParallelRun:
     """What the unit processes share (inherited through fork, never pickled)."""
 
+    session: Callable[..., UnitSession]
+    """Opens the run's :class:`UnitSession` in a unit process (given its ``progress``)."""
     run_id: str
-    loaded: LoadedSuite
-    spec: EvalRunSpec
     store: ResultStore
-    backend: SandboxBackend
-    runtimes: dict[str, TaskRuntime]
     units: list[Unit]
-    resuming: bool
     live: bool
     """Count per-unit aggregates for the parent to merge (a fresh run without grade_batch)."""
-    max_error_rate: float | None = None
-    """The run's ``--max-error-rate`` (``None``: never stop on errors)."""
 
 
 def choose_workers(requested: int | None, pending_samples: int, shard_units: int) -> int:
@@ -139,61 +121,30 @@ def _child(job: ParallelRun, jobs: Any, events: Any, stop: Event, parent: int) -
     if not signal_on_parent_death(signal.SIGINT, parent):
         return
     job.store.engine.dispose(close=False)  # the parent's pooled connections are not ours
-    writer = SampleWriter(job.store)
-    answers = AnswerLog(job.store, job.run_id)
-    guard = None if job.max_error_rate is None else ErrorGuard(job.max_error_rate)
-    sandboxes = TaskModelSandboxes()
-    sources: dict[tuple[str, str], CandidateSource] = {}
-    try:
-        while not stop.is_set():
-            index = jobs.get()
-            if index is None:
-                break
-            unit = job.units[index]
-            runtime = job.runtimes[unit.task_id]
-            key = (unit.task_id, unit.model)
-            if key not in sources:
-                sources[key] = candidate_source(unit.model, runtime.task, job.spec, job.loaded)
-            live: dict[tuple[str, str], TaskAggregate] = {}
-            ctx = UnitContext(
-                run_id=job.run_id,
-                runtime=runtime,
-                store=job.store,
-                backend=job.backend,
-                source=sources[key],
-                progress=_EventProgress(events),
-                resuming=job.resuming,
-                observe=functools.partial(
-                    observe_into, live, criteria_of={runtime.task.id: task_criteria(runtime.task)}
-                )
-                if job.live
-                else None,
-                writer=writer,
-                answers=answers,
-                guard=guard,
-            )
-            ctx.sandbox = sandboxes.get(ctx, unit)
-            # only suites without model access run in parallel: no bridge
-            rows = shard_rows(job.loaded, runtime.task, unit.start, unit.stop)
-            drive_unit(ctx, unit, rows, None)
-            writer.then(functools.partial(_unit_done, job, unit, live, events))
-        writer.flush()
-    except KeyboardInterrupt:
-        events.put(("interrupted",))
-    except BaseException as exc:  # reported to the parent, which raises it
+    try:  # only suites without model access run in parallel: no bridge
+        with job.session(progress=_EventProgress(events)) as session:
+            writer = session.writer
+            assert writer is not None
+            try:
+                while not stop.is_set():
+                    index = jobs.get()
+                    if index is None:
+                        break
+                    unit = job.units[index]
+                    task = session.runtimes[unit.task_id].task
+                    live: dict[tuple[str, str], TaskAggregate] = {}
+                    rows = shard_rows(session.loaded, task, unit.start, unit.stop)
+                    session.drive_unit(unit, rows, live if job.live else None)
+                    writer.then(functools.partial(_unit_done, job, unit, live, events))
+                writer.flush()
+            except KeyboardInterrupt:
+                events.put(("interrupted",))
+            except BaseException as exc:  # reported to the parent, which raises it
+                events.put(("failed", _kind(exc), str(exc)))
+    except BaseException as exc:  # closing the session failed: reported too
         events.put(("failed", _kind(exc), str(exc)))
     finally:
-        try:
-            sandboxes.close()
-        finally:
-            try:
-                try:
-                    answers.close()  # every model answer that arrived is kept
-                finally:
-                    writer.close()  # and what was graded before an interruption
-            except BaseException as exc:
-                events.put(("failed", _kind(exc), str(exc)))
-            events.put(("exit",))
+        events.put(("exit",))
 
 
 def _unit_done(
