@@ -65,13 +65,14 @@ if str(_ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 
-from evalkube import jsonfast, limits  # noqa: E402
+from evalkube import limits  # noqa: E402
 from evalkube.engine.answers import AnswerLog  # noqa: E402
 from evalkube.engine.plan import SEQ_STRIDE, Unit, sample_id, seq_range  # noqa: E402
 from evalkube.engine.snapshot import parse_snapshot  # noqa: E402
 from evalkube.models.snapshot import RunSnapshot  # noqa: E402
 from evalkube.store import SampleRecord, SampleWriter  # noqa: E402
 from evalkube.store.remote import RemoteStore  # noqa: E402
+from evalkube.util import jsonfast  # noqa: E402
 
 ROOT = _ROOT
 EVALKUBE = str(Path(sys.executable).parent / "evalkube")

@@ -2,7 +2,7 @@ package main
 
 // Egress grants: what lets a work-unit pod's proxy sidecar through the egress gateway.
 //
-// A grant is stateless and signed by the operator (evalkube.controller.egress.mint_grant) with
+// A grant is stateless and signed by the operator (evalkube.controller.egress_grants.mint_grant) with
 // a key only the operator and the gateway hold:
 //
 //	"v1." + b64url(payload) + "." + b64url(HMAC-SHA256(key, "v1." + b64url(payload)))

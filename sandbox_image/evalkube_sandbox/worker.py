@@ -424,6 +424,6 @@ def main() -> int:
     sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 1000))
     # Graders allocate many short-lived acyclic objects; default thresholds make the
-    # collector a large share of per-sample cost (see evalkube.engine.gctune).
+    # collector a large share of per-sample cost (see evalkube.util.gctune).
     gc.set_threshold(100_000, 50, 100)
     return Worker(requests, answer_fd).serve()

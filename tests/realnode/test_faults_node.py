@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from evalkube.cli_support import EXIT_RUNTIME
 from evalkube.controller import names
+from evalkube.reporting.console import EXIT_RUNTIME
 from evalkube.store import ResultStore, default_url
 from tests.cluster.realnode import RealNode
 from tests.realnode.faults import (

@@ -50,7 +50,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from evalkube._process import signal_on_parent_death
+from evalkube.util.process import signal_on_parent_death
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"

@@ -65,7 +65,8 @@ def test_a_violation_breaks_its_contract(
 def test_importing_the_operator_does_not_load_the_local_engine() -> None:
     probe = (
         "import sys\n"
-        "import evalkube.controller.handlers, evalkube.controller.runs, evalkube.controller.api\n"
+        "import evalkube.controller.handlers, evalkube.controller.api\n"
+        "import evalkube.controller.run_reconciler\n"
         "print(sorted(m for m in sys.modules if m.startswith('evalkube.local')))\n"
     )
     done = subprocess.run(

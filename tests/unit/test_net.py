@@ -1,11 +1,11 @@
 """The one parser each of listen addresses, bearer tokens and URL ports that the operator and
-the model bridge share (``evalkube._net``)."""
+the model bridge share (``evalkube.util.net``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from evalkube._net import bearer_token, parse_listen, url_port
+from evalkube.util.net import bearer_token, parse_listen, url_port
 
 
 def test_listen_address_forms() -> None:

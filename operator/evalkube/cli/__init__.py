@@ -17,10 +17,10 @@ import typer
 
 from evalkube import __version__
 from evalkube.cli import compare, importers, in_cluster, run
-from evalkube.cli_support import console
 from evalkube.controller.crds_cli import crds
 from evalkube.proxy import cli as proxy_cli
 from evalkube.reporting import commands as reporting
+from evalkube.reporting.console import console
 
 app = typer.Typer(
     name="evalkube",

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from evalkube.cli_support import (
+from evalkube.reporting.console import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
     DbOption,
@@ -43,8 +43,8 @@ def compare(
 ) -> None:
     """Per-metric change of RUN against BASELINE over the samples both graded, with a paired
     bootstrap confidence interval, and the samples whose score changed."""
-    from evalkube.compare_view import comparison_table, flipped_table
     from evalkube.grading.compare import compare_runs, compare_scores
+    from evalkube.reporting.compare_tables import comparison_table, flipped_table
 
     if api is not None:
         from evalkube.reporting.export import ApiError, api_keyed_scores

@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from evalkube import limits
-from evalkube.cli_support import EXIT_CONFIG, console, fail
 from evalkube.engine import ConfigError
+from evalkube.reporting.console import EXIT_CONFIG, console, fail
 
 
 def import_openai(

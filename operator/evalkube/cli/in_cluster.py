@@ -14,8 +14,8 @@ import typer
 from rich.markup import escape
 
 from evalkube import limits
-from evalkube.cli_support import EXIT_CONFIG, EXIT_RUNTIME, console, fail
 from evalkube.engine import ConfigError, UnitFailed
+from evalkube.reporting.console import EXIT_CONFIG, EXIT_RUNTIME, console, fail
 from evalkube.sandbox import resolve_backend
 
 

@@ -12,7 +12,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from evalkube import limits
 from evalkube.cli.run_output import RichProgress, bridge_failures_once, run_table
-from evalkube.cli_support import (
+from evalkube.engine import ConfigError, UnitFailed, load_files, resolve_run_spec
+from evalkube.engine.guard import RunAborted
+from evalkube.grading.gate import gate_message, gate_run
+from evalkube.local import LocalEngine, RunSummary
+from evalkube.local.preflight import preflight
+from evalkube.models import GateStatus
+from evalkube.reporting import track
+from evalkube.reporting.compare_tables import gate_table
+from evalkube.reporting.console import (
     EXIT_CONFIG,
     EXIT_INTERRUPTED,
     EXIT_RUNTIME,
@@ -22,14 +30,6 @@ from evalkube.cli_support import (
     fail,
     open_store,
 )
-from evalkube.compare_view import gate_table
-from evalkube.engine import ConfigError, UnitFailed, load_files, resolve_run_spec
-from evalkube.engine.guard import RunAborted
-from evalkube.grading.gate import gate_message, gate_run
-from evalkube.local import LocalEngine, RunSummary
-from evalkube.local.preflight import preflight
-from evalkube.models import GateStatus
-from evalkube.reporting import track
 from evalkube.reporting.output import write_run_output
 from evalkube.sandbox import SandboxError, SandboxUnavailable, resolve_backend
 from evalkube.store import StoreError

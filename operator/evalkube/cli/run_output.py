@@ -13,9 +13,9 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from evalkube.cli_support import errors
 from evalkube.engine import Unit
 from evalkube.local import RunSummary
+from evalkube.reporting.console import errors
 from evalkube.reporting.tables import results_table
 
 

@@ -37,9 +37,7 @@ from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from evalkube import jsonfast, limits
-from evalkube._net import bearer_token
-from evalkube._wire import BodyError, Shape
+from evalkube import limits
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunEntry, RunRegistry, token_matches, token_shaped
 from evalkube.engine.snapshot import PREPARE_UNIT, Prepared
@@ -55,6 +53,9 @@ from evalkube.store.wire import (
     TASK_RESULT,
     UNIT_FAILURE,
 )
+from evalkube.util import jsonfast
+from evalkube.util.body_shape import BodyError, Shape
+from evalkube.util.net import bearer_token
 
 PREFIX = "/api/v1/namespaces/{namespace}/evalruns/{name}"
 log = logging.getLogger(__name__)

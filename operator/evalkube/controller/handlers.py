@@ -14,11 +14,11 @@ import kopf
 
 from evalkube import limits
 from evalkube.controller import names
-from evalkube.controller.reconcile import job_index_entry, job_state
-from evalkube.controller.runs import RunReconciler
-from evalkube.controller.schedule import LABEL_SCHEDULE
-from evalkube.controller.schedules import ScheduleReconciler
-from evalkube.controller.schedules import index_entry as schedule_index_entry
+from evalkube.controller.run_decisions import job_index_entry, job_state
+from evalkube.controller.run_reconciler import RunReconciler
+from evalkube.controller.schedule_decisions import LABEL_SCHEDULE
+from evalkube.controller.schedule_reconciler import ScheduleReconciler
+from evalkube.controller.schedule_reconciler import index_entry as schedule_index_entry
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import config_map_refs
 from evalkube.controller.state import OperatorState

@@ -25,7 +25,6 @@ from typing import Any, cast
 import kopf
 
 from evalkube import limits
-from evalkube._net import url_port
 from evalkube.controller import names
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import Unit
@@ -33,6 +32,7 @@ from evalkube.engine.snapshot import PREPARE_UNIT
 from evalkube.models import EvalRunSpec
 from evalkube.models.snapshot import RunSnapshot
 from evalkube.sandbox.environment import INSIDE_ENVIRONMENT, STDLIB, cluster_image
+from evalkube.util.net import url_port
 
 SNAPSHOT_DIR = "/etc/evalkube/snapshot"
 DATASETS_DIR = "/etc/evalkube/datasets"
@@ -59,7 +59,7 @@ PVC_DIR = "/var/run/evalkube/pvc"
 CA_BUNDLE_DIR = "/etc/evalkube/source-ca"
 
 
-#: The runner's exit code (``evalkube.cli_support.EXIT_CONFIG``; ``evalkube unit`` and
+#: The runner's exit code (``evalkube.reporting.console.EXIT_CONFIG``; ``evalkube unit`` and
 #: ``evalkube prepare``) when its unit cannot run at all (the snapshot or token unreadable,
 #: programs that do not load, a source changed since it was pinned, a ``grade_batch`` past its
 #: limits; it reports the reason to the operator first): the Job fails without retrying.
@@ -191,7 +191,7 @@ def token_secret(owner: Mapping[str, Any], token: str) -> dict[str, Any]:
 
 
 def egress_grant_secret(owner: Mapping[str, Any], grant: str) -> dict[str, Any]:
-    """The run's egress grant (:mod:`evalkube.controller.egress`): only the proxy container
+    """The run's egress grant (:mod:`evalkube.controller.egress_grants`): only the proxy container
     mounts it, so only the proxy gets through the egress gateway."""
     return _secret(owner, names.egress_grant_secret_name, "egress-grant", {EGRESS_GRANT_KEY: grant})
 

@@ -9,18 +9,18 @@ from typing import Any
 
 from aiohttp import web
 
-from evalkube._net import parse_listen
 from evalkube.controller.api import ApiServer
 from evalkube.controller.kube import EvalSuiteResource, Kube
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunRegistry
-from evalkube.controller.runs import EventSink, RunReconciler
-from evalkube.controller.schedules import ScheduleReconciler
+from evalkube.controller.run_reconciler import EventSink, RunReconciler
+from evalkube.controller.schedule_reconciler import ScheduleReconciler
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import check_cluster_suite, image_policy
 from evalkube.models.status import condition, merge_conditions, read_status
 from evalkube.models.suite import EvalSuiteStatus
 from evalkube.store import ResultStore
+from evalkube.util.net import parse_listen
 
 
 @dataclass

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from evalkube.controller import names
 from evalkube.controller.kube import EvalRunResource, Kube
-from evalkube.controller.schedule import LABEL_SCHEDULE
+from evalkube.controller.schedule_decisions import LABEL_SCHEDULE
 from evalkube.controller.settings import OperatorSettings
 from evalkube.models import Condition, EvalRunSpec, EvalRunStatus
 from evalkube.models.refs import SecretKeyRef

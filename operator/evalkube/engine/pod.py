@@ -20,10 +20,10 @@ from evalkube.engine.runner import UnitFailed, UnitReport
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.engine.session import UnitSession
 from evalkube.engine.snapshot import PREPARE_UNIT, Prepared, Snapshot, load_snapshot
-from evalkube.gctune import relaxed_gc
 from evalkube.models.errors import ConfigError
 from evalkube.sandbox import SandboxBackend
 from evalkube.store.remote import RemoteStore
+from evalkube.util.gctune import relaxed_gc
 
 __all__ = ["PREPARE_UNIT", "load_snapshot", "prepare_sources", "run_pod_unit"]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from evalkube import jsonfast, limits
+from evalkube import limits
 from evalkube.engine.candidates import Candidate, CandidateSource
 from evalkube.engine.judging import judge_samples
 from evalkube.engine.plan import SEQ_STRIDE, Unit, sample_id, seq_range
@@ -43,6 +43,7 @@ from evalkube.sandbox import Execution, GraderSandbox, ProgramLoadError, Sandbox
 from evalkube.sandbox.environment import EnvironmentProblem, LocalEnvironment, resolve_local
 from evalkube.store import SampleRecord, SampleWriter, TaskResultRecord
 from evalkube.store.protocol import SampleStore
+from evalkube.util import jsonfast
 
 if TYPE_CHECKING:
     from evalkube.engine.answers import AnswerLog

@@ -35,7 +35,6 @@ from evalkube.engine.runner import BridgeControl, NoProgress, Progress, UnitFail
 from evalkube.engine.runtime import TaskRuntime, suite_criteria
 from evalkube.engine.session import UnitSession
 from evalkube.engine.validate import check_programs
-from evalkube.gctune import relaxed_gc
 from evalkube.grading import TaskAggregate
 from evalkube.grading.run_results import aggregate_results, declared_metrics, expected_metrics
 from evalkube.local.parallel import ParallelRun, choose_workers, run_parallel
@@ -51,6 +50,7 @@ from evalkube.models.snapshot import RunSnapshot, SnapshotLocal, SnapshotRun, Sn
 from evalkube.sandbox import SandboxBackend
 from evalkube.sources import SourceAccess, SourcePin, check_pinned
 from evalkube.store import ResultStore, RunRecord
+from evalkube.util.gctune import relaxed_gc
 
 
 @dataclass

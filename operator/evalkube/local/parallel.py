@@ -35,7 +35,6 @@ from multiprocessing.synchronize import Event
 from types import FrameType
 from typing import Any
 
-from evalkube._process import signal_on_parent_death
 from evalkube.engine.candidates import ignore_repeated_interrupts
 from evalkube.engine.guard import RunAborted
 from evalkube.engine.loading import shard_rows
@@ -46,6 +45,7 @@ from evalkube.grading import TaskAggregate
 from evalkube.models.errors import ConfigError
 from evalkube.sandbox import SandboxError
 from evalkube.store import ResultStore, StoreError
+from evalkube.util.process import signal_on_parent_death
 
 #: Below this many samples per extra process, forking and one more sandbox cold start per
 #: task (about 0.3 s under gVisor, the time of grading some 10k samples) cost more than the

@@ -1,7 +1,7 @@
 """EvalSchedule: EvalRuns created from a template on a cron schedule, modelled on CronJob.
 
-The operator's schedule handler (:mod:`evalkube.controller.schedules`) reads this spec and
-writes the status; the schedule arithmetic itself is :mod:`evalkube.controller.schedule`.
+The operator's schedule handler (:mod:`evalkube.controller.schedule_reconciler`) reads this spec and
+writes the status; the schedule arithmetic itself is :mod:`evalkube.controller.schedule_decisions`.
 """
 
 from __future__ import annotations

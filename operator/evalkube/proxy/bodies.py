@@ -1,7 +1,7 @@
 """The JSON bodies of the bridge's control routes, declared for pydantic.
 
 Only the trusted runner calls these routes (never on the hot path of a model call), so a
-declared shape beats hand-written checks; :class:`evalkube._wire.Shape` answers a bad
+declared shape beats hand-written checks; :class:`evalkube.util.body_shape.Shape` answers a bad
 body with the wrong fields and the shape to send.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from evalkube import limits
-from evalkube._wire import Shape
+from evalkube.util.body_shape import Shape
 
 
 def _printable(value: str) -> str:

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from evalkube import limits
-from evalkube._process import signal_on_parent_death
 from evalkube.proxy.bridge_base import CONTROL_TIMEOUT, BridgeLifecycle, grader_listen
 from evalkube.proxy.control import ControlClient
 from evalkube.proxy.local_embeddings import LOCAL_PROVIDER
 from evalkube.proxy.upstream import Provider
+from evalkube.util.process import signal_on_parent_death
 
 #: Path of the ``evalkube-proxy`` binary; else it is looked up on ``PATH``.
 BINARY_ENV = "EVALKUBE_PROXY_BIN"

@@ -48,9 +48,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from evalkube import limits
-from evalkube._net import parse_listen
-from evalkube._wire import BodyError
-from evalkube.gctune import relaxed_gc
 from evalkube.proxy.bodies import EXECUTIONS_OPEN, UNIT_BUDGET, USAGE_TAKE
 from evalkube.proxy.budgets import BudgetExhausted, Budgets, UnknownExecution
 from evalkube.proxy.local_embeddings import LOCAL_PROVIDER, LocalEmbeddings, LocalModelError
@@ -58,6 +55,9 @@ from evalkube.proxy.metrics import PURPOSES, ProxyMetrics
 from evalkube.proxy.settings import ProxySettings
 from evalkube.proxy.upstream import REQUESTS_HEADER, Provider, Upstream, UpstreamError
 from evalkube.proxy.usage import UsageLedger, token_usage
+from evalkube.util.body_shape import BodyError
+from evalkube.util.gctune import relaxed_gc
+from evalkube.util.net import parse_listen
 
 log = logging.getLogger("evalkube.proxy")
 

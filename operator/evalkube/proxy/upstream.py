@@ -32,9 +32,9 @@ import aiohttp
 from yarl import URL
 
 from evalkube import limits
-from evalkube._net import bearer_token
 from evalkube.proxy.chat import CHAT_PATH, ChatTranslationError, chat_request, responses_answer
 from evalkube.proxy.egress import SENT_HEADER, EgressGateway, EgressUnavailable, refusal
+from evalkube.util.net import bearer_token
 
 #: Shapes of API keys scrubbed from any provider text even when they are not the
 #: configured key (a provider echoing some other credential it saw).

@@ -16,11 +16,11 @@ from typing import IO, Any
 
 import httpx
 
-from evalkube._net import release
-from evalkube.cli_support import json_printable
+from evalkube.reporting.console import json_printable
 from evalkube.store import ResultStore
 from evalkube.store.filters import SampleFilter
 from evalkube.store.views import sample_view
+from evalkube.util.net import release
 
 PAGE_SIZE = 1000
 #: Samples read from a local store at a time: a judge may hold up to 1 MB, so a page of

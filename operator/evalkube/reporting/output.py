@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evalkube.cli_support import open_store
+from evalkube.reporting.console import open_store
 from evalkube.reporting.export import store_views, text_stream, write_json
 from evalkube.store.filters import SampleFilter
 

@@ -24,7 +24,7 @@ import jinja2
 import typer
 
 from evalkube import __version__, limits
-from evalkube.cli_support import (
+from evalkube.reporting.console import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
     DbOption,

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from evalkube.cli_support import DbOption, console, json_printable, open_store, shown_store
+from evalkube.reporting.console import DbOption, console, json_printable, open_store, shown_store
 from evalkube.store import RunRecord
 
 COUNTED = ("valid", "invalid", "errored", "pending")

@@ -16,7 +16,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from evalkube import limits
-from evalkube.cli_support import (
+from evalkube.reporting.console import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
     DbOption,

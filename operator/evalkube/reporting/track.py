@@ -17,8 +17,8 @@ import typer
 from rich.markup import escape
 
 from evalkube import limits
-from evalkube.cli_support import EXIT_CONFIG, EXIT_RUNTIME, DbOption, errors, fail, open_store
 from evalkube.models import EvalRunSpec, GateStatus, TaskModelResult
+from evalkube.reporting.console import EXIT_CONFIG, EXIT_RUNTIME, DbOption, errors, fail, open_store
 from evalkube.reporting.report import render_report
 from evalkube.tracking import (
     Artifact,

@@ -33,8 +33,8 @@ from typing import IO, ClassVar
 
 import evalkube_sandbox
 from evalkube import limits
-from evalkube._process import signal_on_parent_death
 from evalkube.sandbox import environment as grader_env
+from evalkube.util.process import signal_on_parent_death
 from evalkube_sandbox.hygiene import wipe
 
 #: Where the worker package lives on the host (bound read-only into sandboxes).

@@ -10,7 +10,8 @@ from __future__ import annotations
 import struct
 from typing import IO, Any
 
-from evalkube import jsonfast, limits
+from evalkube import limits
+from evalkube.util import jsonfast
 
 HEADER = struct.Struct(">I")
 

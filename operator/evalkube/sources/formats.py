@@ -20,10 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from evalkube import jsonfast, limits
+from evalkube import limits
 from evalkube.models import ConfigError
 from evalkube.sources.files import bounded_lines
 from evalkube.sources.uri import Compression, Format
+from evalkube.util import jsonfast
 
 # A CSV field may be as long as a JSONL line (the module's default is 131,072 characters).
 csv.field_size_limit(limits.DATASET_LINE_BYTES)

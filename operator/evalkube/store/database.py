@@ -12,9 +12,9 @@ import tenacity
 from sqlalchemy import Engine, Executable, create_engine, event
 from sqlalchemy.engine import make_url
 
-from evalkube import jsonfast
 from evalkube.store import migrate
 from evalkube.store.errors import StoreError
+from evalkube.util import jsonfast
 
 #: Seconds a new SQLite connection keeps trying to switch the file to WAL (its busy timeout).
 SQLITE_LOCK_SECONDS = 30

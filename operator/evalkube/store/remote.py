@@ -23,9 +23,9 @@ from urllib.parse import quote
 import httpx
 import tenacity
 
-from evalkube import jsonfast
-from evalkube._net import release
 from evalkube.store.records import SampleRecord, TaskResultRecord
+from evalkube.util import jsonfast
+from evalkube.util.net import release
 
 SAMPLE_FIELDS = {f.name for f in dataclasses.fields(SampleRecord)}
 #: Answers worth waiting out: the run unknown to this replica yet, or the operator unwell.

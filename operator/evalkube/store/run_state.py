@@ -10,10 +10,11 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from evalkube import jsonfast, limits
+from evalkube import limits
 from evalkube.store import schema
 from evalkube.store.database import Database, load_json
 from evalkube.store.records import RunRecord, TaskResultRecord
+from evalkube.util import jsonfast
 
 _dumps = jsonfast.dumps_str
 _UNIT_KEYS = ("run_id", "unit_id")

@@ -11,11 +11,11 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, cast, func, select, true, tuple_
 from sqlalchemy.dialects.postgresql import JSONB
 
-from evalkube import jsonfast
 from evalkube.store import schema
 from evalkube.store.database import Database, load_json
 from evalkube.store.filters import SampleFilter, conditions
 from evalkube.store.records import SampleRecord
+from evalkube.util import jsonfast
 
 #: Sample rows the store fetches from the database at a time when it streams whole samples.
 SAMPLES_FETCHED = 100

@@ -21,10 +21,11 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, bindparam, select, update
 
-from evalkube import jsonfast, limits
+from evalkube import limits
 from evalkube.store import schema
 from evalkube.store.database import Database
 from evalkube.store.records import SampleRecord
+from evalkube.util import jsonfast
 
 _dumps = jsonfast.dumps_str
 _SAMPLE_COLUMNS = [column.name for column in schema.samples.columns]

@@ -1,9 +1,10 @@
 """The ingest API's small bodies (sample updates, settling, batch results), declared once.
 
 :class:`~evalkube.store.remote.RemoteStore` sends them from a work-unit pod and
-:class:`~evalkube.controller.api.ApiServer` validates them with :class:`evalkube._wire.Shape`
-(a bad one is a 400 naming the field). Samples themselves, the hot path, keep their
-hand-tuned decoder (:func:`~evalkube.store.remote.sample_from_wire`).
+:class:`~evalkube.controller.api.ApiServer` validates them with
+:class:`evalkube.util.body_shape.Shape` (a bad one is a 400 naming the field). Samples
+themselves, the hot path, keep their hand-tuned decoder
+(:func:`~evalkube.store.remote.sample_from_wire`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evalkube._wire import Shape
+from evalkube.util.body_shape import Shape
 
 
 class _Body(BaseModel):

@@ -30,12 +30,19 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from evalkube.cli_support import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_RUNTIME, console, errors, fail
-from evalkube.compare_view import gate_table
 from evalkube.controller.names import LABEL_MANAGED_BY
 from evalkube.engine.loading import load_files
 from evalkube.grading.gate import gate_message
 from evalkube.models import ConfigError, EvalRunSpec, GateStatus, TaskModelResult
+from evalkube.reporting.compare_tables import gate_table
+from evalkube.reporting.console import (
+    EXIT_CONFIG,
+    EXIT_INTERRUPTED,
+    EXIT_RUNTIME,
+    console,
+    errors,
+    fail,
+)
 from evalkube.reporting.tables import results_table
 from evalkube.submit.cluster import Cluster, ClusterUnreachable, Refused, kubeconfig
 from evalkube.submit.objects import ObjectStore, StoreUnreachable

@@ -22,7 +22,7 @@ from evalkube.controller.api import ApiServer
 from evalkube.controller.kube import Kube
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunRegistry, digest
-from evalkube.controller.runs import TOKEN_DIGEST_FIELD, RunReconciler
+from evalkube.controller.run_reconciler import TOKEN_DIGEST_FIELD, RunReconciler
 from evalkube.controller.settings import OperatorSettings
 from evalkube.store import ResultStore, RunRecord
 

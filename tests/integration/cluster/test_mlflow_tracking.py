@@ -30,7 +30,7 @@ from tests.integration.cluster.operator_support import (
 from tests.support.mlflow_server import MlflowServer
 
 from evalkube.controller import tracking
-from evalkube.controller.schedule import LABEL_SCHEDULE
+from evalkube.controller.schedule_decisions import LABEL_SCHEDULE
 from evalkube.reporting.report import render_report
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]

@@ -27,7 +27,7 @@ from tests.integration.cluster.operator_support import (
     suite,
 )
 
-from evalkube.controller.egress import mint_grant
+from evalkube.controller.egress_grants import mint_grant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

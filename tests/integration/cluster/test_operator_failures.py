@@ -1,4 +1,4 @@
-"""The failure policy on the real control plane (see ``evalkube.controller.reconcile``).
+"""The failure policy on the real control plane (see ``evalkube.controller.run_decisions``).
 
 A unit whose Pod fails (retries through ``backoffLimit``, here 0) and a unit whose Pod
 completes without its runner reporting anything both become failed units; the aggregate

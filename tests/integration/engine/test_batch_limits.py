@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from evalkube import limits
-from evalkube.cli_support import EXIT_CONFIG
 from evalkube.controller.snapshot import build_snapshot, check_suite
 from evalkube.engine.plan import sample_id
+from evalkube.reporting.console import EXIT_CONFIG
 from evalkube.store import ResultStore, RunRecord, SampleRecord
 
 from .test_pod_start_downloads import NAME, NS, RUN_ID, TOKEN, UID, counting_ingest

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from evalkube.controller.egress import mint_grant, url_authority
+from evalkube.controller.egress_grants import mint_grant, url_authority
 from tests.integration.proxy.conftest import native_or_skip
 from tests.integration.proxy.fake_upstream import FakeUpstream
 

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from sqlalchemy import event
 
-from evalkube import jsonfast
 from evalkube.store import ResultStore, RunRecord, SampleRecord
 from evalkube.store.remote import RemoteStore, sample_to_wire
+from evalkube.util import jsonfast
 from tests.unit.controller.test_api_off_loop import BASE, NS, RUN, RUN_ID, TOKEN, Probe, served
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 
-from evalkube.gctune import relaxed_gc
 from evalkube.store import ResultStore, RunRecord, SampleRecord
 from evalkube.store.remote import RemoteStore
+from evalkube.util.gctune import relaxed_gc
 from tests.integration.engine.test_pod_start_downloads import (
     NAME,
     NS,

@@ -19,7 +19,7 @@ from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 
 from evalkube.controller.kube import EvalRunResource
-from evalkube.controller.reconcile import JobState, job_index_entry
+from evalkube.controller.run_decisions import JobState, job_index_entry
 
 Key = tuple[str, str, str]
 """``(kind, namespace, name)``."""

@@ -25,12 +25,12 @@ import orjson
 import pytest
 from aiohttp import web
 
-from evalkube import jsonfast
 from evalkube.controller.api import ApiServer
 from evalkube.controller.metrics import OperatorMetrics
 from evalkube.controller.registry import RunEntry, RunRegistry, digest
 from evalkube.store import ResultStore, RunRecord, SampleRecord
 from evalkube.store.remote import sample_from_wire, sample_to_wire
+from evalkube.util import jsonfast
 
 NS, RUN, RUN_ID, TOKEN = "team-a", "nightly", "team-a.nightly.0f1e2d3c", "the-ingest-token"
 BASE = f"/api/v1/namespaces/{NS}/evalruns/{RUN}"

@@ -1,4 +1,4 @@
-"""Egress grants minted by the operator (evalkube.controller.egress).
+"""Egress grants minted by the operator (evalkube.controller.egress_grants).
 
 The vectors in tests/fixtures/egress_grants.json are shared with the gateway's Go tests
 (operator/evalkube-proxy/grant_test.go): Python must mint exactly the tokens Go verifies.
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from evalkube.controller.egress import (
+from evalkube.controller.egress_grants import (
     grant_hosts,
     mint_grant,
     read_signing_key,

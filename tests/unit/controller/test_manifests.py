@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from evalkube import limits
-from evalkube.cli_support import EXIT_CONFIG
 from evalkube.controller import manifests, names
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import Unit, plan_units
 from evalkube.models import EvalRunSpec, EvalSuiteSpec, validate_spec
 from evalkube.models.snapshot import RunSnapshot, SnapshotRun, SnapshotSuite
+from evalkube.reporting.console import EXIT_CONFIG
 
 NAMESPACE = "team-a"
 RUN_NAME = "qa-nightly"
@@ -742,7 +742,7 @@ def test_a_run_name_longer_than_a_label_value_labels_within_63_and_is_found_agai
     """EvalRun names may have 253 characters (a scheduled run's name is its schedule's plus
     a time); label values 63. Jobs, Pods and the policy selecting them agree on one short
     label, and the Job index maps a Job back to the full name from its annotation."""
-    from evalkube.controller.reconcile import job_index_entry
+    from evalkube.controller.run_decisions import job_index_entry
 
     name = "nightly-" + "regression-suite-" * 12 + "29000000"
     body = {**owner(), "metadata": {**owner()["metadata"], "name": name}}

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from evalkube.controller.reconcile import JobState, decide, job_state, summary_line
+from evalkube.controller.run_decisions import JobState, decide, job_state, summary_line
 from evalkube.engine.plan import Unit, plan_units
 from evalkube.models.status import condition, merge_conditions
 
@@ -293,7 +293,7 @@ def test_merge_conditions_keeps_transition_time_while_status_holds() -> None:
 
 
 def test_budget_refusals_sum_what_the_units_reported() -> None:
-    from evalkube.controller.runs import budget_refusals
+    from evalkube.controller.run_reconciler import budget_refusals
 
     reports = [
         {"kind": "shard", "budgetRefused": {"execution": 9, "unit": 1}},

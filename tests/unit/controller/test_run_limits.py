@@ -17,7 +17,7 @@ import pytest
 
 from evalkube import limits
 from evalkube.controller import names
-from evalkube.controller.reconcile import JobState
+from evalkube.controller.run_decisions import JobState
 from evalkube.engine.snapshot import parse_snapshot
 from evalkube.models.snapshot import RunSnapshot
 

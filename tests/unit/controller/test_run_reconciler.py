@@ -24,9 +24,13 @@ from prometheus_client import CollectorRegistry
 from evalkube import limits
 from evalkube.controller import names
 from evalkube.controller.metrics import OperatorMetrics
-from evalkube.controller.reconcile import JobState
 from evalkube.controller.registry import RunRegistry
-from evalkube.controller.runs import STATUS_REFUSALS_BEFORE_FAILING, RunReconciler, retry_wait
+from evalkube.controller.run_decisions import JobState
+from evalkube.controller.run_reconciler import (
+    STATUS_REFUSALS_BEFORE_FAILING,
+    RunReconciler,
+    retry_wait,
+)
 from evalkube.controller.settings import OperatorSettings
 from evalkube.engine.plan import SEQ_STRIDE
 from evalkube.models import EvalRunStatus

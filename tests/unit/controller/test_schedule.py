@@ -1,5 +1,5 @@
-"""The EvalSchedule arithmetic (evalkube.controller.schedule) on fixed clocks, and the spec's
-validation: due times (missed ones, deadlines, DST changes), concurrency, history pruning,
+"""The EvalSchedule arithmetic (evalkube.controller.schedule_decisions) on fixed clocks, and the
+spec's validation: due times (missed ones, deadlines, DST changes), concurrency, history pruning,
 deterministic run names and the run a scheduled time creates."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from evalkube.controller.schedule import (
+from evalkube.controller.schedule_decisions import (
     ANNOTATION_SCHEDULED_AT,
     LABEL_SCHEDULE,
     ScheduledRun,

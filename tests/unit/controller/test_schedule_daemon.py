@@ -1,4 +1,4 @@
-"""An EvalSchedule's daemon (evalkube.controller.schedules): it reads its runs from kopf's
+"""An EvalSchedule's daemon (evalkube.controller.schedule_reconciler): it reads its runs from kopf's
 index, never from a LIST; it sleeps until the schedule's next time, not a fixed tick; an
 event wakes it at once; and the index keeps only what a pass reads."""
 
@@ -10,8 +10,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from evalkube.controller.schedule import ANNOTATION_SCHEDULED_AT, run_name
-from evalkube.controller.schedules import ScheduleReconciler, index_entry
+from evalkube.controller.schedule_decisions import ANNOTATION_SCHEDULED_AT, run_name
+from evalkube.controller.schedule_reconciler import ScheduleReconciler, index_entry
 from evalkube.controller.settings import OperatorSettings
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from evalkube.controller import egress, manifests, names
-from evalkube.controller.runs import source_mounts
+from evalkube.controller import egress_grants, manifests, names
+from evalkube.controller.run_reconciler import source_mounts
 from evalkube.controller.settings import OperatorSettings
 from evalkube.models import EvalSuiteSpec, validate_spec
 from tests.unit.controller.test_manifests import SHARD, container, job, owner, pod_spec, run_spec
@@ -120,11 +120,11 @@ def test_the_grant_admits_the_store_and_https_hosts() -> None:
         {"uri": "s3://bucket/x.parquet"},
         {"uri": "https://Data.Example.org/x.jsonl", "sha256": "a" * 64},
     )
-    hosts = egress.grant_hosts(spec, tasks)
+    hosts = egress_grants.grant_hosts(spec, tasks)
     assert {"seaweedfs.storage.svc:8333", "data.example.org:443", "api.openai.com:443"} <= set(
         hosts
     )
-    aws = egress.grant_hosts(run_spec(storage={"s3": {"region": "eu-west-1"}}), tasks)
+    aws = egress_grants.grant_hosts(run_spec(storage={"s3": {"region": "eu-west-1"}}), tasks)
     assert {"s3.eu-west-1.amazonaws.com:443", "bucket.s3.eu-west-1.amazonaws.com:443"} <= set(aws)
 
 

@@ -19,11 +19,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evalkube import jsonfast, limits
+from evalkube import limits
 from evalkube.grading import validate_return
 from evalkube.sandbox.execution import MS_MAX, from_answer
 from evalkube.sandbox.protocol import FrameError, read_frame
 from evalkube.sandbox.session import GraderSandbox, _Batch
+from evalkube.util import jsonfast
 
 STATUSES = {"returned", "raised", "unserializable", "oversized", "protocol_error"}
 

@@ -5,7 +5,7 @@ Each unfinished run has a kopf daemon (``handlers.run_daemon``) that runs
 of a run this process has not seen, which takes the run kopf delivered), so a pass never acts
 on a status an earlier pass already replaced. Events that change one of its Jobs' state and
 its units' done reports (through the ingest server) wake it. The decisions are
-:func:`evalkube.controller.reconcile.decide`; this module does the I/O around them and patches
+:func:`evalkube.controller.run_decisions.decide`; this module does the I/O around them and patches
 the status only when it changed (status patches grow with unit transitions, never with
 samples).
 """
@@ -26,11 +26,13 @@ from typing import Any, get_args
 
 from lightkube import ApiError
 
-from evalkube import jsonfast, limits
-from evalkube.controller import egress, manifests, names
+from evalkube import limits
+from evalkube.controller import egress_grants, manifests, names
 from evalkube.controller.kube import EvalRunResource, Kube
 from evalkube.controller.metrics import OperatorMetrics
-from evalkube.controller.reconcile import (
+from evalkube.controller.registry import RunEntry, RunRegistry, digest
+from evalkube.controller.results import record_done_units, run_aggregates
+from evalkube.controller.run_decisions import (
     Decision,
     JobIndex,
     JobState,
@@ -41,8 +43,6 @@ from evalkube.controller.reconcile import (
     refused_status,
     summary_line,
 )
-from evalkube.controller.registry import RunEntry, RunRegistry, digest
-from evalkube.controller.results import record_done_units, run_aggregates
 from evalkube.controller.settings import OperatorSettings
 from evalkube.controller.snapshot import build_snapshot, check_cluster_suite, image_policy
 from evalkube.controller.tracking import RunTracking
@@ -80,6 +80,7 @@ from evalkube.models.status import (
 )
 from evalkube.sources import parse_uri
 from evalkube.store import ResultStore, RunRecord
+from evalkube.util import jsonfast
 
 FINAL_PHASES = ("Succeeded", "Failed")
 #: Refused patches of a finished run's status, in a row, after which the run ends ``Failed``
@@ -594,12 +595,12 @@ class RunReconciler:
         if left > self.settings.egress_grant_ttl_seconds / 2:
             return
         try:
-            hosts = egress.grant_hosts(setup.spec, setup.snapshot.suite.spec)
+            hosts = egress_grants.grant_hosts(setup.spec, setup.snapshot.suite.spec)
         except ValueError as exc:
             raise _Blocked("Failed", "InvalidSpec", f"spec.providers: {exc}") from None
         path = Path(self.settings.egress_grant_key_file)
         try:
-            key = await asyncio.to_thread(egress.read_signing_key, path)
+            key = await asyncio.to_thread(egress_grants.read_signing_key, path)
         except (OSError, ValueError) as exc:
             message = (
                 f"cannot sign the run's egress grant: {exc}; the operator needs the grant key "
@@ -611,7 +612,9 @@ class RunReconciler:
             return
         meta = body["metadata"]
         expires = int(time.time()) + self.settings.egress_grant_ttl_seconds
-        grant = egress.mint_grant(key, meta["namespace"], meta["name"], meta["uid"], hosts, expires)
+        grant = egress_grants.mint_grant(
+            key, meta["namespace"], meta["name"], meta["uid"], hosts, expires
+        )
         await self.kube.create_or_update_secret(manifests.egress_grant_secret(body, grant))
         setup.grant_expires = expires
 
@@ -626,7 +629,7 @@ class RunReconciler:
         update: dict[str, str] = {}
         for setting in ("ingest_url", "egress_gateway_url", "policy_canary_url"):
             url = getattr(self.settings, setting)
-            service = egress.service_of(url) if url else None
+            service = egress_grants.service_of(url) if url else None
             if service is None:
                 continue  # unset, an IP already (or a name the pods cannot resolve: documented)
             ip = await self.kube.service_cluster_ip(*service)
@@ -637,7 +640,7 @@ class RunReconciler:
                     f"Service {service[0]}/{service[1]} (EVALKUBE_{setting.upper()}={url}) has "
                     "no ClusterIP; work-unit pods have no DNS, so it must exist first",
                 )
-            update[setting] = egress.with_host(url, ip)
+            update[setting] = egress_grants.with_host(url, ip)
         settings = self.settings.model_copy(update=update)
         self._unit_settings_cache = (time.monotonic(), settings)
         return settings

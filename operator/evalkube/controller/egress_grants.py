@@ -1,7 +1,7 @@
 """Egress grants: what lets a work-unit pod's proxy sidecar through the egress gateway.
 
-Pure functions, called by the run reconciler (:mod:`evalkube.controller.runs`) when it sets a
-run up. A work-unit pod reaches nothing but the egress gateway (``evalkube-proxy gateway``)
+Pure functions, called by the run reconciler (:mod:`evalkube.controller.run_reconciler`) when it
+sets a run up. A work-unit pod reaches nothing but the egress gateway (``evalkube-proxy gateway``)
 and the operator's ingest port; the gateway forwards only requests that carry a grant signed
 with the operator's grant key, and only to the ``host:port`` authorities the grant names: the
 run's providers. The grant lives in a Secret mounted into the ``proxy`` container only, so the

@@ -3,7 +3,7 @@
 Each schedule has a kopf daemon (:mod:`evalkube.controller.handlers`) that makes a pass when
 the schedule or one of its runs changes, and otherwise sleeps until the schedule's next time:
 its runs come from kopf's index of scheduled runs, so no pass lists anything. The decisions
-are the pure functions of :mod:`evalkube.controller.schedule`; this module does the I/O
+are the pure functions of :mod:`evalkube.controller.schedule_decisions`; this module does the I/O
 around them.
 """
 
@@ -17,8 +17,8 @@ from typing import Any, cast
 import kopf
 
 from evalkube.controller.kube import EvalScheduleResource, Kube
-from evalkube.controller.runs import FINAL_PHASES, EventSink
-from evalkube.controller.schedule import (
+from evalkube.controller.run_reconciler import FINAL_PHASES, EventSink
+from evalkube.controller.schedule_decisions import (
     ANNOTATION_SCHEDULED_AT,
     Due,
     ScheduledRun,

@@ -1,7 +1,7 @@
 """What every ``evalkube`` command shares: consoles, the ``--db`` option, errors and exit codes.
 
-A module of its own so command bodies can live in their own modules (``evalkube.reporting``)
-without importing ``evalkube.cli``, which imports them to register them.
+It lives in the lowest package of the command layer, so ``reporting``, ``submit`` and ``cli``
+import it without importing ``evalkube.cli``, which imports every command to register it.
 """
 
 from __future__ import annotations

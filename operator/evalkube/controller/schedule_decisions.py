@@ -2,7 +2,7 @@
 which finished runs go, and the EvalRun a scheduled time creates.
 
 Pure functions over explicit clocks (no kopf, no cluster), called by
-:mod:`evalkube.controller.schedules` on every timer pass and unit-tested with fixed clocks.
+:mod:`evalkube.controller.schedule_reconciler` on every pass and unit-tested with fixed clocks.
 """
 
 from __future__ import annotations
