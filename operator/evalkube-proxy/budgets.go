@@ -152,13 +152,6 @@ func (b *Budgets) Charge(executionID string) {
 	b.used++
 }
 
-// CountRefused counts a refused call (replayed from the journal).
-func (b *Budgets) CountRefused(scope string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.refused[scope]++
-}
-
 func (b *Budgets) Snapshot() BudgetSnapshot {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -17,6 +17,14 @@ import (
 // journalFile is the journal's name in the state directory (--state-dir).
 const journalFile = "journal.jsonl"
 
+// journalMaxBytes is where the journal stops growing (given up with a warning, the proxy
+// serving on from memory): three quarters of the work Pod's 256 Mi emptyDir, which the
+// kubelet would otherwise evict the whole Pod for passing. Only budgeted calls, the runner's
+// calls and the unit's bookkeeping are written (about 300 bytes a call), so a unit's journal
+// is bounded by its budget; refused calls, which cost nothing and which a grader can send
+// without limit, are counted in memory only.
+const journalMaxBytes = 192 << 20
+
 // Journal is the proxy's append-only record of what it must not forget when its process is
 // killed and the kubelet starts it again in the same Pod: the unit's budget, the execution
 // tokens opened and closed, the usage recorded and taken, and every model request written
@@ -30,10 +38,12 @@ const journalFile = "journal.jsonl"
 // requests count as retries, of its execution (a grader's call) or of the next call with the
 // same X-Evalkube-Call key (the runner's call, sent again), and its budget slot is given back.
 type Journal struct {
-	mu     sync.Mutex
-	file   *os.File
-	failed bool
-	calls  atomic.Uint64
+	mu       sync.Mutex
+	file     *os.File
+	failed   bool
+	size     int64
+	maxBytes int64
+	calls    atomic.Uint64
 	// lost: requests of the runner's calls (by key) that a killed process sent and never
 	// answered, until the call is sent again and claims them.
 	lostMu sync.Mutex
@@ -57,7 +67,6 @@ type journalRecord struct {
 	OK       bool             `json:"ok,omitempty"`
 	Requests int              `json:"requests,omitempty"`
 	Budgeted bool             `json:"budgeted,omitempty"`
-	Scope    string           `json:"scope,omitempty"`
 }
 
 // pendingCall is a call the journal saw sent and not finished (yet).
@@ -94,11 +103,20 @@ func OpenJournal(dir string, budgets *Budgets, usage *UsageLedger) (*Journal, Re
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, report, err
 	}
-	file, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	file, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, report, err
 	}
-	j.file = file
+	j.file, j.maxBytes = file, journalMaxBytes
+	if info, err := file.Stat(); err == nil && info.Size() > 0 {
+		j.size = info.Size()
+		// a line the killed process wrote in part is ended, so this life's first record
+		// is a line of its own
+		last := make([]byte, 1)
+		if _, err := file.ReadAt(last, info.Size()-1); err == nil && last[0] != '\n' {
+			j.appendLine([]byte("\n"))
+		}
+	}
 	j.write(journalRecord{T: "start"})
 	return j, report, nil
 }
@@ -167,8 +185,6 @@ func (j *Journal) apply(record journalRecord, pending map[uint64]*pendingCall, r
 			budgets.Close(record.Tokens)
 			usage.Take(record.Tokens)
 		}
-	case "refused":
-		budgets.CountRefused(record.Scope)
 	case "sent":
 		call := pending[record.Call]
 		if call == nil {
@@ -200,13 +216,24 @@ func (j *Journal) write(record journalRecord) {
 	if err != nil {
 		return
 	}
-	line = append(line, '\n')
+	j.appendLine(append(line, '\n'))
+}
+
+func (j *Journal) appendLine(line []byte) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.failed {
 		return
 	}
-	if _, err := j.file.Write(line); err != nil {
+	var err error
+	if j.size+int64(len(line)) > j.maxBytes {
+		err = fmt.Errorf("it reached its limit of %d bytes", j.maxBytes)
+	} else {
+		var n int
+		n, err = j.file.Write(line)
+		j.size += int64(n)
+	}
+	if err != nil {
 		j.failed = true
 		log.Printf("WARNING the journal cannot be written (%v): a restart of this proxy will lose its budgets, tokens and usage", err)
 	}
@@ -256,8 +283,6 @@ func (j *Journal) Take(ids []string) {
 	}
 	j.write(journalRecord{T: "take", Tokens: ids})
 }
-
-func (j *Journal) Refused(scope string) { j.write(journalRecord{T: "refused", Scope: scope}) }
 
 // Sent records that one request of call was written upstream: from now on it may be billed.
 func (j *Journal) Sent(call uint64, executionID, key string) {

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -149,8 +151,10 @@ func TestJournalReplayRestoresBudgetsTokensAndUsage(t *testing.T) {
 
 	second := startProxy(t, dir, provider)
 	snapshot := second.service.Budgets.Snapshot()
+	// refused calls are not journaled (they cost nothing, and a grader can send them
+	// without limit): their count starts again
 	if snapshot.UnitID != "unit-1" || snapshot.Used != 1 || snapshot.OpenExecutions != 2 || *snapshot.Total != 6 ||
-		snapshot.Refused["unknown_execution"] != 1 {
+		len(snapshot.Refused) != 0 {
 		t.Fatalf("budget not restored: %+v", snapshot)
 	}
 	if code := second.judge(t, "c"); code != 403 {
@@ -258,5 +262,74 @@ func TestNoStateDirectoryJournalsNothing(t *testing.T) {
 	journal.Take(nil)
 	if journal.Claim("k") != 0 {
 		t.Fatal("a nil journal claimed requests")
+	}
+}
+
+func journalSize(t *testing.T, dir string) int64 {
+	t.Helper()
+	info, err := os.Stat(filepath.Join(dir, journalFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Size()
+}
+
+func TestRefusedCallsAddNothingToTheJournal(t *testing.T) {
+	dir, provider := t.TempDir(), newFakeProvider(t)
+	p := startProxy(t, dir, provider)
+	p.configure(t, 1, 1, "a")
+	before := journalSize(t, dir)
+	for range 1000 {
+		if code := p.judge(t, "forged"); code != 403 {
+			t.Fatalf("a forged token was served: %d", code)
+		}
+	}
+	if after := journalSize(t, dir); after != before {
+		t.Fatalf("1,000 refused calls grew the journal from %d to %d bytes", before, after)
+	}
+}
+
+func TestTheJournalStopsBelowItsLimitAndTheProxyServesOn(t *testing.T) {
+	dir, provider := t.TempDir(), newFakeProvider(t)
+	p := startProxy(t, dir, provider)
+	p.service.Journal.maxBytes = journalSize(t, dir) + 600 // a unit's records and a call or two
+	p.configure(t, 50, 1, "a")
+	for i := range 20 {
+		if code := p.judge(t, "a"); code != 200 {
+			t.Fatalf("call %d past the journal's limit: %d", i, code)
+		}
+	}
+	if size := journalSize(t, dir); size > p.service.Journal.maxBytes {
+		t.Fatalf("the journal grew to %d bytes past its limit of %d", size, p.service.Journal.maxBytes)
+	}
+	if !p.service.Journal.failed {
+		t.Fatal("the journal did not give up at its limit")
+	}
+}
+
+func TestALineCutShortByTheKillDoesNotSwallowTheNextLifesFirstRecord(t *testing.T) {
+	dir, provider := t.TempDir(), newFakeProvider(t)
+	first := startProxy(t, dir, provider)
+	first.configure(t, 2, 1, "a")
+	first.kill()
+	// the killed process was writing a record when it died
+	path := filepath.Join(dir, journalFile)
+	file, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := file.WriteString(`{"t":"done","call":`); err != nil {
+		t.Fatal(err)
+	}
+	file.Close()
+	second := startProxy(t, dir, provider)
+	second.kill()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(raw), "\n"), "\n")
+	if got := lines[len(lines)-2:]; got[0] != `{"t":"done","call":` || got[1] != `{"t":"start"}` {
+		t.Fatalf("the next life's start record is not a line of its own: %q", got)
 	}
 }

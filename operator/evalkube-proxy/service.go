@@ -174,7 +174,6 @@ func (s *Service) ForwardKeyedCall(kind Kind, raw []byte, executionID, purpose, 
 	}
 	if budgeted {
 		if exhausted := s.Budgets.Acquire(executionID); exhausted != nil {
-			s.Journal.Refused(exhausted.Scope)
 			s.Metrics.Rejected(exhausted.Scope)
 			if exhausted.Scope == "unknown_execution" {
 				s.Metrics.Call(purpose, provider, "unknown_execution", -1)
