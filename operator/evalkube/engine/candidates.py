@@ -257,10 +257,12 @@ class GeneratedSource:
                             break
                         except _bridge_restarting() as exc:
                             # refused, or hung up before answering: the sidecar is restarting
-                            # (a killed one leaves its socket; a stopped one removes it)
+                            # (a killed one leaves its socket, which its next life makes
+                            # again; a stopped one removes it: missing at once, no retry)
                             now = time.monotonic()
+                            gone = not deadline and uds is not None and not os.path.exists(uds)
                             deadline = deadline or now + limits.BRIDGE_RESTART_RETRY_SECONDS
-                            if now + pause >= deadline or (uds and not os.path.exists(uds)):
+                            if now + pause >= deadline or gone:
                                 return Candidate(error=f"model bridge unreachable: {exc}")
                             await asyncio.sleep(pause)
                             pause = min(pause * 2, 2.0)
