@@ -19,12 +19,12 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from evalkube import limits
 from evalkube.engine.loading import LoadedSuite, iter_json_rows
 from evalkube.grading import parse_output_json
 from evalkube.models import EvalRunSpec, GenerationSpec, OutputsSpec, TaskSpec
 from evalkube.models.errors import ConfigError
 from evalkube.proxy import Provider, Upstream, UpstreamError, response_output_text, split_model
+from evalkube.proxy.control import restart_pauses
 from evalkube.proxy.upstream import CALL_KEY_HEADER, REQUESTS_HEADER
 from evalkube.sources import read_pinned
 
@@ -246,7 +246,7 @@ class GeneratedSource:
                 headers = {"X-Evalkube-Purpose": "candidate", CALL_KEY_HEADER: uuid.uuid4().hex}
                 async with semaphore:
                     started = time.perf_counter()
-                    deadline, pause = 0.0, 0.1
+                    pauses: Iterator[float] | None = None
                     while True:
                         try:
                             response = await client.post(
@@ -259,13 +259,14 @@ class GeneratedSource:
                             # refused, or hung up before answering: the sidecar is restarting
                             # (a killed one leaves its socket, which its next life makes
                             # again; a stopped one removes it: missing at once, no retry)
-                            now = time.monotonic()
-                            gone = not deadline and uds is not None and not os.path.exists(uds)
-                            deadline = deadline or now + limits.BRIDGE_RESTART_RETRY_SECONDS
-                            if now + pause >= deadline or gone:
+                            if pauses is None:
+                                if uds is not None and not os.path.exists(uds):
+                                    return Candidate(error=f"model bridge unreachable: {exc}")
+                                pauses = restart_pauses()
+                            pause = next(pauses, None)
+                            if pause is None:
                                 return Candidate(error=f"model bridge unreachable: {exc}")
                             await asyncio.sleep(pause)
-                            pause = min(pause * 2, 2.0)
                         except httpx.HTTPError as exc:
                             return Candidate(error=f"model bridge unreachable: {exc}")
                     ms = (time.perf_counter() - started) * 1000

@@ -9,7 +9,7 @@ drives its child binary through it: the same four calls the in-process
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -18,6 +18,15 @@ from evalkube import limits
 from evalkube.proxy.bridge_base import CONTROL_TIMEOUT
 
 CONTROL_TOKEN_HEADER = "X-Evalkube-Control-Token"
+
+
+def restart_pauses(seconds: float = limits.BRIDGE_RESTART_RETRY_SECONDS) -> Iterator[float]:
+    """The pauses before each call sent again while the bridge's sidecar restarts: 0.1 s
+    doubling to 2 s, none that would end past ``seconds`` from now."""
+    deadline, pause = time.monotonic() + seconds, 0.1
+    while time.monotonic() + pause < deadline:
+        yield pause
+        pause = min(pause * 2, 2.0)
 
 
 class ControlClient:
@@ -97,16 +106,16 @@ class ControlClient:
         again: tuple[type[Exception], ...] = (httpx.ConnectError,)
         if method in ("GET", "PUT"):
             again = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)
-        deadline, pause = time.monotonic() + self.restart_retry_seconds, 0.1
+        pauses = restart_pauses(self.restart_retry_seconds)
         while True:
             try:
                 response = self._client.request(method, path, json=body)
                 break
             except again:
-                if time.monotonic() + pause >= deadline:
+                pause = next(pauses, None)
+                if pause is None:
                     raise
                 time.sleep(pause)
-                pause = min(pause * 2, 2.0)
         if response.status_code >= 400:
             raise ControlError(method, path, response)
         return response
