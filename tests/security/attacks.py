@@ -261,16 +261,36 @@ ATTACKS = [
     Attack(
         "memory_bomb_in_children",
         """
+        import select
+        # Each child holds its 600 MiB until every sibling has its own (or died): without
+        # the barrier a loaded machine can run them one after another, each under the limit.
+        ready_r, ready_w = os.pipe()
+        hold_r, hold_w = os.pipe()
         pids = []
         for _ in range(3):
             pid = os.fork()
             if pid == 0:
+                os.close(hold_w)
                 hog = bytearray(600 << 20)
                 for k in range(0, len(hog), 4096):
                     hog[k] = 1
+                os.write(ready_w, b"x")
+                os.read(hold_r, 1)
                 os._exit(0)
             pids.append(pid)
-        return [os.waitpid(pid, 0)[1] for pid in pids]
+        os.close(ready_w)
+        statuses = {{}}
+        ready = 0
+        while ready + len(statuses) < len(pids):
+            if select.select([ready_r], [], [], 0.05)[0]:
+                ready += len(os.read(ready_r, 8))
+            for pid in pids:
+                if pid not in statuses:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        statuses[pid] = status
+        os.close(hold_w)
+        return [statuses[pid] if pid in statuses else os.waitpid(pid, 0)[1] for pid in pids]
         """,
         ISOLATING,
         Expect(("returned", "timeout", "crashed"), extra=_children_contained),
