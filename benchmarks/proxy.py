@@ -155,7 +155,8 @@ def role_python(port: int, upstream_port: int) -> None:
     sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "sandbox_image")]
     from prometheus_client import CollectorRegistry
 
-    from evalkube.proxy.server import ProxyServer, ProxyService, run, run_until_stopped
+    from evalkube.proxy.server import ProxyServer, run, run_until_stopped
+    from evalkube.proxy.service import ProxyService
     from evalkube.proxy.upstream import Provider, Upstream
 
     os.environ["EVALKUBE_BENCH_KEY"] = KEY

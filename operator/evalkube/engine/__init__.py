@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from evalkube.engine.loading import LoadedSuite, load_files, resolve_run_spec
 from evalkube.engine.plan import Unit, plan_units, sample_id
-from evalkube.engine.runner import Progress, UnitFailed
+from evalkube.engine.unit_context import Progress, UnitFailed
 from evalkube.grading.run_results import aggregate_results
 from evalkube.models.errors import ConfigError
 

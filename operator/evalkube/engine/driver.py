@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 from evalkube import limits
 from evalkube.engine.plan import Unit, plan_units
-from evalkube.engine.runner import BridgeControl, grader_calls_models
+from evalkube.engine.task_sandbox import grader_calls_models
+from evalkube.engine.unit_context import BridgeControl
 from evalkube.models import EvalRunSpec, EvalSuiteSpec, TaskSpec
 
 __all__ = [

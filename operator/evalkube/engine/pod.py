@@ -16,10 +16,10 @@ from typing import Any
 from evalkube import limits
 from evalkube.engine.driver import BridgeControl
 from evalkube.engine.plan import Unit
-from evalkube.engine.runner import UnitFailed, UnitReport
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.engine.session import UnitSession
 from evalkube.engine.snapshot import PREPARE_UNIT, Prepared, Snapshot, load_snapshot
+from evalkube.engine.unit_context import UnitFailed, UnitReport
 from evalkube.models.errors import ConfigError
 from evalkube.sandbox import SandboxBackend
 from evalkube.store.remote import RemoteStore

@@ -48,7 +48,7 @@ class TaskRuntime:
     """Set when the programs are the copy saved by this run (messages name it, not files)."""
     environment: LocalEnvironment | None = None
     """A ``grader.environment`` path, resolved and checked; ``None`` for the other values
-    (resolved where the sandbox starts: :func:`evalkube.engine.runner.sandbox_environment`)."""
+    (resolved where the sandbox starts: :mod:`evalkube.engine.task_sandbox`)."""
     builtins: dict[str, Builtin] = field(default_factory=dict)
     """The built-in criteria by field (``grader``, ``graders[i]``), run in the engine."""
 

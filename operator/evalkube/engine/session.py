@@ -18,21 +18,20 @@ from typing import Any
 from evalkube.engine.answers import AnswerLog
 from evalkube.engine.candidates import CandidateSource, candidate_source
 from evalkube.engine.driver import has_model_access
+from evalkube.engine.grade_batch import run_aggregate
 from evalkube.engine.guard import ErrorGuard
 from evalkube.engine.loading import LoadedSuite
 from evalkube.engine.plan import Unit
-from evalkube.engine.runner import (
+from evalkube.engine.runner import observe_into, run_shard
+from evalkube.engine.runtime import TaskRuntime, task_criteria
+from evalkube.engine.task_sandbox import TaskModelSandboxes
+from evalkube.engine.unit_context import (
     BridgeControl,
     NoProgress,
     Progress,
-    TaskModelSandboxes,
     UnitContext,
     UnitReport,
-    observe_into,
-    run_aggregate,
-    run_shard,
 )
-from evalkube.engine.runtime import TaskRuntime, task_criteria
 from evalkube.grading import TaskAggregate
 from evalkube.models import EvalRunSpec
 from evalkube.sandbox import SandboxBackend

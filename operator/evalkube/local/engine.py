@@ -31,9 +31,9 @@ from evalkube.engine.loading import (
     suite_version,
 )
 from evalkube.engine.plan import Unit
-from evalkube.engine.runner import BridgeControl, NoProgress, Progress, UnitFailed
 from evalkube.engine.runtime import TaskRuntime, suite_criteria
 from evalkube.engine.session import UnitSession
+from evalkube.engine.unit_context import BridgeControl, NoProgress, Progress, UnitFailed
 from evalkube.engine.validate import check_programs
 from evalkube.grading import TaskAggregate
 from evalkube.grading.run_results import aggregate_results, declared_metrics, expected_metrics

@@ -39,8 +39,8 @@ from evalkube.engine.candidates import ignore_repeated_interrupts
 from evalkube.engine.guard import RunAborted
 from evalkube.engine.loading import shard_rows
 from evalkube.engine.plan import Unit
-from evalkube.engine.runner import Progress, UnitFailed
 from evalkube.engine.session import UnitSession
+from evalkube.engine.unit_context import Progress, UnitFailed
 from evalkube.grading import TaskAggregate
 from evalkube.models.errors import ConfigError
 from evalkube.sandbox import SandboxError

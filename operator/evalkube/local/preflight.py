@@ -15,9 +15,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from evalkube.engine.driver import has_model_access
+from evalkube.engine.grade import CONVENIENCE_KEYS
 from evalkube.engine.loading import LoadedSuite, iter_dataset
-from evalkube.engine.runner import CONVENIENCE_KEYS, program_load_message, sandbox_environment
 from evalkube.engine.runtime import TaskRuntime
+from evalkube.engine.task_sandbox import program_load_message, sandbox_environment
 from evalkube.grading.template_fields import Path as Path_
 from evalkube.grading.template_fields import field_paths, missing, spelled
 from evalkube.models import EvalRunSpec, GraderSpec, TaskSpec

@@ -1,7 +1,8 @@
 """The model bridge: upstream calls with credentials and retries, and the proxy graders call.
 
 - :mod:`~evalkube.proxy.upstream`: providers, credentials, retries (engine and proxy alike);
-- :mod:`~evalkube.proxy.server`: the aiohttp proxy (grader and control listeners);
+- :mod:`~evalkube.proxy.service`, :mod:`~evalkube.proxy.routes`, :mod:`~evalkube.proxy.server`:
+  the aiohttp proxy (one model call; the grader and control listeners; the process);
 - :mod:`~evalkube.proxy.bridge`: :class:`ModelBridge`, the proxy in a thread of the local engine;
 - :mod:`~evalkube.proxy.cli`: ``evalkube proxy`` (the pod sidecar).
 

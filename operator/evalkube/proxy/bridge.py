@@ -27,12 +27,8 @@ from evalkube import limits
 from evalkube.models.run import EvalRunSpec
 from evalkube.proxy.bridge_base import CONTROL_TIMEOUT, BridgeLifecycle, grader_listen
 from evalkube.proxy.providers import providers_from_spec
-from evalkube.proxy.server import (
-    CallRecorder,
-    ProxyServer,
-    ProxyService,
-    new_event_loop,
-)
+from evalkube.proxy.server import ProxyServer, new_event_loop
+from evalkube.proxy.service import CallRecorder, ProxyService
 from evalkube.proxy.upstream import Provider, Upstream
 
 T = TypeVar("T")

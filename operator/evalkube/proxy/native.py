@@ -1,6 +1,6 @@
 """The native data plane of the model bridge: ``evalkube-proxy`` (Go, ``operator/evalkube-proxy``).
 
-Same HTTP contract as the Python proxy in :mod:`evalkube.proxy.server` (grader and control
+Same HTTP contract as the Python proxy in :mod:`evalkube.proxy.routes` (grader and control
 listeners, budgets, usage audit, metrics, retries, key files re-read on rotation), compiled,
 for work-unit pods: one core carries about three times the model calls (``docs/proxy.md``).
 Python keeps everything that is configuration: :func:`native_config` turns the run's resolved

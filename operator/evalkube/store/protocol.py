@@ -9,7 +9,7 @@ from evalkube.store.records import SampleRecord, TaskResultRecord
 
 
 class SampleStore(Protocol):
-    """The store operations of :mod:`evalkube.engine.runner` (all idempotent)."""
+    """The store operations of :mod:`evalkube.engine` unit stages (all idempotent)."""
 
     def encode_samples(self, records: Sequence[SampleRecord]) -> Any:
         """Encode records on the caller's thread for :meth:`write_encoded`."""

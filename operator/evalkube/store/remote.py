@@ -222,7 +222,7 @@ class RemoteStore:
         self._post(f"/units/{quote(unit_id, safe='')}:done", info)
 
     def mark_unit_failed(self, unit_id: str, reason: str) -> None:
-        """The unit cannot run (:class:`~evalkube.engine.runner.UnitFailed`): the reason
+        """The unit cannot run (:class:`~evalkube.engine.unit_context.UnitFailed`): the reason
         becomes the unit's failure reason in the run's status."""
         self._post(f"/units/{quote(unit_id, safe='')}:failed", {"reason": reason})
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from evalkube.engine.runner import _outcome
+from evalkube.engine.grade import execution_outcome
 from evalkube.sandbox import Execution, GraderSandbox, ProcessBackend, Program, ProgramLoadError
 
 pytestmark = pytest.mark.timeout(120)
@@ -111,7 +111,7 @@ def test_exception_is_an_answer_not_a_restart(sandbox: GraderSandbox) -> None:
 def test_sys_exit_is_invalid_and_the_worker_survives(sandbox: GraderSandbox) -> None:
     results = run(sandbox, items(4, {1: "sys_exit"}))
     assert [e.status for e in results] == ["returned", "raised", "returned", "returned"]
-    outcome = _outcome(results[1], "score")
+    outcome = execution_outcome(results[1], "score")
     assert outcome.status == "invalid"
     assert outcome.scores == {"score": 0.0}
     assert outcome.error is not None
@@ -135,7 +135,7 @@ def test_timeout_mid_batch_kills_only_that_execution(
     assert error is not None
     assert error["type"] == "Timeout"
     assert "timeout_seconds=1" in error["message"]
-    outcome = _outcome(results[17], "score")
+    outcome = execution_outcome(results[17], "score")
     assert (outcome.status, outcome.scores) == ("invalid", {"score": 0.0})
     assert sandbox.restarts == 1
     assert elapsed < 15

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from evalkube.controller.egress_grants import url_authority
-from evalkube.proxy.server import REQUESTS_HEADER
+from evalkube.proxy.upstream import REQUESTS_HEADER
 from evalkube_sandbox.ctx import Context
 from tests.integration.proxy.conftest import MakeBridge
 from tests.integration.proxy.test_egress import (

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from evalkube import limits
-from evalkube.engine.runner import _outcome
+from evalkube.engine.grade import execution_outcome
 from evalkube.grading import capped_repr, invalid, is_score, validate_return
 from evalkube.sandbox.execution import Execution, from_answer
 
@@ -286,7 +286,7 @@ def test_exception_in_grader_is_invalid_with_type_message_traceback() -> None:
     }
     execution = from_answer(0, answer)
     assert execution.status == "raised"
-    outcome = _outcome(execution, "exact_match")
+    outcome = execution_outcome(execution, "exact_match")
     judge = assert_invalid(outcome, "exact_match")
     assert judge["error"]["type"] == "ZeroDivisionError"
     assert judge["error"]["message"] == "division by zero"
@@ -298,21 +298,21 @@ def test_exception_traceback_is_cut_to_its_tail() -> None:
     execution = from_answer(
         0, {"ok": False, "error": {"type": "E", "message": "m", "traceback": long_tb}}
     )
-    outcome = _outcome(execution, "score")
+    outcome = execution_outcome(execution, "score")
     assert outcome.error is not None
     assert outcome.error["traceback"].splitlines()[-1] == "frame 199"
     assert len(outcome.error["traceback"].splitlines()) == limits.TRACEBACK_TAIL_LINES
 
 
 def test_returned_value_goes_through_validate_return() -> None:
-    assert _outcome(from_answer(0, {"ok": True, "value": 0.5}), "m").scores == {"m": 0.5}
-    assert _outcome(from_answer(0, {"ok": True, "value": True}), "m").status == "invalid"
+    assert execution_outcome(from_answer(0, {"ok": True, "value": 0.5}), "m").scores == {"m": 0.5}
+    assert execution_outcome(from_answer(0, {"ok": True, "value": True}), "m").status == "invalid"
 
 
 @pytest.mark.parametrize(("status", "kind"), [("timeout", "Timeout"), ("crashed", "WorkerCrashed")])
 def test_host_side_failures_are_invalid(status: Any, kind: str) -> None:
     execution = Execution(0, status, error={"type": kind, "message": "it broke", "traceback": ""})
-    judge = assert_invalid(_outcome(execution, "score"))
+    judge = assert_invalid(execution_outcome(execution, "score"))
     assert judge["error"]["type"] == kind
     assert judge["error"]["message"] == "it broke"
 
@@ -323,14 +323,14 @@ def test_unserializable_result_is_invalid_and_shows_the_repr() -> None:
         {"unserializable": {"type": "object", "repr": "<object at 0x1>", "reason": "nope"}},
     )
     assert execution.status == "unserializable"
-    judge = assert_invalid(_outcome(execution, "score"))
+    judge = assert_invalid(execution_outcome(execution, "score"))
     assert judge["invalid_payload"] == "<object at 0x1>"
     assert judge["error"]["type"] == "UnserializableResult"
 
 
 def test_oversized_result_is_invalid() -> None:
     execution = from_answer(0, {"oversized": {"bytes": 5_000_000, "repr": "{'judge': ..."}})
-    judge = assert_invalid(_outcome(execution, "score"))
+    judge = assert_invalid(execution_outcome(execution, "score"))
     assert judge["error"]["type"] == "ResultTooLarge"
     assert "5000000" in judge["error"]["message"]
 
@@ -340,7 +340,7 @@ def test_malformed_worker_answers_are_protocol_errors(answer: Any) -> None:
     execution = from_answer(3, answer)
     assert execution.index == 3
     assert execution.status == "protocol_error"
-    assert_invalid(_outcome(execution, "score"))
+    assert_invalid(execution_outcome(execution, "score"))
 
 
 def test_score_names_past_the_cap_make_the_sample_invalid() -> None:

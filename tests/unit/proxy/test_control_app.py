@@ -11,7 +11,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from evalkube.proxy.server import ProxyApps, ProxyService
+from evalkube.proxy.routes import ProxyApps
+from evalkube.proxy.service import ProxyService
 from evalkube.proxy.upstream import Provider, Upstream
 
 pytestmark = pytest.mark.timeout(20)

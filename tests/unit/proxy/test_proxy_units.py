@@ -15,7 +15,7 @@ from evalkube.models.run import EvalRunSpec
 from evalkube.proxy.budgets import BudgetExhausted, Budgets, UnknownExecution
 from evalkube.proxy.metrics import ProxyMetrics
 from evalkube.proxy.providers import key_file_env, load_run_spec, providers_from_spec
-from evalkube.proxy.server import ProxyService
+from evalkube.proxy.service import ProxyService
 from evalkube.proxy.upstream import (
     Provider,
     ProviderAuth,
