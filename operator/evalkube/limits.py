@@ -74,11 +74,9 @@ WORKER_BATCH_SIZE: Final = 512
 #: calls anyway, and a worker then never holds more than its current execution's token and
 #: the next one's (tokens are readable by any code in the worker's process).
 WORKER_BATCH_SIZE_MODEL_ACCESS: Final = 1
-#: The worker flushes pending answers at least this often (seconds), so the runner always
-#: knows which sample is in flight.
-WORKER_FLUSH_INTERVAL: Final = 0.02
 #: Extra wall-clock slack on top of ``timeout_seconds`` before the runner kills a sandbox
-#: (covers the flush interval and scheduling jitter).
+#: (covers the worker's flush interval, ``evalkube_sandbox.worker.FLUSH_INTERVAL``, and
+#: scheduling jitter).
 TIMEOUT_GRACE_SECONDS: Final = 0.5
 #: Memory of one grader sandbox (bytes). Inside the worker it is the address-space limit
 #: (``RLIMIT_AS``, set before user code runs: allocations past it raise ``MemoryError`` and

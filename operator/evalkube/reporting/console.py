@@ -20,7 +20,6 @@ from rich.text import Text
 
 from evalkube.store import ResultStore, StoreError
 
-EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 3
 EXIT_INTERRUPTED = 130

@@ -144,9 +144,6 @@ class WorkerProcess:
         assert self.popen.stderr is not None
         return self.popen.stderr
 
-    def exit_code(self) -> int | None:
-        return self.popen.poll()
-
     def exit_reason(self, code: int | None) -> str | None:
         """Why the worker died, when the backend can tell (out of memory, a signal)."""
         if self._describe_exit is not None:

@@ -20,7 +20,7 @@ from evalkube.sandbox.backends import (
     worker_env,
 )
 from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
-from evalkube.sandbox.jailed import JailedBackend, run_probe
+from evalkube.sandbox.jailed import JailedBackend
 
 
 def bwrap_path() -> str | None:
@@ -81,35 +81,11 @@ def bwrap_argv(
     return argv
 
 
-def _probe() -> str | None:
-    bwrap = bwrap_path()
-    if bwrap is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap, or .ci/sandboxes.sh)"
-    problem = hostfs.python_problem()
-    if problem:
-        return problem
-    argv = bwrap_argv(
-        bwrap,
-        SpawnRequest(),
-        worker_package=str(hostfs.worker_package_dir()),
-        bridge_socket=None,
-        system=hostfs.system_entries(),
-    )
-    argv = [*argv[: argv.index("--") + 1], hostfs.INSIDE_PYTHON, "-I", "-S", "-c", "pass"]
-    drop = os.geteuid() == 0
-    return run_probe(
-        argv,
-        "bwrap",
-        uid=hostfs.SANDBOX_UID if drop else None,
-        gid=hostfs.SANDBOX_GID if drop else None,
-    )
-
-
 class BwrapBackend(JailedBackend):
     """bubblewrap: namespaces + read-only binds + cgroups, unprivileged."""
 
     name = "bwrap"
     drop_to_sandbox_user = True
+    not_installed = "bubblewrap is not installed (apt-get install bubblewrap, or .ci/sandboxes.sh)"
     locate = staticmethod(bwrap_path)
-    probe = staticmethod(_probe)
     build_argv = staticmethod(bwrap_argv)

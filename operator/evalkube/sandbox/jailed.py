@@ -127,28 +127,56 @@ class ArgvBuilder(Protocol):
 class JailedBackend(SandboxBackend):
     """What nsjail and bwrap share: namespaces + read-only binds + cgroups, one spawn path.
 
-    Subclasses name the tool, how to find it, how to probe it and how to build its argv.
+    Subclasses name the tool, how to find it, what to install when it is missing and how to
+    build its argv; the probe runs a test command through that argv.
     """
 
     isolating = True
     #: Whether the spawn drops to the sandbox user itself (nsjail maps users on its own).
     drop_to_sandbox_user: ClassVar[bool]
+    #: The probe's answer when :meth:`locate` finds nothing (what to install, and how).
+    not_installed: ClassVar[str]
 
     @staticmethod
     @abstractmethod
     def locate() -> str | None:
         """Path of the tool, or ``None`` when it is not installed."""
 
-    @staticmethod
-    @abstractmethod
-    def probe() -> str | None:
-        """``None`` when the tool works here, otherwise why not."""
-
     build_argv: ClassVar[ArgvBuilder]
 
     @classmethod
+    def _argv(cls, tool: str, request: SpawnRequest, bridge_socket: Path | None) -> list[str]:
+        return cls.build_argv(
+            tool,
+            request,
+            worker_package=str(hostfs.worker_package_dir()),
+            bridge_socket=bridge_socket,
+            system=hostfs.system_entries(),
+        )
+
+    @classmethod
+    def probe_argv(cls, argv: list[str]) -> list[str]:
+        """A worker's argv adjusted for the probe (the probe reads the tool's own errors)."""
+        return argv
+
+    @classmethod
     def unavailable_reason(cls) -> str | None:
-        return cls.probe()
+        """``None`` when the tool runs a test command here the way workers run, else why not."""
+        tool = cls.locate()
+        if tool is None:
+            return cls.not_installed
+        problem = hostfs.python_problem()
+        if problem:
+            return problem
+        argv = cls.probe_argv(cls._argv(tool, SpawnRequest(), None))
+        argv = [*argv[: argv.index("--") + 1], hostfs.INSIDE_PYTHON, "-I", "-S", "-c", "pass"]
+        drop = cls.drop_to_sandbox_user and os.geteuid() == 0
+        return run_probe(
+            argv,
+            cls.name,
+            uid=hostfs.SANDBOX_UID if drop else None,
+            gid=hostfs.SANDBOX_GID if drop else None,
+        )
 
     def describe(self) -> str:
         problem = cgroups.available()
@@ -159,15 +187,8 @@ class JailedBackend(SandboxBackend):
         tool = self.locate()
         if tool is None:
             raise SandboxUnavailable(f"{self.name} is not installed")
-        build = type(self).build_argv
         return spawn_jailed(
             request,
-            lambda bridge_socket: build(
-                tool,
-                request,
-                worker_package=str(hostfs.worker_package_dir()),
-                bridge_socket=bridge_socket,
-                system=hostfs.system_entries(),
-            ),
+            lambda bridge_socket: self._argv(tool, request, bridge_socket),
             drop_to_sandbox_user=self.drop_to_sandbox_user,
         )

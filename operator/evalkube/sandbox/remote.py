@@ -170,9 +170,6 @@ class SocketWorker(WorkerProcess):
         self.connection = _Connection(sock, ending)
         super().__init__(self.connection, None, **kw)  # type: ignore[arg-type]
 
-    def exit_code(self) -> int | None:
-        return self.connection.poll()
-
     def exit_reason(self, code: int | None) -> str | None:
         ending = self.connection.ending
         tail = ending.stderr.strip().splitlines()[-3:]

@@ -45,11 +45,6 @@ class SourceURI:
     compression: Compression | None
 
     @property
-    def bucket_key(self) -> tuple[str, str]:
-        bucket, _, key = self.location.partition("/")
-        return bucket, key
-
-    @property
     def claim_path(self) -> tuple[str, str]:
         claim, _, path = self.location.partition("/")
         return claim, path

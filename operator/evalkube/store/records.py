@@ -7,9 +7,6 @@ from datetime import datetime
 from typing import Any, Literal
 
 SampleStatus = Literal["valid", "invalid", "errored", "pending"]
-ErrorStage = Literal[
-    "preprocess", "render", "generation", "extraction", "grading", "batch", "sandbox"
-]
 
 
 @dataclass(slots=True)
