@@ -78,9 +78,12 @@ class Expect:
 
 
 def _children_contained(execution: Execution) -> None:
-    """Children together over the memory cgroup: one is OOM-killed, or the sandbox is."""
+    """Children together over the memory cgroup: the sandbox is killed, or a child is (the OOM
+    killer's SIGKILL; once, on a loaded machine, a SIGSEGV from a page the limit left unbacked),
+    or fails its allocation. All three exiting 0 means they held 1.8 GiB at once (the attack
+    holds each child's memory until its siblings have theirs)."""
     if execution.status == "returned":
-        assert 9 in execution.value or 9 << 8 in execution.value, execution.value
+        assert any(status != 0 for status in execution.value), execution.value
 
 
 def _unaffected(execution: Execution) -> None:
