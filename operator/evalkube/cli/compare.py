@@ -14,6 +14,7 @@ from evalkube.reporting.console import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
     DbOption,
+    NamespaceOption,
     console,
     fail,
     open_store,
@@ -39,7 +40,7 @@ def compare(
             help="Compare two EvalRuns (by name) through the operator's API (URL)",
         ),
     ] = None,
-    namespace: Annotated[str, typer.Option("--namespace", "-n", help="With --api")] = "default",
+    namespace: NamespaceOption = "default",
 ) -> None:
     """Per-metric change of RUN against BASELINE over the samples both graded, with a paired
     bootstrap confidence interval, and the samples whose score changed."""

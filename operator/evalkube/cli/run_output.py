@@ -86,22 +86,19 @@ class RichProgress:
             self.bars[key] = self.progress.add_task(label, total=0)
         return self.bars[key]
 
-    def _grow(self, bar: Any, by: int) -> None:
-        self.progress.update(bar, total=(self.progress.tasks[bar].total or 0) + by)
+    def _grow(self, unit: Unit, by: int) -> None:
+        """Grow the unit's bars by ``by`` samples: its generate bar (first) and its own."""
+        for bar in ([self._bar(unit, "generate")] if _generates(unit) else []) + [self._bar(unit)]:
+            self.progress.update(bar, total=(self.progress.tasks[bar].total or 0) + by)
 
     def planned(self, units: Sequence[Unit]) -> None:
         """Size every bar up front (units run in parallel would otherwise grow it)."""
         for unit in units:
             self.expected[unit.unit_id] = rows = unit.stop - unit.start
-            if _generates(unit):
-                self._grow(self._bar(unit, "generate"), rows)
-            self._grow(self._bar(unit), rows)
+            self._grow(unit, rows)
 
     def unit_started(self, unit: Unit, total: int) -> None:
-        change = total - self.expected.pop(unit.unit_id, 0)
-        if _generates(unit):
-            self._grow(self._bar(unit, "generate"), change)
-        self._grow(self._bar(unit), change)
+        self._grow(unit, total - self.expected.pop(unit.unit_id, 0))
 
     def advance(self, unit: Unit, samples: int) -> None:
         self.progress.advance(self._bar(unit), samples)

@@ -74,9 +74,8 @@ class _CodeRef(SpecModel):
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> _CodeRef:
-        if getattr(self, "type", "python") == "python" and (self.source is None) == (
-            self.file is None
-        ):
+        python = getattr(self, "type", "python") == "python"
+        if python and (self.source is None) == (self.file is None):
             raise ValueError("set exactly one of `source` (inline Python) or `file`")
         return self
 
@@ -250,14 +249,10 @@ class GraderSpec(_CodeRef):
     @field_validator("environment")
     @classmethod
     def _check_environment(cls, value: str | None) -> str | None:
-        if (
-            value is None
-            or value in ("default", "stdlib")
-            or value.startswith(("/", "./", "../", "~"))
-        ):
-            if value is not None and any(
-                c.isspace() or not c.isprintable() or c == ":" for c in value
-            ):
+        if value is None or value in ("default", "stdlib"):
+            return value
+        if value.startswith(("/", "./", "../", "~")):
+            if any(c.isspace() or not c.isprintable() or c == ":" for c in value):
                 raise ValueError(
                     f"the path {value!r} holds whitespace, `:` or control characters (the "
                     "sandboxes' bind syntax): move the environment to a plainer path"

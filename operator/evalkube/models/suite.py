@@ -93,10 +93,8 @@ class DatasetSpec(SpecModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DatasetSpec:
-        given = [
-            n for n in ("rows", "path", "config_map_ref", "uri") if getattr(self, n) is not None
-        ]
-        if len(given) != 1:
+        sources = ("rows", "path", "config_map_ref", "uri")
+        if sum(getattr(self, n) is not None for n in sources) != 1:
             raise ValueError("set exactly one of `rows`, `path`, `configMapRef` or `uri`")
         _check_uri_source(self.uri, self.sha256, self.format)
         return self

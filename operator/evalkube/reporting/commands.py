@@ -11,7 +11,5 @@ from evalkube.reporting.track import track
 
 
 def register(app: typer.Typer) -> None:
-    app.command("runs")(runs)
-    app.command("samples")(samples)
-    app.command("report")(report)
-    app.command("track")(track)
+    for command in (runs, samples, report, track):
+        app.command()(command)

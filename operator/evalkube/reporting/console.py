@@ -89,6 +89,13 @@ DbOption = Annotated[
     ),
 ]
 
+#: ``--api`` and ``--namespace`` of the commands that read a run from the operator's API.
+ApiOption = Annotated[
+    str | None,
+    typer.Option(envvar="EVALKUBE_API", help="Read from the operator's samples API (URL)"),
+]
+NamespaceOption = Annotated[str, typer.Option("--namespace", "-n", help="With --api")]
+
 
 def store_url(db: str | None) -> str:
     """The store's URL; a path (the default too) becomes absolute, so messages can name the

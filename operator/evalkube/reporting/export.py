@@ -64,25 +64,31 @@ def store_views(
         yield sample_view(record)
 
 
-class ApiSamples:
-    """The samples of an EvalRun from the operator's API, following its cursor."""
+class _RunEndpoint:
+    """An EvalRun's URL in the operator's samples API, and the headers every request sends."""
 
     def __init__(self, api: str, namespace: str, name: str, token: str | None) -> None:
-        self.url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/evalruns/{name}/samples"
-        self.api = api
+        self.api, self.namespace, self.name, self.token = api, namespace, name, token
+        self.url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/evalruns/{name}"
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
-    def _get(self, client: httpx.Client, params: dict[str, Any]) -> dict[str, Any]:
+    def _get(
+        self, client: httpx.Client, path: str, what: str, params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         try:
-            response = client.get(self.url, params=params, headers=self.headers)
+            response = client.get(f"{self.url}/{path}", params=params, headers=self.headers)
         except httpx.HTTPError as exc:
             raise ApiError(
                 f"cannot reach the samples API at {self.api}: {exc}", unreachable=True
             ) from None
-        _raise_for_answer(response, "samples API")
+        _raise_for_answer(response, what)
         body: dict[str, Any] = response.json()
         release(response)  # each page freed as the next comes, not at a full GC
         return body
+
+
+class ApiSamples(_RunEndpoint):
+    """The samples of an EvalRun from the operator's API, following its cursor."""
 
     @staticmethod
     def params(where: SampleFilter) -> dict[str, Any]:
@@ -100,7 +106,8 @@ class ApiSamples:
     def metrics(self, where: SampleFilter) -> list[str]:
         """The run's metric names (the CSV columns), asked of the API once."""
         with httpx.Client(timeout=60) as client:
-            body = self._get(client, {**self.params(where), "limit": 1, "metrics": "true"})
+            params = {**self.params(where), "limit": 1, "metrics": "true"}
+            body = self._get(client, "samples", "samples API", params)
         return [str(name) for name in body.get("metrics") or []]
 
     def views(
@@ -116,7 +123,7 @@ class ApiSamples:
                 params = {**self.params(where), "limit": size}
                 if cursor:
                     params["cursor"] = cursor
-                body = self._get(client, params)
+                body = self._get(client, "samples", "samples API", params)
                 page: list[dict[str, Any]] = body["samples"]
                 yield from page
                 if left is not None:
@@ -126,30 +133,19 @@ class ApiSamples:
                     return
 
 
-class ApiRun:
+class ApiRun(_RunEndpoint):
     """An EvalRun as the operator's samples API serves it: its run record
     (``GET .../run``), its scores (``GET .../scores``) and its samples (``GET .../samples``),
     each streamed or paged: what ``evalkube report --api`` renders."""
 
-    def __init__(self, api: str, namespace: str, name: str, token: str | None) -> None:
-        self.api, self.namespace, self.name, self.token = api, namespace, name, token
-        self.url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/evalruns/{name}"
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._run: dict[str, Any] | None = None
+    _run: dict[str, Any] | None = None
 
     def run(self) -> dict[str, Any]:
         """The run record (asked once)."""
         if self._run is None:
-            try:
-                with httpx.Client(timeout=60) as client:
-                    response = client.get(f"{self.url}/run", headers=self.headers)
-            except httpx.HTTPError as exc:
-                raise ApiError(
-                    f"cannot reach the samples API at {self.api}: {exc}", unreachable=True
-                ) from None
-            _raise_for_answer(response, f"run API (EvalRun {self.namespace}/{self.name})")
-            self._run = dict(response.json())
-            release(response)
+            what = f"run API (EvalRun {self.namespace}/{self.name})"
+            with httpx.Client(timeout=60) as client:
+                self._run = dict(self._get(client, "run", what))
         return self._run
 
     def scores(self) -> Iterator[tuple[str, str, str, dict[str, float]]]:
@@ -238,12 +234,7 @@ def csv_row(view: dict[str, Any], metrics: list[str]) -> list[str]:
     """A view as CSV cells: text as is, structured values as JSON, a score per metric."""
     error = view.get("error") or {}
     scores = view.get("scores") or {}
-    extra = {
-        "error_stage": error.get("stage"),
-        "error_type": error.get("type"),
-        "error_message": error.get("message"),
-        "error_traceback": error.get("traceback"),
-    }
+    extra = {f"error_{k}": error.get(k) for k in ("stage", "type", "message", "traceback")}
     return [
         *(_cell(view.get(k)) for k in CSV_HEAD),
         *(repr(float(scores[m])) if m in scores else "" for m in metrics),
@@ -289,12 +280,11 @@ def api_keyed_scores(
 ) -> Iterator[tuple[str, str, str, str, dict[str, float]]]:
     """Every sample's ``(task, model, key, status, scores)`` of an EvalRun from the operator's
     API (``GET .../scores``, streamed), the input :func:`compare_scores` pairs."""
-    url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/evalruns/{name}/scores"
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    run = _RunEndpoint(api, namespace, name, token)
     try:
         with (
             httpx.Client(timeout=60) as client,
-            client.stream("GET", url, headers=headers) as answer,
+            client.stream("GET", f"{run.url}/scores", headers=run.headers) as answer,
         ):
             _raise_for_answer(answer, f"scores API (EvalRun {namespace}/{name})")
             for line in answer.iter_lines():

@@ -27,7 +27,9 @@ from evalkube import __version__, limits
 from evalkube.reporting.console import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
+    ApiOption,
     DbOption,
+    NamespaceOption,
     errors,
     fail,
     not_in_store,
@@ -345,11 +347,8 @@ def report(
         typer.Option(min=0, help="Samples in the per-sample browser (scores use all of them)"),
     ] = MAX_SAMPLES,
     db: DbOption = None,
-    api: Annotated[
-        str | None,
-        typer.Option(envvar="EVALKUBE_API", help="Read from the operator's samples API (URL)"),
-    ] = None,
-    namespace: Annotated[str, typer.Option("--namespace", "-n", help="With --api")] = "default",
+    api: ApiOption = None,
+    namespace: NamespaceOption = "default",
 ) -> None:
     """Write a self-contained HTML report of a run: scores, score distributions, and a
     per-sample browser with filters. It opens offline in any browser. With --api, RUN_ID is
@@ -358,20 +357,16 @@ def report(
         source = ApiReport(ApiRun(api, namespace, run_id, os.environ.get("EVALKUBE_API_TOKEN")))
         try:
             html = render(source, max_samples)
-            shown_id = source.run.run()["run_id"]
+            run_id = source.run.run()["run_id"]  # the file is named by the run's id
         except ApiError as exc:
             fail(str(exc), EXIT_RUNTIME if exc.unreachable else EXIT_CONFIG)
-        _write_report(out or Path(f"{shown_id}.html"), html)
-        return
-    with open_store(db) as store:
-        try:
-            html = render_report(store, run_id, max_samples)
-        except LookupError:
-            not_in_store(run_id, db)
-    _write_report(out or Path(f"{run_id}.html"), html)
-
-
-def _write_report(target: Path, html: str) -> None:
+    else:
+        with open_store(db) as store:
+            try:
+                html = render_report(store, run_id, max_samples)
+            except LookupError:
+                not_in_store(run_id, db)
+    target = out or Path(f"{run_id}.html")
     try:
         target.write_text(html, encoding="utf-8", errors="backslashreplace")
     except OSError as exc:

@@ -27,17 +27,16 @@ def run_overview(store: StatusCounts, record: RunRecord) -> dict[str, Any]:
     interrupted, failed) gets its counts from the samples recorded so far, and no metrics.
     """
     summary = record.summary or {}
-    results: list[dict[str, Any]] = []
-    for result in summary.get("results") or []:
-        results.append(
-            {
-                "task": result.get("task"),
-                "model": result.get("model"),
-                "metrics": result.get("metrics") or {},
-                "counts": result.get("counts") or {},
-                **({"error": result["error"]} if result.get("error") else {}),
-            }
-        )
+    results: list[dict[str, Any]] = [
+        {
+            "task": result.get("task"),
+            "model": result.get("model"),
+            "metrics": result.get("metrics") or {},
+            "counts": result.get("counts") or {},
+            **({"error": result["error"]} if result.get("error") else {}),
+        }
+        for result in summary.get("results") or []
+    ]
     if not results:
         for (task, model), by_status in sorted(store.status_counts(record.run_id).items()):
             counts = {"samples": sum(by_status.values())}

@@ -19,7 +19,9 @@ from evalkube import limits
 from evalkube.reporting.console import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
+    ApiOption,
     DbOption,
+    NamespaceOption,
     SafeConsole,
     console,
     errors,
@@ -98,11 +100,8 @@ def samples(
         Path | None, typer.Option("--out", "-o", help="Write to this file instead of stdout")
     ] = None,
     db: DbOption = None,
-    api: Annotated[
-        str | None,
-        typer.Option(envvar="EVALKUBE_API", help="Read from the operator's samples API (URL)"),
-    ] = None,
-    namespace: Annotated[str, typer.Option("--namespace", "-n", help="With --api")] = "default",
+    api: ApiOption = None,
+    namespace: NamespaceOption = "default",
 ) -> None:
     """Show or export samples of a run: prompt, target, output, extraction, scores, judge,
     error. Exports stream every matching sample."""
@@ -126,9 +125,16 @@ def samples(
         limit = TABLE_LIMIT
     # the terminal view reads one more, to say when it left samples out
     wanted = limit + 1 if limit is not None and fmt == "table" else limit
+    if out is not None:  # refuse a bad --out before reading anything (an export may take minutes)
+        existed = out.exists()
+        try:
+            with out.open("ab"):
+                pass
+            if not existed:
+                out.unlink()
+        except OSError as exc:
+            fail(f"cannot write --out {out}: {exc.strerror or exc}", EXIT_CONFIG)
     if api is not None:
-        if out is not None:
-            _check_writable(out)
         source = ApiSamples(api, namespace, run_id, os.environ.get("EVALKUBE_API_TOKEN"))
         try:
             metrics = source.metrics(where) if fmt == "csv" else []
@@ -136,8 +142,6 @@ def samples(
         except ApiError as exc:
             fail(str(exc), EXIT_RUNTIME if exc.unreachable else EXIT_CONFIG)
         return
-    if out is not None:
-        _check_writable(out)
     with open_store(db) as store:
         record = store.get_run(run_id)
         if record is None:
@@ -146,18 +150,6 @@ def samples(
         columns = limits.CSV_SCORE_COLUMNS_MAX + 1  # one more: to say there are more
         metrics = store.score_names(run_id, columns) if fmt == "csv" else []
         _write(store_views(store, run_id, where, wanted), fmt, out, metrics, limit)
-
-
-def _check_writable(out: Path) -> None:
-    """Refuse a bad ``--out`` before reading anything (an export may take minutes)."""
-    existed = out.exists()
-    try:
-        with out.open("ab"):
-            pass
-        if not existed:
-            out.unlink()
-    except OSError as exc:
-        fail(f"cannot write --out {out}: {exc.strerror or exc}", EXIT_CONFIG)
 
 
 def _write(
@@ -171,8 +163,7 @@ def _write(
         errors.print(
             f"warning: the samples have more than {limits.CSV_SCORE_COLUMNS_MAX:,} metric "
             f"names; the CSV has score columns for the first {limits.CSV_SCORE_COLUMNS_MAX:,} "
-            "(sorted), and every "
-            "score is in --format jsonl",
+            "(sorted), and every score is in --format jsonl",
             highlight=False,
             soft_wrap=True,
         )

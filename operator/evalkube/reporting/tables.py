@@ -32,7 +32,7 @@ def results_table(title: str, results: Sequence[TaskModelResult]) -> Table:
         if result.error:
             metrics += f"\n[red]batch failed: {escape(result.error)}[/]"
         counts = result.counts
-        table.add_row(
+        cells = [
             escape(result.task),
             escape(result.model),
             metrics,
@@ -40,16 +40,11 @@ def results_table(title: str, results: Sequence[TaskModelResult]) -> Table:
             str(counts.valid),
             f"[yellow]{counts.invalid}[/]" if counts.invalid else "0",
             f"[red]{counts.errored}[/]" if counts.errored else "0",
-            *(
-                [
-                    "\n".join(
-                        f"{escape(name)}: {c.passed}/{c.failed}"
-                        for name, c in result.criteria.items()
-                    )
-                    or "-"
-                ]
-                if with_criteria
-                else []
-            ),
-        )
+        ]
+        if with_criteria:
+            passed = (
+                f"{escape(name)}: {c.passed}/{c.failed}" for name, c in result.criteria.items()
+            )
+            cells.append("\n".join(passed) or "-")
+        table.add_row(*cells)
     return table

@@ -84,7 +84,7 @@ def index_rows(
         records = _csv_records(stream, uri, where)
         header = next(records, None)
         index.header_end = header[0] if header else 0
-        for row, (offset, _fields, _header) in enumerate(records):
+        for row, (offset, _fields) in enumerate(records):
             if ranged:
                 index.note(row, offset)
             index.rows = row + 1
@@ -111,37 +111,29 @@ def read_rows(
         yield from _parquet_rows(handle, uri, where, start, stop)
         return
     offset, skip = seek
-    row = start - skip
     if fmt == "csv":
-        stream = decompressed(handle, compression)
-        header_records = _csv_records(stream, uri, where)
-        header = next(header_records, None)
+        records = _csv_records(decompressed(handle, compression), uri, where)
+        header = next(records, None)
         if header is None:
             return
         names = header[1]
         if offset > header_end:
             handle.seek(offset)
-            records: Iterator[tuple[int, list[str], list[str]]] = (
-                (o, f, names) for o, f, _ in _csv_records(handle, uri, where, first=False)
-            )
-        else:
-            records = header_records
-        for _offset, fields, _names in records:
+            records = _csv_records(handle, uri, where, first=False)
+        for row, (_offset, fields) in enumerate(records, start - skip):
             if stop is not None and row >= stop:
                 return
             if row >= start:
                 yield _csv_row(names, fields, uri, where, row)
-            row += 1
         return
     if offset:
         handle.seek(offset)
-    stream = decompressed(handle, compression)
-    for _offset, number, line in _jsonl_lines(stream, uri, where, base=offset):
+    lines = _jsonl_lines(decompressed(handle, compression), uri, where, base=offset)
+    for row, (_offset, number, line) in enumerate(lines, start - skip):
         if stop is not None and row >= stop:
             return
         if row >= start:
             yield _json_row(line, uri, where, row, number if not offset else None)
-        row += 1
 
 
 def _jsonl_lines(
@@ -178,9 +170,9 @@ def _json_row(line: bytes, uri: str, where: str, row: int, number: int | None) -
 
 def _csv_records(
     stream: IO[bytes], uri: str, where: str, first: bool = True
-) -> Iterator[tuple[int, list[str], list[str]]]:
-    """``(end offset of the header, header, header)`` first (unless not ``first``), then
-    ``(start offset, fields, [])`` of every non-blank record. Offsets are exact because
+) -> Iterator[tuple[int, list[str]]]:
+    """``(end offset of the header, header)`` first (unless not ``first``), then
+    ``(start offset, fields)`` of every non-blank record. Offsets are exact because
     :mod:`csv` reads no further than the record it returns.
 
     A record (quoted fields may span lines) is read to at most
@@ -231,11 +223,11 @@ def _csv_records(
                 raise ConfigError(
                     f"{where}: {uri}: the header row must name every column once: {header[:20]}"
                 )
-            yield position[0], header, header
+            yield position[0], header
             started = position[0]
         for record in reader:
             if record:
-                yield started, fields(record), []
+                yield started, fields(record)
             started = position[0]
     except csv.Error as exc:
         raise ConfigError(f"{where}: {uri} line {reader.line_num}: {exc}") from None

@@ -10,9 +10,9 @@ run goes on in the cluster: nothing is deleted).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,16 @@ def submit(
             soft_wrap=True,
         )
     if dry_run:
-        _print_dry_run(plan, objects)
+        for upload in plan.uploads:
+            errors.print(
+                f"would upload {escape(upload.file.named)} ({upload.file.size:,} bytes) to "
+                f"{escape(upload.uri)} at {escape(objects.endpoint)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        text = yaml.dump_all(plan.shown(), Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+        console.file.write(text)
+        console.file.flush()
         return
     assert config is not None
     cluster = Cluster(config)
@@ -114,19 +123,6 @@ def submit(
     finally:
         cluster.close()
     _report(plan, final)
-
-
-def _print_dry_run(plan: Plan, objects: ObjectStore) -> None:
-    for upload in plan.uploads:
-        errors.print(
-            f"would upload {escape(upload.file.named)} ({upload.file.size:,} bytes) to "
-            f"{escape(upload.uri)} at {escape(objects.endpoint)}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    text = yaml.dump_all(plan.shown(), Dumper=_Dumper, sort_keys=False, allow_unicode=True)
-    console.file.write(text)
-    console.file.flush()
 
 
 class _Dumper(yaml.SafeDumper):
@@ -281,12 +277,8 @@ def _upload(plan: Plan, objects: ObjectStore, *, quiet: bool) -> None:
                 )
                 continue
             bar = progress.add_task(f"upload {label}", total=upload.file.size)
-
-            def advance(sent: int, bar: Any = bar) -> None:
-                progress.advance(bar, sent)
-
             started = time.perf_counter()
-            objects.put(upload, advance)
+            objects.put(upload, functools.partial(progress.advance, bar))
             progress.update(bar, completed=upload.file.size)
             seconds = time.perf_counter() - started
             rate = upload.file.size / seconds / 1e6 if seconds > 0 else 0.0
@@ -315,12 +307,14 @@ def describe(status: dict[str, Any]) -> tuple[str, int, int]:
         if units.get(state)
     ]
     if phase not in FINISHED:
-        ready: dict[str, Any] = next(
-            (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
-        )
+        ready = _condition(status, "Ready")
         if ready.get("status") != "True" and ready.get("reason"):
             parts.append(str(ready["reason"]))
     return (f"{phase} · {', '.join(parts)}" if parts else phase), finished, total
+
+
+def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
 
 
 def _watch(plan: Plan, cluster: Cluster, *, quiet: bool) -> dict[str, Any]:
@@ -338,7 +332,9 @@ def _watch(plan: Plan, cluster: Cluster, *, quiet: bool) -> dict[str, Any]:
     shown = ""
     try:
         with progress:
-            for obj in _events(plan, cluster):
+            for obj in cluster.watch_run(plan.namespace, plan.run_name):
+                if obj is None:
+                    break
                 status = obj.get("status") or {}
                 state, done, total = describe(status)
                 progress.update(
@@ -365,13 +361,6 @@ def _watch(plan: Plan, cluster: Cluster, *, quiet: bool) -> dict[str, Any]:
     fail(f"EvalRun {plan.namespace}/{plan.run_name} was deleted while it ran", EXIT_RUNTIME)
 
 
-def _events(plan: Plan, cluster: Cluster) -> Iterator[dict[str, Any]]:
-    for obj in cluster.watch_run(plan.namespace, plan.run_name):
-        if obj is None:
-            return
-        yield obj
-
-
 def _report(plan: Plan, final: dict[str, Any]) -> None:
     """The scores table, the phase and time, the failure or the gate; the exit code."""
     status = final.get("status") or {}
@@ -382,9 +371,7 @@ def _report(plan: Plan, final: dict[str, Any]) -> None:
     console.print(results_table(title, results))
     console.print(f"{status.get('phase')} · {_seconds(status)}", highlight=False)
     if status.get("phase") != "Succeeded":
-        succeeded: dict[str, Any] = next(
-            (c for c in status.get("conditions") or [] if c.get("type") == "Succeeded"), {}
-        )
+        succeeded = _condition(status, "Succeeded")
         why = f"{succeeded.get('reason', 'Failed')}: {succeeded.get('message', '')}".rstrip(": ")
         fail(f"EvalRun {plan.namespace}/{plan.run_name} failed: {why}", EXIT_RUNTIME)
     if status.get("gate"):

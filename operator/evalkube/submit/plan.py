@@ -57,7 +57,7 @@ from evalkube.models import (
 )
 from evalkube.models.base import SpecModel
 from evalkube.sandbox.environment import is_path
-from evalkube.sources import parse_uri
+from evalkube.sources import SourceURI, parse_uri
 from evalkube.sources.files import open_regular
 
 #: Who applied an object (the field manager of the server-side apply, and a label).
@@ -286,19 +286,18 @@ def build_plan(
     problem at once."""
     problems: list[str] = []
     suite_name = loaded.name
-    if not _NAME.match(suite_name):
-        problems.append(
-            f"metadata.name: {suite_name!r} is not a Kubernetes name (lowercase letters, "
-            "digits, '-' and '.'); rename the suite"
-        )
     spec = resolve_run_spec(loaded, run, models)
     name = run_name or (run.metadata.name if run is not None else None)
     name = name or names.fit(suite_name, now.strftime("%Y%m%d-%H%M%S"), 253)
-    if not _NAME.match(name):
-        problems.append(
-            f"the EvalRun's name {name!r} is not a Kubernetes name (lowercase letters, digits, "
-            "'-' and '.'); give --name"
-        )
+    for named, value, fix in (
+        ("metadata.name:", suite_name, "rename the suite"),
+        ("the EvalRun's name", name, "give --name"),
+    ):
+        if not _NAME.match(value):
+            problems.append(
+                f"{named} {value!r} is not a Kubernetes name (lowercase letters, digits, '-' "
+                f"and '.'); {fix}"
+            )
     plan = Plan(namespace, suite_name, name)
     rewriter = _Rewriter(loaded, store, plan, problems)
     suite = loaded.suite.model_copy(deep=True)
@@ -317,18 +316,8 @@ def build_plan(
         plan.warnings.extend(_storage_warnings(spec.storage.s3 if spec.storage else None))
     suite_meta = _meta(loaded.suite.metadata.model_dump(), suite_name, namespace, suite_name)
     run_meta = _meta(run.metadata.model_dump() if run else {}, name, namespace, suite_name)
-    plan.suite = {
-        "apiVersion": suite.api_version,
-        "kind": "EvalSuite",
-        "metadata": suite_meta,
-        "spec": spelled(suite.spec),
-    }
-    plan.run = {
-        "apiVersion": suite.api_version,
-        "kind": "EvalRun",
-        "metadata": run_meta,
-        "spec": spelled(spec),
-    }
+    plan.suite = _resource(suite.api_version, "EvalSuite", suite_meta, suite.spec)
+    plan.run = _resource(suite.api_version, "EvalRun", run_meta, spec)
     if not problems:
         problems.extend(_checked(plan))
     if problems:
@@ -341,6 +330,10 @@ def spelled(model: SpecModel) -> dict[str, Any]:
     fields the files set (or this rewriting did): a default stays the cluster's to apply (an
     EvalRun without ``shardSize`` takes the operator's)."""
     return model.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
+
+
+def _resource(api_version: str, kind: str, meta: dict[str, Any], spec: SpecModel) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta, "spec": spelled(spec)}
 
 
 def _checked(plan: Plan) -> list[str]:
@@ -406,14 +399,13 @@ def _provider_keys(
         )
     if not keys:
         return spec, None
-    labels = {**MANAGED_BY, LABEL_SUITE: names.run_label(suite)}
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
             "name": secret_name,
             "namespace": namespace,
-            "labels": labels,
+            "labels": {**MANAGED_BY, LABEL_SUITE: names.run_label(suite)},
             "annotations": {KEYS_FROM: json.dumps(sources, sort_keys=True)},
         },
         "type": "Opaque",
@@ -458,10 +450,6 @@ def _key_name(name: str) -> str:
     return _KEY_CHARS.sub("_", name)[-200:] or "data.jsonl"
 
 
-def _is_local(uri: str) -> bool:
-    return urlsplit(uri).scheme.lower() in ("", "file")
-
-
 class _Rewriter:
     """Rewrites one task at a time (in place, on a copy of the suite), collecting uploads,
     ConfigMaps and problems."""
@@ -490,43 +478,27 @@ class _Rewriter:
 
     def dataset(self, task: TaskSpec, where: str) -> None:
         dataset = task.dataset
-        base = self.loaded.base_dir
         try:
-            if dataset.path is not None:
-                local = self._file("jsonl", base / dataset.path, f"{where}.dataset.path")
-                if self.store is not None:
-                    task.dataset = DatasetSpec(
-                        uri=self._upload(local).uri, sha256=local.sha256, id_field=dataset.id_field
-                    )
-                else:
-                    task.dataset = DatasetSpec(
-                        config_map_ref=self._config_map(local), id_field=dataset.id_field
-                    )
-            elif dataset.uri is not None and _is_local(dataset.uri):
-                field = f"{where}.dataset.uri"
-                source = parse_uri(dataset.uri, field, base, dataset.format)
-                local = self._file("as_is", Path(source.location), field)
-                self._same_sha256(local, dataset.sha256, f"{where}.dataset.sha256")
-                if self.store is not None:
-                    task.dataset = DatasetSpec(
-                        uri=self._upload(local).uri,
-                        format=dataset.format,
-                        # a Parquet file is pinned by its footer (and ETag) unless a sha256
-                        # asks for a read of it all
-                        sha256=dataset.sha256 if source.format == "parquet" else local.sha256,
-                        id_field=dataset.id_field,
-                    )
-                elif source.format == "jsonl" and source.compression is None:
-                    task.dataset = DatasetSpec(
-                        config_map_ref=self._config_map(local), id_field=dataset.id_field
-                    )
-                else:
-                    self.problems.append(
-                        f"{field}: {local.named} is "
-                        f"{_described(source.format, source.compression)}, which only an "
-                        "object store serves a cluster; give --store "
-                        "s3://BUCKET/PREFIX to upload it"
-                    )
+            found = self._local(dataset, f"{where}.dataset")
+            if found is None:
+                return
+            local, source = found
+            if self.store is not None:
+                uri, sha256 = self._uploaded(local, dataset.sha256, source)
+                task.dataset = DatasetSpec(
+                    uri=uri, format=dataset.format, sha256=sha256, id_field=dataset.id_field
+                )
+            elif source is None or (source.format == "jsonl" and source.compression is None):
+                task.dataset = DatasetSpec(
+                    config_map_ref=self._config_map(local), id_field=dataset.id_field
+                )
+            else:
+                self.problems.append(
+                    f"{local.field}: {local.named} is "
+                    f"{_described(source.format, source.compression)}, which only an "
+                    "object store serves a cluster; give --store "
+                    "s3://BUCKET/PREFIX to upload it"
+                )
         except ConfigError as exc:
             self.problems.append(str(exc))
 
@@ -535,57 +507,62 @@ class _Rewriter:
         if outputs is None:
             return
         try:
-            if outputs.path is not None:
-                field = f"{where}.outputs.path"
-                local = self._file("jsonl", self.loaded.base_dir / outputs.path, field)
-                if self._needs_store(field, local):
-                    task.outputs = OutputsSpec(
-                        uri=self._upload(local).uri,
-                        sha256=local.sha256,
-                        extracted_column=outputs.extracted_column,
-                    )
-            elif outputs.uri is not None and _is_local(outputs.uri):
-                field = f"{where}.outputs.uri"
-                source = parse_uri(outputs.uri, field, self.loaded.base_dir, outputs.format)
-                local = self._file("as_is", Path(source.location), field)
-                self._same_sha256(local, outputs.sha256, f"{where}.outputs.sha256")
-                if self._needs_store(field, local):
-                    task.outputs = OutputsSpec(
-                        uri=self._upload(local).uri,
-                        format=outputs.format,
-                        sha256=outputs.sha256 if source.format == "parquet" else local.sha256,
-                        extracted_column=outputs.extracted_column,
-                    )
+            found = self._local(outputs, f"{where}.outputs")
+            if found is None:
+                return
+            local, source = found
+            if self.store is None:
+                self.problems.append(
+                    f"{local.field}: {local.named}: a cluster reads precomputed outputs from "
+                    "outputs.uri (an object store) or outputs.column; give --store "
+                    "s3://BUCKET/PREFIX to upload it"
+                )
+                return
+            uri, sha256 = self._uploaded(local, outputs.sha256, source)
+            task.outputs = OutputsSpec(
+                uri=uri,
+                format=outputs.format,
+                sha256=sha256,
+                extracted_column=outputs.extracted_column,
+            )
         except ConfigError as exc:
             self.problems.append(str(exc))
 
-    def _needs_store(self, field: str, local: LocalFile) -> bool:
-        """Whether precomputed outputs can be uploaded (a cluster reads them from
-        ``outputs.uri`` or a dataset column only)."""
-        if self.store is not None:
-            return True
-        self.problems.append(
-            f"{field}: {local.named}: a cluster reads precomputed outputs from outputs.uri (an "
-            "object store) or outputs.column; give --store s3://BUCKET/PREFIX to upload it"
-        )
-        return False
+    def _local(
+        self, spec: DatasetSpec | OutputsSpec, field: str
+    ) -> tuple[LocalFile, SourceURI | None] | None:
+        """The local file of a ``path`` source (made JSONL), or of a local ``uri`` (as it is,
+        checked against the declared ``sha256``) with the parsed uri; ``None`` for a source
+        the cluster reads itself."""
+        base = self.loaded.base_dir
+        if spec.path is not None:
+            return self._file("jsonl", base / spec.path, f"{field}.path"), None
+        if spec.uri is None or urlsplit(spec.uri).scheme.lower() not in ("", "file"):
+            return None
+        source = parse_uri(spec.uri, f"{field}.uri", base, spec.format)
+        local = self._file("as_is", Path(source.location), f"{field}.uri")
+        if spec.sha256 is not None and spec.sha256 != local.sha256:
+            raise ConfigError(
+                f"{field}.sha256: {local.named} has sha256 {local.sha256}, not the declared "
+                f"{spec.sha256}; fix the sha256 or the file"
+            )
+        return local, source
+
+    def _uploaded(
+        self, local: LocalFile, declared: str | None, source: SourceURI | None
+    ) -> tuple[str, str | None]:
+        """The ``uri`` and ``sha256`` of an uploaded source: a Parquet file is pinned by its
+        footer (and ETag) unless a declared sha256 asks for a read of it all."""
+        parquet = source is not None and source.format == "parquet"
+        return self._upload(local).uri, declared if parquet else local.sha256
 
     def _file(self, kind: str, path: Path, field: str) -> LocalFile:
         """Each file read and hashed once, however many tasks name it."""
-        resolved = path.resolve()
-        if (kind, resolved) not in self._files:
+        key = (kind, path.resolve())
+        if key not in self._files:
             made = LocalFile.jsonl(path, field) if kind == "jsonl" else LocalFile.as_is(path, field)
-            self._files[(kind, resolved)] = made
-        found = self._files[(kind, resolved)]
-        return dataclasses.replace(found, field=field)
-
-    @staticmethod
-    def _same_sha256(local: LocalFile, declared: str | None, field: str) -> None:
-        if declared is not None and declared != local.sha256:
-            raise ConfigError(
-                f"{field}: {local.named} has sha256 {local.sha256}, not the declared {declared}; "
-                "fix the sha256 or the file"
-            )
+            self._files[key] = made
+        return dataclasses.replace(self._files[key], field=field)
 
     def _upload(self, local: LocalFile) -> Upload:
         assert self.store is not None
