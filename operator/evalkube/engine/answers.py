@@ -101,20 +101,17 @@ class AnswerLog:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
             batch: list[tuple[str, str, Any]] = []
-            stop = item is None
-            if item is not None:
+            item = self._queue.get()
+            while item is not None:  # take what has queued up, up to _BATCH
                 batch.append(item)
-            while not stop and len(batch) < _BATCH:
+                if len(batch) >= _BATCH:
+                    break
                 try:
-                    more = self._queue.get_nowait()
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if more is None:
-                    stop = True
-                else:
-                    batch.append(more)
+            stop = item is None
             try:
                 if batch and self._error is None:
                     batch.sort(key=lambda item: item[0])

@@ -232,7 +232,6 @@ class GeneratedSource:
         """The same requests through the proxy (it retries upstream failures itself)."""
         import httpx
 
-        semaphore = asyncio.Semaphore(self.spec.generation.concurrency)
         uds = endpoint.removeprefix("unix:") if endpoint.startswith("unix:") else None
         transport = httpx.AsyncHTTPTransport(uds=uds) if uds else None
         base = "http://bridge" if uds else endpoint
@@ -244,32 +243,34 @@ class GeneratedSource:
                 # the call's name, the same when it is sent again: a restarted proxy adds what
                 # its killed process had sent for it to the call's requests
                 headers = {"X-Evalkube-Purpose": "candidate", CALL_KEY_HEADER: uuid.uuid4().hex}
-                async with semaphore:
-                    started = time.perf_counter()
-                    pauses: Iterator[float] | None = None
-                    while True:
-                        try:
-                            response = await client.post(
-                                "/v1/responses",
-                                json=self._body(prompt, self.model),
-                                headers=headers,
-                            )
-                            break
-                        except _bridge_restarting() as exc:
-                            # refused, or hung up before answering: the sidecar is restarting
-                            # (a killed one leaves its socket, which its next life makes
-                            # again; a stopped one removes it: missing at once, no retry)
-                            if pauses is None:
-                                if uds is not None and not os.path.exists(uds):
-                                    return Candidate(error=f"model bridge unreachable: {exc}")
-                                pauses = restart_pauses()
-                            pause = next(pauses, None)
-                            if pause is None:
+                started = time.perf_counter()
+                pauses: Iterator[float] | None = None
+                while True:
+                    try:
+                        response = await client.post(
+                            "/v1/responses", json=self._body(prompt, self.model), headers=headers
+                        )
+                        break
+                    except (
+                        httpx.ConnectError,
+                        httpx.RemoteProtocolError,
+                        httpx.ReadError,
+                        httpx.WriteError,
+                    ) as exc:
+                        # refused, or hung up before answering: the sidecar is restarting
+                        # (a killed one leaves its socket, which its next life makes
+                        # again; a stopped one removes it: missing at once, no retry)
+                        if pauses is None:
+                            if uds is not None and not os.path.exists(uds):
                                 return Candidate(error=f"model bridge unreachable: {exc}")
-                            await asyncio.sleep(pause)
-                        except httpx.HTTPError as exc:
+                            pauses = restart_pauses()
+                        pause = next(pauses, None)
+                        if pause is None:
                             return Candidate(error=f"model bridge unreachable: {exc}")
-                    ms = (time.perf_counter() - started) * 1000
+                        await asyncio.sleep(pause)
+                    except httpx.HTTPError as exc:
+                        return Candidate(error=f"model bridge unreachable: {exc}")
+                ms = (time.perf_counter() - started) * 1000
                 data = response.json() if response.content else {}
                 requests = _int(response.headers.get(REQUESTS_HEADER), 1)
                 if response.status_code >= 400:
@@ -286,22 +287,19 @@ class GeneratedSource:
     async def _generate(
         self, prompts: list[Any], on_answer: OnAnswer | None = None
     ) -> list[Candidate]:
-        generation = self.spec.generation
-        semaphore = asyncio.Semaphore(generation.concurrency)
-        async with Upstream(self.providers, retries=generation.retries) as upstream:
+        async with Upstream(self.providers, retries=self.spec.generation.retries) as upstream:
 
             async def one(prompt: Any) -> Candidate:
                 if prompt is None:
                     return Candidate(error="no prompt rendered")
                 body = self._body(prompt, self.model_name)
-                async with semaphore:
-                    started = time.perf_counter()
-                    try:
-                        path, payload = upstream.responses_call(self.provider, body)
-                        reply = await upstream.post_call(self.provider, path, payload)
-                    except UpstreamError as exc:
-                        return Candidate(error=str(exc), model_calls=_calls(exc.requests))
-                    ms = (time.perf_counter() - started) * 1000
+                started = time.perf_counter()
+                try:
+                    path, payload = upstream.responses_call(self.provider, body)
+                    reply = await upstream.post_call(self.provider, path, payload)
+                except UpstreamError as exc:
+                    return Candidate(error=str(exc), model_calls=_calls(exc.requests))
+                ms = (time.perf_counter() - started) * 1000
                 return _from_response(
                     reply.data, ms, structured=self.structured, requests=reply.requests
                 )
@@ -423,12 +421,6 @@ def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(function, Mapping):
         return {"type": "function", **function}
     return dict(tool)
-
-
-def _bridge_restarting() -> tuple[type[Exception], ...]:
-    import httpx
-
-    return (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 def _int(value: str | None, default: int) -> int:

@@ -110,19 +110,12 @@ class LoadedSuite:
 
     def uri_sources(self) -> list[tuple[TaskSpec, str]]:
         """``(task, part)`` of every ``uri`` source of the suite."""
-        found = []
-        for task in self.suite.spec.tasks:
-            if task.dataset.uri is not None:
-                found.append((task, "dataset"))
-            if task.outputs is not None and task.outputs.uri is not None:
-                found.append((task, "outputs"))
-        return found
-
-
-def read_yaml_documents(path: Path) -> list[Any]:
-    """All YAML documents of ``path``; syntax errors name the line and column; FIFOs,
-    devices, oversized files and alias bombs are refused (:func:`inputs.yaml_documents`)."""
-    return yaml_documents(path)
+        return [
+            (task, part)
+            for task in self.suite.spec.tasks
+            for part, spec in (("dataset", task.dataset), ("outputs", task.outputs))
+            if spec is not None and spec.uri is not None
+        ]
 
 
 def _split(path: Path, documents: list[Any]) -> tuple[Any | None, Any | None]:
@@ -149,11 +142,11 @@ def load_files(
 
     ``versioned=False`` leaves ``version`` empty: nothing is hashed and no ``uri`` source is
     pinned (read), for ``evalkube submit``, whose cluster reads the sources itself."""
-    suite_doc, run_doc = _split(suite_path, read_yaml_documents(suite_path))
+    suite_doc, run_doc = _split(suite_path, yaml_documents(suite_path))
     if suite_doc is None:
         raise ConfigError(f"{suite_path}: no EvalSuite found (a document with kind: EvalSuite)")
     if run_path is not None:
-        _, run_doc = _split(run_path, read_yaml_documents(run_path))
+        _, run_doc = _split(run_path, yaml_documents(run_path))
         if run_doc is None:
             raise ConfigError(f"{run_path}: no EvalRun found (a document with kind: EvalRun)")
     try:
@@ -169,12 +162,11 @@ def load_files(
     if run is not None and run.spec.storage is not None:
         loaded.access = SourceAccess(s3=run.spec.storage.s3)
     for task in suite.spec.tasks:
-        for kind, grader in task.grader_programs():
-            loaded.sources[(task.id, kind)] = _source(loaded.base_dir, task, kind, grader)
+        programs: list[tuple[str, GraderSpec | PreprocessSpec]] = [*task.grader_programs()]
         if task.preprocess is not None:
-            loaded.sources[(task.id, "preprocess")] = _source(
-                loaded.base_dir, task, "preprocess", task.preprocess
-            )
+            programs.append(("preprocess", task.preprocess))
+        for kind, program in programs:
+            loaded.sources[(task.id, kind)] = _source(loaded.base_dir, task, kind, program)
     loaded.version = suite_version(loaded) if versioned else ""
     return loaded, run
 
@@ -327,8 +319,9 @@ def iter_json_rows(path: Path, where: str, skip: int = 0) -> Iterator[dict[str, 
     arrays of at most :data:`limits.DATASET_JSON_BYTES`.
     """
     if path.suffix == ".json":
-        data = _parse(
-            read_bounded(path, where, limits.DATASET_JSON_BYTES, "use a JSONL file"), where, path
+        data = parse_json(
+            read_bounded(path, where, limits.DATASET_JSON_BYTES, "use a JSONL file"),
+            f"{where}: {path}",
         )
         if not isinstance(data, list):
             raise ConfigError(f"{where}: {path} must hold a JSON array of objects")
@@ -345,12 +338,7 @@ def iter_json_rows(path: Path, where: str, skip: int = 0) -> Iterator[dict[str, 
             if skip:
                 skip -= 1
                 continue
-            row = _parse(line, where, path, f" line {number}")
+            row = parse_json(line, f"{where}: {path} line {number}")
             if not isinstance(row, dict):
                 raise ConfigError(f"{where}: {path} line {number}: a row must be a JSON object")
             yield row
-
-
-def _parse(data: bytes, where: str, path: Path, at: str = "") -> Any:
-    """JSON of a dataset; never a ``RecursionError`` or ``MemoryError`` traceback."""
-    return parse_json(data, f"{where}: {path}{at}")

@@ -34,6 +34,8 @@ _ONE = 1 << _SCALE
 #: Exact values of the scores seen most (0, 1, 0.5, ...), so the common case is one lookup.
 _EXACT: dict[float, int] = {}
 _EXACT_CACHED = 4_096
+#: The sample counters of a :class:`TaskAggregate` (merged and written alike).
+_COUNTERS = ("samples", "valid", "invalid", "errored", "pending")
 
 
 def exact(value: float) -> int:
@@ -104,14 +106,8 @@ class TaskAggregate:
             into = self.passed if ok else self.failed
             into[name] = into.get(name, 0) + 1
         self.samples += 1
-        if status == "valid":
-            self.valid += 1
-        elif status == "invalid":
-            self.invalid += 1
-        elif status == "errored":
-            self.errored += 1
-        else:
-            self.pending += 1
+        counter = status if status in ("valid", "invalid", "errored") else "pending"
+        setattr(self, counter, getattr(self, counter) + 1)
         for name, value in (scores or {}).items():
             try:
                 self._add_score(name, exact(value))
@@ -123,11 +119,8 @@ class TaskAggregate:
 
     def merge(self, other: TaskAggregate) -> None:
         """Add the samples ``other`` counted (units run in other processes)."""
-        self.samples += other.samples
-        self.valid += other.valid
-        self.invalid += other.invalid
-        self.errored += other.errored
-        self.pending += other.pending
+        for counter in _COUNTERS:
+            setattr(self, counter, getattr(self, counter) + getattr(other, counter))
         for name, total in other.sums.items():
             self._add_score(name, total)
         self.untracked += other.untracked
@@ -168,22 +161,14 @@ class TaskAggregate:
         return dict(sorted(out.items()))
 
     def counts(self) -> dict[str, int]:
-        return {
-            "samples": self.samples,
-            "valid": self.valid,
-            "invalid": self.invalid,
-            "errored": self.errored,
-        }
+        """The counters a result reports (``pending`` is not one of them)."""
+        return {counter: getattr(self, counter) for counter in _COUNTERS if counter != "pending"}
 
     def to_wire(self) -> dict[str, Any]:
         """A lossless JSON form (sums as floats adding up exactly), for partial aggregates
         kept in the store; :meth:`from_wire` reads it back."""
         return {
-            "samples": self.samples,
-            "valid": self.valid,
-            "invalid": self.invalid,
-            "errored": self.errored,
-            "pending": self.pending,
+            **{counter: getattr(self, counter) for counter in _COUNTERS},
             "sums": {name: exact_floats(total) for name, total in self.sums.items()},
             "model_calls": self.model_calls,
             "passed": self.passed,
@@ -193,18 +178,16 @@ class TaskAggregate:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> TaskAggregate:
-        return cls(
-            samples=int(data["samples"]),
-            valid=int(data["valid"]),
-            invalid=int(data["invalid"]),
-            errored=int(data["errored"]),
-            pending=int(data["pending"]),
+        aggregate = cls(
             sums={name: sum(exact(p) for p in parts) for name, parts in data["sums"].items()},
             model_calls={k: int(v) for k, v in data["model_calls"].items()},
             passed={k: int(v) for k, v in data["passed"].items()},
             failed={k: int(v) for k, v in data["failed"].items()},
             untracked=int(data["untracked"]),
         )
+        for counter in _COUNTERS:
+            setattr(aggregate, counter, int(data[counter]))
+        return aggregate
 
     def criteria_counts(self, criteria: Sequence[Criterion]) -> dict[str, dict[str, int]]:
         """``{criterion: {"passed", "failed"}}`` for each criterion with a threshold."""

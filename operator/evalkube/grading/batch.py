@@ -100,9 +100,7 @@ def validate_batch_return(
             f"{limits.SCORE_NAMES_PER_SAMPLE} undeclared metrics, each name at most "
             f"{limits.SCORE_NAME_CHARS} characters (declare the task's `metrics`)",
         )
-    updates = value.get("samples", [])
-    if updates is None:
-        updates = []
+    updates = [] if value.get("samples") is None else value["samples"]
     if not isinstance(updates, list):
         return _failure("`samples` must be a list of sample updates", value)
     for position, raw in enumerate(updates):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -115,16 +116,8 @@ def _by_unit(
     rows: Iterable[KeyedScore],
 ) -> Iterator[tuple[tuple[str, str], Scores]]:
     """Group a run's keyed scores by task x model (rows come ordered by task, model)."""
-    current: tuple[str, str] | None = None
-    scores: Scores = {}
-    for task, model, key, _status, sample_scores in rows:
-        if (task, model) != current:
-            if current is not None:
-                yield current, scores
-            current, scores = (task, model), {}
-        scores[key] = sample_scores
-    if current is not None:
-        yield current, scores
+    for unit, group in groupby(rows, key=lambda row: (row[0], row[1])):
+        yield unit, {key: scores for _task, _model, key, _status, scores in group}
 
 
 def compare_runs(

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evalkube.grading.results import GradeOutcome
+from evalkube.grading.results import GradeOutcome, Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +39,8 @@ def merge_outcomes(outcomes: Sequence[tuple[Criterion, GradeOutcome]]) -> GradeO
         judge[criterion.name] = outcome.judge
         if outcome.error is not None and error is None:
             error = {**outcome.error, "criterion": criterion.name}
-    if any(o.status == "invalid" for _, o in outcomes):
-        return GradeOutcome("invalid", scores, judge, error)
-    return GradeOutcome("valid", scores, judge, error)
+    status: Status = "invalid" if any(o.status == "invalid" for _, o in outcomes) else "valid"
+    return GradeOutcome(status, scores, judge, error)
 
 
 def pass_counts(

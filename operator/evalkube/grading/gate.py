@@ -118,15 +118,10 @@ def _baseline_checks(
     spec = gate.baseline
     assert spec is not None
     if problem is not None:
-        return [GateCheck(name="baseline", kind="baseline", passed=False, message=problem)]
+        return [_baseline_check(False, problem)]
     if baseline is None:
         return [
-            GateCheck(
-                name="baseline",
-                kind="baseline",
-                passed=True,
-                message="no earlier succeeded run of this suite: nothing to compare with",
-            )
+            _baseline_check(True, "no earlier succeeded run of this suite: nothing to compare with")
         ]
     checks = []
     for d in deltas or ():
@@ -151,16 +146,14 @@ def _baseline_checks(
                 ),
             )
         )
-    if not checks:
-        checks.append(
-            GateCheck(
-                name="baseline",
-                kind="baseline",
-                passed=False,
-                message=f"{baseline} shares no task x model samples with this run",
-            )
-        )
-    return checks
+    return checks or [
+        _baseline_check(False, f"{baseline} shares no task x model samples with this run")
+    ]
+
+
+def _baseline_check(passed: bool, message: str) -> GateCheck:
+    """The one baseline check when no metric was compared (why not, or nothing to)."""
+    return GateCheck(name="baseline", kind="baseline", passed=passed, message=message)
 
 
 def gate_run(

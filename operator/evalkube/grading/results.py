@@ -99,27 +99,21 @@ def score_names_problem(names: Collection[str], declared: Collection[str]) -> st
 def validate_return(value: Any, metric_id: str, declared: Collection[str] = ()) -> GradeOutcome:
     """Validate a ``grade()`` return value (``declared``: the task's declared metric names,
     which do not count towards the per-sample cap on score names)."""
+
+    def refused(message: str) -> GradeOutcome:
+        return invalid(metric_id, error_type="InvalidResult", message=message, raw=value)
+
     if isinstance(value, bool):
-        return invalid(
-            metric_id,
-            error_type="InvalidResult",
-            message="the grader returned a bool; return a number (1.0/0.0) or {'scores': {...}}",
-            raw=value,
-        )
+        return refused("the grader returned a bool; return a number (1.0/0.0) or {'scores': {...}}")
     if isinstance(value, int | float):
         if _finite(value):
             return GradeOutcome("valid", {metric_id: float(value)})
-        return invalid(
-            metric_id,
-            error_type="InvalidResult",
-            message=f"the grader returned a non-finite number ({value}); scores must be finite",
-            raw=value,
-        )
+        return refused(f"the grader returned a non-finite number ({value}); scores must be finite")
     if isinstance(value, dict):
         scores_in = value.get("scores")
+        scores: dict[str, float] = {}
         if isinstance(scores_in, dict):
-            names = [str(k) for k in scores_in]
-            problem = score_names_problem(names, {metric_id, *declared})
+            problem = score_names_problem([str(k) for k in scores_in], {metric_id, *declared})
             if problem is not None:
                 return invalid(
                     metric_id,
@@ -127,25 +121,14 @@ def validate_return(value: Any, metric_id: str, declared: Collection[str] = ()) 
                     message=problem,
                     raw_repr=capped_repr(value, 500),
                 )
-        scores = (
-            {str(k): float(v) for k, v in scores_in.items() if is_score(v)}
-            if isinstance(scores_in, dict)
-            else {}
-        )
+            scores = {str(k): float(v) for k, v in scores_in.items() if is_score(v)}
         if not scores:
-            return invalid(
-                metric_id,
-                error_type="InvalidResult",
-                message="the grader returned a dict without any finite numeric score in "
-                "`scores`; return {'scores': {'name': number}}",
-                raw=value,
+            return refused(
+                "the grader returned a dict without any finite numeric score in "
+                "`scores`; return {'scores': {'name': number}}"
             )
         return GradeOutcome("valid", scores, value.get("judge"))
     kind = "None" if value is None else type(value).__name__
-    return invalid(
-        metric_id,
-        error_type="InvalidResult",
-        message=f"the grader returned {kind}; return a finite number or "
-        "{'scores': {'name': number}}",
-        raw=value,
+    return refused(
+        f"the grader returned {kind}; return a finite number or {{'scores': {{'name': number}}}}"
     )

@@ -46,10 +46,9 @@ def expected_metrics(
 ) -> dict[str, list[str]]:
     """Per task, the per-sample metrics reported as 0 when no sample of it is valid (a metric
     must not vanish from the results because every sample errored)."""
+    declared = declared_metrics(suite, criteria_of)
     return {
-        task.id: (task.metrics or [c.metric_id for c in criteria_of.get(task.id, ())])
-        if task.primary_grader.resolved_execution == "per_sample"
-        else []
+        task.id: declared[task.id] if task.primary_grader.resolved_execution == "per_sample" else []
         for task in suite.tasks
     }
 

@@ -111,10 +111,6 @@ def new_run_id(suite_name: str) -> str:
     return f"{suite_name}-{stamp}-{secrets.token_hex(3)}"
 
 
-def count_rows(loaded: LoadedSuite, task_id: str) -> int:
-    return count_dataset_rows(loaded, loaded.task(task_id))
-
-
 class LocalEngine:
     """Runs suites in this process, grading in sandboxes of ``backend``."""
 
@@ -257,7 +253,7 @@ class LocalEngine:
     ) -> RunSummary:
         started = time.perf_counter()
         runtimes = {task.id: TaskRuntime.build(loaded, task) for task in loaded.suite.spec.tasks}
-        row_counts = {task.id: count_rows(loaded, task.id) for task in loaded.suite.spec.tasks}
+        row_counts = {task.id: count_dataset_rows(loaded, task) for task in loaded.suite.spec.tasks}
         units = plan_run(loaded.suite.spec, row_counts, spec)
         done = self.store.done_units(run_id) if resuming else set()
         # Aggregates computed while samples stream by: exact when this process graded every
@@ -295,8 +291,7 @@ class LocalEngine:
         )
         if workers > 1:
             job = ParallelRun(open_session, run_id, self.store, units, use_live)
-            for key, aggregate in run_parallel(job, pending, workers, self.progress).items():
-                live.setdefault(key, TaskAggregate()).merge(aggregate)
+            live.update(run_parallel(job, pending, workers, self.progress))  # live was empty
             done |= {units[i].unit_id for i in pending}
         bridge = self.bridge_factory(spec) if needs_bridge and self.bridge_factory else None
         close_bridge = bridge.close if bridge is not None else None
@@ -305,7 +300,10 @@ class LocalEngine:
         ) as session:
             writer = session.writer
             assert writer is not None
-            for (task_id, _), group in _group(units):
+            groups: dict[tuple[str, str], list[Unit]] = {}
+            for unit in units:
+                groups.setdefault((unit.task_id, unit.model), []).append(unit)
+            for (task_id, _), group in groups.items():
                 rows: Iterator[dict[str, Any]] = iter(())
                 position = -1
                 for unit in group:
@@ -354,13 +352,6 @@ class LocalEngine:
         self.store.forget_answers(run_id)  # its samples hold every answer now
         self.store.finish_run(run_id, summary.phase, summary.to_json())
         return summary
-
-
-def _group(units: list[Unit]) -> Iterator[tuple[tuple[str, str], list[Unit]]]:
-    groups: dict[tuple[str, str], list[Unit]] = {}
-    for unit in units:
-        groups.setdefault((unit.task_id, unit.model), []).append(unit)
-    yield from groups.items()
 
 
 def _snapshot(

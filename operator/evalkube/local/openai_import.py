@@ -202,35 +202,29 @@ def import_openai(export: Any, name: str | None = None) -> ImportedEval:
 def _check_templates(graders: list[dict[str, Any]], source: RunSource) -> None:
     """Every field the prompt or a criterion's template reads exists in every item, and
     ``sample.*`` names a field OpenAI's sample has for this run."""
-    structured = source.structured
     for i, message in enumerate(source.prompt or []):
         where = f"run.data_source.input_messages.template[{i}].content"
         try:
             compile_template(message["content"], where, PROMPT_NAMES)
         except TemplateError as exc:
             raise ConfigError(str(exc)) from None
-        _check_fields(where, message["content"], source, structured)
+        _check_fields(where, message["content"], source)
     for index, grader in enumerate(graders):
         where = f"eval.testing_criteria[{index}]"
-        templates: list[tuple[str, str]] = []
         subs = [(f"{where}.graders.{k}", g) for k, g in (grader.get("graders") or {}).items()]
         for at, spec in [(where, grader), *subs]:
             value = spec.get("input")
             if isinstance(value, str):
-                templates.append((f"{at}.input", value))
+                _check_fields(f"{at}.input", value, source)
             elif isinstance(value, list):
-                templates += [
-                    (f"{at}.input[{i}].content", m["content"])
-                    for i, m in enumerate(value)
-                    if isinstance(m, dict) and isinstance(m.get("content"), str)
-                ]
+                for i, m in enumerate(value):
+                    if isinstance(m, dict) and isinstance(m.get("content"), str):
+                        _check_fields(f"{at}.input[{i}].content", m["content"], source)
             if isinstance(spec.get("reference"), str):
-                templates.append((f"{at}.reference", spec["reference"]))
-        for at, template in templates:
-            _check_fields(at, template, source, structured)
+                _check_fields(f"{at}.reference", spec["reference"], source)
 
 
-def _check_fields(where: str, template: str, source: RunSource, structured: bool) -> None:
+def _check_fields(where: str, template: str, source: RunSource) -> None:
     for namespace, path in field_paths(template, ("item", "sample")):
         if namespace == "sample":
             if path[0] not in SAMPLE_FIELDS:
@@ -238,7 +232,7 @@ def _check_fields(where: str, template: str, source: RunSource, structured: bool
                     f"{where}: `{spelled('sample', path[:1])}` is not in OpenAI's sample "
                     f"namespace ({', '.join(SAMPLE_FIELDS)})"
                 )
-            if path[0] == "output_json" and not structured:
+            if path[0] == "output_json" and not source.structured:
                 raise ConfigError(
                     f"{where}: `sample.output_json` exists only when the run asks for "
                     "structured output (sampling_params.response_format or text.format)"

@@ -189,9 +189,9 @@ def _sample(raw: Any, where: str) -> dict[str, Any]:
     line: dict[str, Any] = {"output_text": text}
     if "output_json" in sample:
         line["output_json"] = sample["output_json"]
-    for key, kind in (("output_tools", list), ("choices", list)):
+    for key in ("output_tools", "choices"):
         if sample.get(key) is not None:
-            line[key] = expect(sample[key], kind, f"{where}.{key}", "a list")
+            line[key] = expect(sample[key], list, f"{where}.{key}", "a list")
     return line
 
 

@@ -96,7 +96,7 @@ class _EventProgress:
         pass  # the parent announced the plan
 
     def unit_started(self, unit: Unit, total: int) -> None:
-        self.events.put(("started", unit.unit_id, total))
+        self.events.put(("unit_started", unit.unit_id, total))
 
     def advance(self, unit: Unit, samples: int) -> None:
         self.events.put(("advance", unit.unit_id, samples))
@@ -188,12 +188,8 @@ def run_parallel(
         """Apply one event; 1 when a child exited."""
         nonlocal failure, interrupted
         kind = event[0]
-        if kind == "started":
-            progress.unit_started(by_id[event[1]], event[2])
-        elif kind == "advance":
-            progress.advance(by_id[event[1]], event[2])
-        elif kind == "generated":
-            progress.generated(by_id[event[1]], event[2])
+        if kind in ("unit_started", "advance", "generated"):  # the child's Progress call
+            getattr(progress, kind)(by_id[event[1]], event[2])
         elif kind == "done":
             for key, aggregate in event[2].items():
                 merged.setdefault(key, TaskAggregate()).merge(aggregate)

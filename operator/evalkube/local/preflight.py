@@ -166,15 +166,13 @@ def check_providers(spec: EvalRunSpec) -> list[str]:
         key_file = os.environ.get(key_file_env(name))
         if key_file:
             try:
-                empty = not Path(key_file).read_text().strip()
+                if not Path(key_file).read_text().strip():
+                    problems.append(f"{where}: key file {key_file} ({key_file_env(name)}) is empty")
             except OSError as exc:
                 problems.append(
                     f"{where}: key file {key_file} ({key_file_env(name)}) cannot be read "
                     f"({exc.strerror})"
                 )
-                continue
-            if empty:
-                problems.append(f"{where}: key file {key_file} ({key_file_env(name)}) is empty")
         elif provider.api_key_env and not os.environ.get(provider.api_key_env):
             problems.append(
                 f"{where}.apiKeyEnv: the environment variable {provider.api_key_env} is not set "
@@ -183,12 +181,8 @@ def check_providers(spec: EvalRunSpec) -> list[str]:
     return problems
 
 
-def probe_providers(spec: EvalRunSpec) -> list[str]:
+async def probe_providers(spec: EvalRunSpec) -> list[str]:
     """One real, small call per provider the run uses (its first model)."""
-    return asyncio.run(_probe(spec))
-
-
-async def _probe(spec: EvalRunSpec) -> list[str]:
     problems = []
     async with Upstream(providers_from_spec(spec), retries=0) as upstream:
         for name, model in used_providers(spec).items():
@@ -222,7 +216,7 @@ def preflight(
     if not problems:  # sandboxes and probes only once the cheap checks pass
         problems += check_imports(loaded, backend)
     if spec is not None and probe and not problems:
-        problems += probe_providers(spec)
+        problems += asyncio.run(probe_providers(spec))
     if problems:
         raise ConfigError(
             "pre-flight found "

@@ -86,13 +86,9 @@ class SampleFilter:
         """
         if status is not None and status not in STATUS_FILTERS:
             raise ValueError(f"{prefix}status must be one of {', '.join(STATUS_FILTERS)}")
-        ranges = [
-            ScoreRange(metric, low=value)
-            for metric, value in (_bound(text, f"{prefix}min_score") for text in min_score)
-        ] + [
-            ScoreRange(metric, high=value)
-            for metric, value in (_bound(text, f"{prefix}max_score") for text in max_score)
-        ]
+        lows = [_bound(text, f"{prefix}min_score") for text in min_score]
+        highs = [_bound(text, f"{prefix}max_score") for text in max_score]
+        ranges = [ScoreRange(m, low=v) for m, v in lows] + [ScoreRange(m, high=v) for m, v in highs]
         return cls(
             task=task or None,
             model=model or None,

@@ -295,25 +295,18 @@ def decode_cursor(cursor: str) -> tuple[str, str, int]:
 
 def _sample(row: Any) -> SampleRecord:
     detail = jsonfast.loads(row.detail)
-    return SampleRecord(
+    record = SampleRecord(
         run_id=row.run_id,
         sample_id=row.sample_id,
         task_id=row.task_id,
         model=row.model,
         seq=row.seq,
         status=row.status,
-        row_id=detail.get("row_id"),
-        prompt=detail.get("prompt"),
-        target=detail.get("target"),
-        output_text=detail.get("output_text"),
-        extracted_output=detail.get("extracted_output"),
         scores=load_json(row.scores) or {},
-        judge=detail.get("judge"),
-        error=detail.get("error"),
         model_calls=load_json(row.model_calls) or {},
-        response_id=detail.get("response_id"),
-        dataset_row=detail.get("dataset_row") or {},
-        timings=detail.get("timings") or {},
-        stdout=detail.get("stdout"),
-        stderr=detail.get("stderr"),
+        **{key: detail.get(key) for key in schema.DETAIL_KEYS},
     )
+    # absent (or null) in ``detail``: empty, as in a record that was never stored
+    record.dataset_row = record.dataset_row or {}
+    record.timings = record.timings or {}
+    return record

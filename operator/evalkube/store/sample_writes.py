@@ -52,12 +52,10 @@ _SHARED_VALUES = itemgetter(*(_SAMPLE_COLUMNS.index(name) for name in _SHARED))
 
 def _sample_json_each_sql() -> str:
     """SQLite: upsert a chunk bound as ``(JSON array of own values, run, task, model)``."""
-    picks = []
-    for name in _SAMPLE_COLUMNS:
-        if name in _SHARED:
-            picks.append(f"?{2 + _SHARED.index(name)}")
-        else:
-            picks.append(f"value ->> {_OWN.index(_SAMPLE_COLUMNS.index(name))}")
+    picks = [
+        f"?{2 + _SHARED.index(name)}" if name in _SHARED else f"value ->> {_OWN.index(i)}"
+        for i, name in enumerate(_SAMPLE_COLUMNS)
+    ]
     # ``WHERE true`` lets SQLite parse ``ON CONFLICT`` after ``SELECT ... FROM``.
     return _sample_upsert_sql(f"SELECT {', '.join(picks)} FROM json_each(?1) WHERE true")
 

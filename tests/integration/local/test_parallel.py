@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from evalkube.engine import aggregate_results, load_files, resolve_run_spec
-from evalkube.engine.runner import UnitFailed
+from evalkube.engine.unit_context import UnitFailed
 from evalkube.local import LocalEngine
 from evalkube.local.parallel import MIN_SAMPLES_PER_WORKER, choose_workers
 from evalkube.models.errors import ConfigError
