@@ -145,7 +145,9 @@ def _run_route(reading: bool) -> Callable[[RunRoute], Route]:
             namespace, name = request.match_info["namespace"], request.match_info["name"]
             token = bearer_token(request.headers)
             refused = UNREADABLE if reading else UNAUTHORIZED
-            if reading and self._is_read_token(token):
+            # the operator's read token (constant-time compare) opens every run to reading
+            read = self.read_token
+            if reading and token and read and hmac.compare_digest(token.encode(), read.encode()):
                 entry = await self._entry(namespace, name)
                 if entry is None:
                     return _error(404, f"EvalRun {namespace}/{name} is not known to this operator")
@@ -181,7 +183,7 @@ class ApiServer:
         self.store = store
         self.registry = registry
         self.metrics = metrics
-        self.on_unit_done = on_unit_done
+        self.on_unit_done = on_unit_done or (lambda entry, unit: None)
         self.resolve = resolve
         #: ``(namespace, name) -> monotonic time`` until which the run counts as absent.
         self._absent: dict[tuple[str, str], float] = {}
@@ -248,15 +250,6 @@ class ApiServer:
                 self.registry.register(entry)
         return entry
 
-    @staticmethod
-    async def _body(request: web.Request) -> Any:
-        """The request's body parsed as JSON in a thread (never on kopf's event loop)."""
-        raw = await request.read()
-        try:
-            return await asyncio.to_thread(jsonfast.loads, raw)
-        except ValueError as exc:
-            raise web.HTTPBadRequest(text=f"body is not JSON: {exc}") from None
-
     # -- routes ----------------------------------------------------------------------------
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -292,11 +285,6 @@ class ApiServer:
         del body, items
         self.store.record_samples(records)
         return len(records)
-
-    def _is_read_token(self, token: str | None) -> bool:
-        """The operator's read token (constant-time compare) opens every run to reading."""
-        read = self.read_token
-        return bool(token and read and hmac.compare_digest(token.encode(), read.encode()))
 
     @_reading
     async def list_samples(self, request: web.Request, entry: RunEntry) -> web.Response:
@@ -475,21 +463,23 @@ class ApiServer:
         unit = request.match_info["unit"]
         body = await _parse(request, UNIT_FAILURE)
         await asyncio.to_thread(self.store.mark_unit_failed, entry.run_id, unit, body.reason)
-        if self.on_unit_done is not None:
-            self.on_unit_done(entry, unit)
+        self.on_unit_done(entry, unit)
         return _json({"failed": unit})
 
     @_ingest
     async def unit_done(self, request: web.Request, entry: RunEntry) -> web.Response:
         unit = request.match_info["unit"]
-        body = await self._body(request)
+        raw = await request.read()
+        try:  # parsed in a thread, never on kopf's event loop
+            body = await asyncio.to_thread(jsonfast.loads, raw)
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"body is not JSON: {exc}") from None
         info = body if isinstance(body, dict) else {}
         await asyncio.to_thread(self.store.mark_unit_done, entry.run_id, unit, info)
         seconds = info.get("seconds")
         if isinstance(seconds, int | float):
             self.metrics.unit_duration.labels(info.get("kind", "shard")).observe(seconds)
-        if self.on_unit_done is not None:
-            self.on_unit_done(entry, unit)
+        self.on_unit_done(entry, unit)
         return _json({"done": unit})
 
 

@@ -99,7 +99,9 @@ def grant_hosts(spec: EvalRunSpec, suite: EvalSuiteSpec | None = None) -> list[s
     endpoints without one), each https:// host."""
     hosts = {url_authority(provider.base_url) for provider in spec.providers.values()}
     s3 = spec.storage.s3 if spec.storage is not None else None
-    for uri in _source_uris(suite):
+    tasks = suite.tasks if suite is not None else []
+    specs = [s for t in tasks for s in (t.dataset, t.outputs) if s is not None]
+    for uri in [s.uri for s in specs if s.uri]:
         parts = urlsplit(uri)
         if parts.scheme == "https":
             hosts.add(url_authority(uri))
@@ -110,13 +112,6 @@ def grant_hosts(spec: EvalRunSpec, suite: EvalSuiteSpec | None = None) -> list[s
             hosts.add(f"s3.{region}.amazonaws.com:443")
             hosts.add(f"{parts.netloc.lower()}.s3.{region}.amazonaws.com:443")
     return sorted(hosts)
-
-
-def _source_uris(suite: EvalSuiteSpec | None) -> list[str]:
-    if suite is None:
-        return []
-    specs = [s for t in suite.tasks for s in (t.dataset, t.outputs) if s is not None]
-    return [s.uri for s in specs if s.uri]
 
 
 def service_of(url: str) -> tuple[str, str] | None:

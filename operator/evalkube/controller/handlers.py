@@ -54,12 +54,6 @@ def _post_event(body: Any, kind: str, reason: str, message: str) -> None:
     (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message)
 
 
-def peering_priority() -> int:
-    """A kopf peering priority of this replica's own (1..2^31-1: distinct replicas collide
-    with odds of about one in two billion)."""
-    return secrets.randbelow(2**31 - 1) + 1
-
-
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="evalkube.io")
@@ -74,8 +68,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         settings.peering.mandatory = True
         # kopf pauses every replica that sees a live peer of its own priority, so replicas of
         # one Deployment (all priority 0) would all pause and no run would advance: each
-        # replica draws its own, and the highest live one is the leader
-        settings.peering.priority = peering_priority()
+        # replica draws its own (1..2^31-1: distinct replicas collide with odds of about one in
+        # two billion), and the highest live one is the leader
+        settings.peering.priority = secrets.randbelow(2**31 - 1) + 1
     memo.state = await OperatorState.start(operator_settings, _post_event)
 
 

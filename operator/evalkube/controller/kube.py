@@ -63,26 +63,21 @@ class Kube:
         if await self.create(manifest):
             return
         meta = manifest["metadata"]
-        async with self._slots:
-            await self.client.patch(
-                Secret,
-                meta["name"],
-                {"stringData": dict(manifest.get("stringData") or {})},
-                namespace=meta["namespace"],
-                patch_type=PatchType.MERGE,
-            )
+        data = {"stringData": dict(manifest.get("stringData") or {})}
+        await self._merge_patch(Secret, meta["namespace"], meta["name"], data)
 
     async def patch_status(
         self, kind: Any, namespace: str, name: str, status: dict[str, Any]
     ) -> None:
         """Merge ``status`` into the status subresource of an evalkube object."""
+        await self._merge_patch(kind.Status, namespace, name, {"status": status})
+
+    async def _merge_patch(
+        self, kind: Any, namespace: str, name: str, patch: dict[str, Any]
+    ) -> None:
         async with self._slots:
             await self.client.patch(
-                kind.Status,
-                name,
-                {"status": status},
-                namespace=namespace,
-                patch_type=PatchType.MERGE,
+                kind, name, patch, namespace=namespace, patch_type=PatchType.MERGE
             )
 
     async def service_cluster_ip(self, namespace: str, name: str) -> str | None:

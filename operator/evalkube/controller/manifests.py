@@ -590,10 +590,8 @@ class UnitDeadline:
         )
         if not self.capped:
             return f"its deadline is {self.seconds} s ({made_of})"
-        rows = max(
-            1,
-            (self.seconds - settings.active_deadline_slack_seconds) // max(1, self.timeout_seconds),
-        )
+        room = self.seconds - settings.active_deadline_slack_seconds
+        rows = max(1, room // max(1, self.timeout_seconds))
         return (
             f"its deadline is {self.seconds} s (EVALKUBE_UNIT_DEADLINE_MAX_SECONDS), shorter "
             f"than its worst case of {self.worst} s ({made_of}); a spec.shardSize of at most "
@@ -622,15 +620,12 @@ _QUANTITY_SUFFIXES = {
 def quantity_bytes(quantity: str) -> int:
     """Bytes of a Kubernetes memory quantity (``1Gi``, ``512Mi``, ``1000000``)."""
     text = quantity.strip()
-    for suffix in sorted(_QUANTITY_SUFFIXES, key=len, reverse=True):
-        number = text.removesuffix(suffix) if suffix else text
-        if suffix and not text.endswith(suffix):
-            continue
-        try:
-            return int(float(number) * _QUANTITY_SUFFIXES[suffix])
-        except ValueError:
-            break
-    raise ValueError(f"{quantity!r} is not a memory quantity (e.g. 1Gi, 512Mi)")
+    # the longest suffix the text ends with ("" ends every text)
+    suffix = next(s for s in sorted(_QUANTITY_SUFFIXES, key=len, reverse=True) if text.endswith(s))
+    try:
+        return int(float(text.removesuffix(suffix)) * _QUANTITY_SUFFIXES[suffix])
+    except ValueError:
+        raise ValueError(f"{quantity!r} is not a memory quantity (e.g. 1Gi, 512Mi)") from None
 
 
 def gvisor_mount_hints(pod_spec: Mapping[str, Any]) -> dict[str, str]:
@@ -671,9 +666,8 @@ def _source_access(
     flags: dict[str, str] = {}
     for index, claim in enumerate(sources.claims):
         claim_volume = {"persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        _read_only_volume(
-            volumes, mounts, f"source-pvc-{index}", f"{PVC_DIR}/{claim}", claim_volume
-        )
+        path = f"{PVC_DIR}/{claim}"
+        _read_only_volume(volumes, mounts, f"source-pvc-{index}", path, claim_volume)
     if not sources.remote:
         return env, flags
     s3 = spec.storage.s3 if spec.storage is not None else None

@@ -43,7 +43,8 @@ def covering_units(units: Sequence[Unit]) -> list[Unit]:
 def unit_aggregate(
     store: ResultStore, run_id: str, unit: Unit, criteria_of: CriteriaOf
 ) -> TaskAggregate:
-    """The aggregate of ``unit``'s stored samples (its range of sequence numbers)."""
+    """The aggregate of ``unit``'s stored samples (its range of sequence numbers), kept in the
+    store."""
     aggregate = TaskAggregate()
     criteria = criteria_of.get(unit.task_id, ())
     add = aggregate.add
@@ -51,6 +52,7 @@ def unit_aggregate(
         run_id, unit.task_id, unit.model, seq_range(unit)
     ):
         add(status, scores, {k: v for k, v in calls.items() if k != "response_ids"}, criteria)
+    store.save_unit_aggregate(run_id, unit.unit_id, unit.task_id, unit.model, aggregate.to_wire())
     return aggregate
 
 
@@ -66,10 +68,7 @@ def record_done_units(
     made = 0
     for unit in covering_units(units):
         if unit.unit_id in done and unit.unit_id not in kept:
-            aggregate = unit_aggregate(store, run_id, unit, criteria_of)
-            store.save_unit_aggregate(
-                run_id, unit.unit_id, unit.task_id, unit.model, aggregate.to_wire()
-            )
+            unit_aggregate(store, run_id, unit, criteria_of)
             made += 1
     return made
 
@@ -87,9 +86,6 @@ def run_aggregates(
             aggregate = TaskAggregate.from_wire(kept[unit.unit_id][2])
         else:
             aggregate = unit_aggregate(store, run_id, unit, criteria_of)
-            store.save_unit_aggregate(
-                run_id, unit.unit_id, unit.task_id, unit.model, aggregate.to_wire()
-            )
         if aggregate.samples:
             merged.setdefault((unit.task_id, unit.model), TaskAggregate()).merge(aggregate)
     counts = store.sample_counts(run_id)

@@ -741,17 +741,13 @@ class RunReconciler:
         new.summary = summary_line({f"{r.task}/{r.model}": r.metrics for r in outcome})
         new.completed_at = now_rfc3339()
         if decision.failed:
-            run_name = body["metadata"]["name"]
-            message = failed_units_message(
-                decision.failed, decision.total, run_name, limits.STATUS_MESSAGE_CHARS
-            )
+            failures = (decision.failed, decision.total, body["metadata"]["name"])
+            message = failed_units_message(*failures, limits.STATUS_MESSAGE_CHARS)
             conditions = [
                 condition(type_, False, "UnitsFailed", message, generation)
                 for type_ in ("Ready", "Succeeded")
             ]
-            short = failed_units_message(
-                decision.failed, decision.total, run_name, limits.EVENT_MESSAGE_CHARS
-            )
+            short = failed_units_message(*failures, limits.EVENT_MESSAGE_CHARS)
             self.event(body, "Warning", "RunFailed", short)
         else:
             completed = f"{decision.total} units completed"

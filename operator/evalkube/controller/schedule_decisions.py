@@ -117,9 +117,7 @@ def format_time(when: datetime) -> str:
 
 def parse_time(text: str | None) -> datetime | None:
     """A Kubernetes timestamp (RFC 3339), or None."""
-    if not text:
-        return None
-    return datetime.fromisoformat(text).astimezone(UTC)
+    return datetime.fromisoformat(text).astimezone(UTC) if text else None
 
 
 def run_manifest(schedule: Mapping[str, Any], scheduled: datetime) -> dict[str, Any]:

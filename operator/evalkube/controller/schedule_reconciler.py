@@ -174,7 +174,9 @@ class ScheduleReconciler:
         new.last_schedule_time = format_time(last_scheduled) if last_scheduled else None
         new.last_successful_time = format_time(last_success) if last_success else None
         new.next_schedule_time = format_time(due.next)
-        new.active = [_reference(r) for r in active]
+        new.active = [
+            RunReference(name=r["metadata"]["name"], uid=r["metadata"].get("uid")) for r in active
+        ]
         valid = f"schedule {spec.schedule!r} in {spec.zone().key}"
         # an old Scheduled condition stays until the next scheduled time says what it did
         new.conditions = merge_conditions(
@@ -221,10 +223,6 @@ class ScheduleReconciler:
 
 def _status(run: Mapping[str, Any]) -> Mapping[str, Any]:
     return run.get("status") or {}
-
-
-def _reference(run: Mapping[str, Any]) -> RunReference:
-    return RunReference(name=run["metadata"]["name"], uid=run["metadata"].get("uid"))
 
 
 def _scheduled(run: Mapping[str, Any]) -> ScheduledRun:

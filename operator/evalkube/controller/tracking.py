@@ -117,13 +117,8 @@ class RunTracking:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda _: self._active.discard(key))
-        logging = condition(
-            CONDITION,
-            False,
-            "Logging",
-            f"logging to MLflow at {shown_uri(tracking.tracking_uri)}",
-            generation,
-        )
+        message = f"logging to MLflow at {shown_uri(tracking.tracking_uri)}"
+        logging = condition(CONDITION, False, "Logging", message, generation)
         return [logging.model_copy(update={"status": "Unknown"})]
 
     def resume(self, body: Mapping[str, Any], status: EvalRunStatus) -> None:
@@ -174,13 +169,10 @@ class RunTracking:
                 attempts=self.settings.mlflow_attempts,
                 cancel=self._stopping,
             )
-            result = condition(
-                CONDITION,
-                True,
-                "Logged",
-                f"MLflow run {logged.run_id} in experiment {target.experiment!r}: {logged.url}",
-                generation,
+            message = (
+                f"MLflow run {logged.run_id} in experiment {target.experiment!r}: {logged.url}"
             )
+            result = condition(CONDITION, True, "Logged", message, generation)
         except TrackingFailed as exc:
             result = condition(CONDITION, False, "TrackingFailed", str(exc), generation)
             self.event(body, "Warning", "TrackingFailed", str(exc))
