@@ -21,7 +21,7 @@ def grader_listen(socket_path: str | None, private_dir: str) -> str:
     unix socket there."""
     if socket_path is None:
         return f"unix:{Path(private_dir) / SOCKET_NAME}"
-    if socket_path.startswith(("unix:", "http://")) or ":" in socket_path:
+    if ":" in socket_path:
         return socket_path
     return f"unix:{socket_path}"
 

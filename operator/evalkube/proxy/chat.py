@@ -91,10 +91,9 @@ def chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
         response_format = _response_format(text.get("format"))
         if response_format is not None:
             out["response_format"] = response_format
-    if body.get("tools") is not None:
-        out["tools"] = _tools(body["tools"])
-    if body.get("tool_choice") is not None:
-        out["tool_choice"] = _tool_choice(body["tool_choice"])
+    for name, convert in (("tools", _tools), ("tool_choice", _tool_choice)):
+        if body.get(name) is not None:
+            out[name] = convert(body[name])
     reasoning = body.get("reasoning")
     if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
         out["reasoning_effort"] = reasoning["effort"]

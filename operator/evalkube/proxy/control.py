@@ -17,8 +17,6 @@ import httpx
 from evalkube import limits
 from evalkube.proxy.bridge_base import CONTROL_TIMEOUT
 
-CONTROL_TOKEN_HEADER = "X-Evalkube-Control-Token"
-
 
 def restart_pauses(seconds: float = limits.BRIDGE_RESTART_RETRY_SECONDS) -> Iterator[float]:
     """The pauses before each call sent again while the bridge's sidecar restarts: 0.1 s
@@ -37,13 +35,11 @@ class ControlClient:
         control_endpoint: str,
         *,
         grader_endpoint: str | None = None,
-        token: str | None = None,
         restart_retry_seconds: float = limits.BRIDGE_RESTART_RETRY_SECONDS,
     ) -> None:
         """``grader_endpoint``: where this bridge's graders reach it (``endpoint``);
         ``restart_retry_seconds``: how long a call is sent again while the bridge restarts
         (a pod's sidecar; 0 for a child process that nobody restarts)."""
-        self.control_endpoint = control_endpoint
         self.restart_retry_seconds = restart_retry_seconds
         self.endpoint = grader_endpoint
         if control_endpoint.startswith("unix:"):
@@ -53,12 +49,7 @@ class ControlClient:
             base = "http://bridge"
         else:
             transport, base = None, control_endpoint
-        self._client = httpx.Client(
-            base_url=base,
-            transport=transport,
-            timeout=CONTROL_TIMEOUT,
-            headers={CONTROL_TOKEN_HEADER: token} if token else None,
-        )
+        self._client = httpx.Client(base_url=base, transport=transport, timeout=CONTROL_TIMEOUT)
 
     def configure_unit(
         self, unit_id: str, max_calls_per_execution: int, planned_executions: int

@@ -314,11 +314,6 @@ class Upstream:
             raise failure from None
         return UpstreamReply(json.dumps(data).encode("utf-8"), data, reply.attempts, reply.requests)
 
-    async def responses_create(self, provider_name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """A Responses API call whatever API the provider speaks; the Responses object."""
-        path, payload = self.responses_call(provider_name, body)
-        return (await self.post_call(provider_name, path, payload)).data
-
     async def post(self, provider_name: str, path: str, payload: bytes) -> UpstreamReply:
         """POST the JSON ``payload``; retry transient failures; the raw and decoded answer.
 

@@ -64,7 +64,8 @@ def prepare(
         )
     info = opened.info
     return SourcePin(
-        uri=canonical(source),
+        # a local file as an absolute file:// URL
+        uri=Path(source.location).as_uri() if source.scheme == "file" else source.raw,
         format=source.format,
         compression=source.compression,
         size=info.size,
@@ -106,11 +107,6 @@ def check_pinned(pin: SourcePin, access: SourceAccess, where: str) -> None:
     if source.scheme != "https":
         with access.open(source, where, pin):
             pass
-
-
-def canonical(source: SourceURI) -> str:
-    """The URI a pin records: an absolute ``file://`` URL for a local file."""
-    return Path(source.location).as_uri() if source.scheme == "file" else source.raw
 
 
 def _sha256(handle: IO[bytes]) -> str:

@@ -76,47 +76,30 @@ class SourceAccess:
     """PEM certificates to trust for https:// (default: the system's and ``SSL_CERT_FILE``)."""
     _s3fs: dict[tuple[int, bool, str | None], Any] = field(default_factory=dict, repr=False)
 
-    # -- information --------------------------------------------------------------------------
-    def info(self, source: SourceURI, where: str) -> ObjectInfo:
-        """Size and identity of the object at ``source`` (a HEAD; a stat for files)."""
-        if source.scheme in ("file", "pvc"):
-            st = self._stat(source, where)
-            return ObjectInfo(size=st.st_size, mtime_ns=st.st_mtime_ns)
-        if source.scheme == "s3":
-            details = self._s3_call(source, where, lambda fs, path: fs.info(path))
-            return ObjectInfo(
-                size=int(details.get("size", 0)),
-                etag=details.get("ETag"),
-                version_id=_version(details.get("VersionId")),
-            )
-        return ObjectInfo(size=0)  # https: known once read whole
-
     # -- opening ------------------------------------------------------------------------------
     @contextlib.contextmanager
     def open(self, source: SourceURI, where: str, pin: SourcePin | None = None) -> Iterator[Opened]:
         """The object's bytes as stored (compressed when it is), seekable; with ``pin``, only
         when it is still the object pinned (else :class:`SourceChanged`)."""
         if source.scheme in ("file", "pvc"):
-            path = self.local_path(source, where)
-            with open_regular(path, where) as handle:
-                if pin is not None:
-                    st = os.fstat(handle.fileno())
-                    if (st.st_size, st.st_mtime_ns) != (pin.size, pin.mtime_ns):
-                        raise SourceChanged(
-                            f"{where}: {source.raw} changed since the run pinned it (size "
-                            f"{pin.size:,} -> {st.st_size:,}, or modified since); a run reads "
-                            "the bytes it started with: put them back, or start a new run"
-                        )
+            with open_regular(self.local_path(source, where), where) as handle:
                 st = os.fstat(handle.fileno())
+                if pin is not None and (st.st_size, st.st_mtime_ns) != (pin.size, pin.mtime_ns):
+                    raise SourceChanged(
+                        f"{where}: {source.raw} changed since the run pinned it (size "
+                        f"{pin.size:,} -> {st.st_size:,}, or modified since); a run reads "
+                        "the bytes it started with: put them back, or start a new run"
+                    )
                 yield Opened(handle, ObjectInfo(size=st.st_size, mtime_ns=st.st_mtime_ns))
             return
         if source.scheme == "s3":
             with self._open_s3(source, where, pin) as handle:
                 details = handle.raw.details  # type: ignore[attr-defined]
+                version = details.get("VersionId")  # "null" from an unversioned bucket
                 info = ObjectInfo(
                     size=int(details.get("size", 0)),
                     etag=details.get("ETag"),
-                    version_id=_version(details.get("VersionId"))
+                    version_id=(None if version in (None, "", "null") else str(version))
                     or (pin.version_id if pin is not None else None),
                 )
                 yield Opened(handle, info)
@@ -136,11 +119,6 @@ class SourceAccess:
         claim, inner = source.claim_path
         return self.pvc_root / claim / inner
 
-    def _stat(self, source: SourceURI, where: str) -> os.stat_result:
-        path = self.local_path(source, where)
-        with open_regular(path, where) as handle:
-            return os.fstat(handle.fileno())
-
     # -- s3 -----------------------------------------------------------------------------------
     def s3_filesystem(self, version_aware: bool = False) -> Any:
         """An s3fs filesystem for the run's store (one per process, since s3fs's event loop
@@ -151,11 +129,7 @@ class SourceAccess:
         key = (os.getpid(), version_aware, proxy)
         if key not in self._s3fs:
             spec = self.s3 or S3StorageSpec()
-            endpoint = (
-                spec.endpoint_url
-                or os.environ.get("AWS_ENDPOINT_URL_S3")
-                or os.environ.get("AWS_ENDPOINT_URL")
-            )
+            endpoint = s3_endpoint(self.s3)
             config: dict[str, Any] = {
                 "connect_timeout": limits.SOURCE_CONNECT_SECONDS,
                 "read_timeout": limits.SOURCE_READ_SECONDS,
@@ -278,6 +252,10 @@ class SourceAccess:
             yield Opened(spool, ObjectInfo(size=size), digest.hexdigest())
 
 
-def _version(value: Any) -> str | None:
-    """A VersionId, or ``None`` for an unversioned bucket (which answers ``"null"``)."""
-    return None if value in (None, "", "null") else str(value)
+def s3_endpoint(spec: S3StorageSpec | None) -> str | None:
+    """The store's endpoint: ``spec.storage.s3``'s, else the AWS variables' (else AWS S3)."""
+    return (
+        (spec.endpoint_url if spec else None)
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )

@@ -56,11 +56,10 @@ def named(where: str, path: str | Path) -> str:
     return str(path) if where == str(path) else f"{where}: {path}"
 
 
-def bounded_lines(
-    handle: IO[bytes], where: str, path: str | Path, max_bytes: int = limits.DATASET_LINE_BYTES
-) -> Iterator[tuple[int, bytes]]:
-    """``(line number, line)`` of a binary file; a line longer than ``max_bytes`` is refused
-    after reading ``max_bytes`` of it, never the whole line."""
+def bounded_lines(handle: IO[bytes], where: str, path: str | Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of a binary file; a line longer than
+    :data:`limits.DATASET_LINE_BYTES` is refused after reading that much, never the whole line."""
+    max_bytes = limits.DATASET_LINE_BYTES
     number = 0
     while True:
         line = handle.readline(max_bytes + 1)
@@ -159,10 +158,10 @@ class _TooLarge(Exception):
     """A YAML document over the node budget."""
 
 
-def yaml_documents(path: Path, where: str = "") -> list[Any]:
+def yaml_documents(path: Path) -> list[Any]:
     """Every YAML document of ``path`` (a regular file of at most
     :data:`limits.SUITE_FILE_BYTES`), within the alias budget; errors name line and column."""
-    label = where or str(path)
+    label = str(path)
     text = read_text(path, label, limits.SUITE_FILE_BYTES, "keep large datasets in JSONL files")
     try:
         return [doc for doc in yaml.load_all(text, Loader=_BoundedLoader) if doc is not None]

@@ -49,11 +49,6 @@ class SourceURI:
         claim, _, path = self.location.partition("/")
         return claim, path
 
-    @property
-    def host(self) -> str | None:
-        """The host an https:// source is fetched from."""
-        return urlsplit(self.raw).hostname if self.scheme == "https" else None
-
 
 def parse_uri(
     raw: str, where: str, base_dir: Path | None = None, fmt: str | None = None

@@ -81,10 +81,6 @@ class Cluster:
     def server(self) -> str:
         return str(self.config.cluster.server)
 
-    @property
-    def default_namespace(self) -> str:
-        return str(self.config.namespace)
-
     def close(self) -> None:
         self.client.close()
 
@@ -165,7 +161,5 @@ class Cluster:
             if code in _REFUSALS:
                 raise Refused(f"{what}: the API server refused it ({code}): {exc}", code) from None
             raise ClusterUnreachable(f"{what}: {self.server} answered {code}: {exc}") from None
-        except ConfigError:
-            raise
         except Exception as exc:  # connection refused, TLS, timeouts (httpx2)
             raise ClusterUnreachable(f"{what}: cannot reach {self.server}: {exc}") from None

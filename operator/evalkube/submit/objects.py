@@ -9,7 +9,6 @@ not sent again. A file is streamed in parts of :data:`limits.SUBMIT_UPLOAD_PART_
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from fsspec.callbacks import Callback
 from evalkube import limits
 from evalkube.models import ConfigError, S3StorageSpec
 from evalkube.sources import SourceAccess
+from evalkube.sources.access import s3_endpoint
 from evalkube.submit.plan import Upload
 
 
@@ -38,12 +38,7 @@ class ObjectStore:
     @property
     def endpoint(self) -> str:
         """Where requests go, for messages."""
-        return (
-            (self.spec.endpoint_url if self.spec else None)
-            or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL")
-            or "AWS S3"
-        )
+        return s3_endpoint(self.spec) or "AWS S3"
 
     def has(self, upload: Upload) -> bool:
         """Whether the object is there already with the file's size (a HEAD)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,10 +17,10 @@ SAMPLES = "samples.jsonl"
 RESULTS = "results.json"
 
 
-def write_samples(store: ResultStore, run_id: str, path: Path) -> int:
+def write_samples(store: ResultStore, run_id: str, path: Path) -> None:
     """Every sample's view (what ``evalkube samples --format jsonl`` writes), one a line,
-    streamed a page at a time, up to :data:`~evalkube.limits.MLFLOW_SAMPLES_BYTES`; how many."""
-    written = size = 0
+    streamed a page at a time, up to :data:`~evalkube.limits.MLFLOW_SAMPLES_BYTES`."""
+    size = 0
     with path.open("w", encoding="utf-8", errors="backslashreplace") as out:
         for record in store.iter_pages(run_id, page_size=500):
             line = json.dumps(sample_view(record), ensure_ascii=False) + "\n"
@@ -27,8 +28,6 @@ def write_samples(store: ResultStore, run_id: str, path: Path) -> int:
             if size > limits.MLFLOW_SAMPLES_BYTES:
                 break
             out.write(line)
-            written += 1
-    return written
 
 
 def run_artifacts(
@@ -36,14 +35,11 @@ def run_artifacts(
 ) -> list[Artifact]:
     """``samples.jsonl`` and ``results.json`` (the aggregates as the EvalRun status holds them)."""
 
-    def samples_jsonl(path: Path) -> None:
-        write_samples(store, run_id, path)
-
     def results_json(path: Path) -> None:
         wire = [r.to_wire() for r in results]
         path.write_text(json.dumps(wire, indent=2, ensure_ascii=False), encoding="utf-8")
 
     return [
-        Artifact(SAMPLES, samples_jsonl),
+        Artifact(SAMPLES, functools.partial(write_samples, store, run_id)),
         Artifact(RESULTS, results_json),
     ]

@@ -191,18 +191,16 @@ def _passable(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def _environment(target: MlflowTarget) -> Iterator[None]:
-    settings = {
+    wanted = {
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
         "MLFLOW_HTTP_REQUEST_TIMEOUT": str(limits.MLFLOW_REQUEST_SECONDS),
         # the client prints "View run ..." to stdout, where `evalkube run` prints its scores
         "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+        "MLFLOW_TRACKING_TOKEN": target.token,
+        "MLFLOW_TRACKING_USERNAME": target.username,
+        "MLFLOW_TRACKING_PASSWORD": target.password,
     }
-    if target.token is not None:
-        settings["MLFLOW_TRACKING_TOKEN"] = target.token
-    if target.username is not None:
-        settings["MLFLOW_TRACKING_USERNAME"] = target.username
-    if target.password is not None:
-        settings["MLFLOW_TRACKING_PASSWORD"] = target.password
+    settings = {name: value for name, value in wanted.items() if value is not None}
     with _ENV_LOCK:
         saved = {name: os.environ.get(name) for name in settings}
         os.environ.update(settings)
@@ -224,10 +222,6 @@ def _retried(
     backoff: float,
     cancel: threading.Event,
 ) -> T:
-    def once() -> T:
-        with _environment(target):
-            return call()
-
     try:
         for attempt in Retrying(
             stop=stop_after_attempt(max(attempts, 1)) | stop_when_event_set(cancel),
@@ -236,14 +230,13 @@ def _retried(
             retry=retry_if_exception(_passable),
             reraise=False,
         ):
-            with attempt:
-                return once()
+            with attempt, _environment(target):
+                return call()
     except RetryError as exc:
         cause = exc.last_attempt.exception()
         raise TrackingFailed(
             f"MLflow at {shown_uri(target.tracking_uri)}: could not {what} after {attempts} "
-            "attempts: "
-            f"{_short(cause)}"
+            f"attempts: {_short(cause)}"
         ) from None
     except Exception as exc:
         raise TrackingFailed(
