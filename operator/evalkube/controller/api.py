@@ -228,7 +228,6 @@ class ApiServer:
             web.get(PREFIX + "/run", self.run_record),
         ]
 
-    # -- helpers ---------------------------------------------------------------------------
     async def _entry(self, namespace: str, name: str) -> RunEntry | None:
         """The run from the registry, else from durable state (then remembered). A run found
         absent is not looked up again for :data:`ABSENT_SECONDS`: requests naming runs that
@@ -250,7 +249,6 @@ class ApiServer:
                 self.registry.register(entry)
         return entry
 
-    # -- routes ----------------------------------------------------------------------------
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 

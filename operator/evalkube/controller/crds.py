@@ -35,20 +35,6 @@ from pydantic import BaseModel, TypeAdapter
 from evalkube.models import EvalRun, EvalSchedule, EvalSuite
 from evalkube.models.crd import CLUSTER_KEY, RULES_KEY
 
-__all__ = [
-    "CATEGORY",
-    "GROUP",
-    "HEADER",
-    "VERSION",
-    "all_crds",
-    "check_crds",
-    "crd",
-    "crd_filename",
-    "render_crd",
-    "structural_schema",
-    "write_crds",
-]
-
 GROUP: Final = "evalkube.io"
 VERSION: Final = "v1alpha1"
 CATEGORY: Final = "evalkube"
@@ -72,10 +58,6 @@ _TOP_LEVEL_DESCRIPTIONS: Final = {
     ),
 }
 
-# --------------------------------------------------------------------------------------------
-# JSON schema -> structural OpenAPI v3
-# --------------------------------------------------------------------------------------------
-
 _FORMS = {
     "string": "a string",
     "array": "a list",
@@ -91,8 +73,7 @@ _DROPPED = frozenset(
 
 def _clean_text(text: str) -> str:
     """Docstring -> one paragraph for ``kubectl explain`` (``code`` -> `code`)."""
-    text = text.replace("``", "`")
-    return re.sub(r"\s*\n\s*", " ", text).strip()
+    return re.sub(r"\s*\n\s*", " ", text.replace("``", "`")).strip()
 
 
 class _Converter:
@@ -191,11 +172,6 @@ def structural_schema(model: type[BaseModel] | Any) -> Schema:
     return _Converter(raw.get("$defs", {})).convert(raw)
 
 
-# --------------------------------------------------------------------------------------------
-# The CustomResourceDefinitions
-# --------------------------------------------------------------------------------------------
-
-
 def _column(name: str, json_path: str, description: str, type_: str = "string") -> Schema:
     return {"name": name, "type": type_, "jsonPath": json_path, "description": description}
 
@@ -270,8 +246,7 @@ def _openapi(kind: _Kind) -> Schema:
         "type": "object",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string", "description": _TOP_LEVEL_DESCRIPTIONS["apiVersion"]},
-            "kind": {"type": "string", "description": _TOP_LEVEL_DESCRIPTIONS["kind"]},
+            **{k: {"type": "string", "description": d} for k, d in _TOP_LEVEL_DESCRIPTIONS.items()},
             "metadata": {"type": "object"},
             "spec": structural_schema(fields["spec"].annotation),
             "status": status,
@@ -319,11 +294,6 @@ def all_crds() -> list[Schema]:
     return [crd(name) for name in _KINDS]
 
 
-# --------------------------------------------------------------------------------------------
-# Files
-# --------------------------------------------------------------------------------------------
-
-
 def crd_filename(crd: Schema) -> str:
     """``evalruns.evalkube.io.yaml``."""
     return f"{crd['metadata']['name']}.yaml"
@@ -331,10 +301,9 @@ def crd_filename(crd: Schema) -> str:
 
 def render_crd(crd: Schema) -> str:
     """The file text: header comment + YAML with sorted keys (byte-stable across runs)."""
-    body = yaml.safe_dump(
+    return HEADER + yaml.safe_dump(
         crd, sort_keys=True, default_flow_style=False, allow_unicode=True, width=100
     )
-    return HEADER + body
 
 
 def _expected() -> dict[str, str]:

@@ -14,8 +14,6 @@ import typer
 
 from evalkube.controller.crds import check_crds, write_crds
 
-__all__ = ["DEFAULT_OUTPUT_DIRS", "crds"]
-
 #: Where the repository keeps the generated CRDs (relative to the repository root).
 DEFAULT_OUTPUT_DIRS = (Path("crds"), Path("charts/evalkube/crds"))
 

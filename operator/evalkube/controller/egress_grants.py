@@ -34,17 +34,6 @@ from yarl import URL
 
 from evalkube.models import EvalRunSpec, EvalSuiteSpec
 
-__all__ = [
-    "GRANT_PREFIX",
-    "MIN_KEY_BYTES",
-    "grant_hosts",
-    "mint_grant",
-    "read_signing_key",
-    "service_of",
-    "url_authority",
-    "with_host",
-]
-
 GRANT_PREFIX = "v1."
 #: Shortest grant key accepted (as the gateway, ``minGrantKeyBytes``).
 MIN_KEY_BYTES = 32
@@ -100,8 +89,7 @@ def grant_hosts(spec: EvalRunSpec, suite: EvalSuiteSpec | None = None) -> list[s
     hosts = {url_authority(provider.base_url) for provider in spec.providers.values()}
     s3 = spec.storage.s3 if spec.storage is not None else None
     tasks = suite.tasks if suite is not None else []
-    specs = [s for t in tasks for s in (t.dataset, t.outputs) if s is not None]
-    for uri in [s.uri for s in specs if s.uri]:
+    for uri in [s.uri for t in tasks for s in (t.dataset, t.outputs) if s is not None and s.uri]:
         parts = urlsplit(uri)
         if parts.scheme == "https":
             hosts.add(url_authority(uri))
@@ -131,12 +119,9 @@ def with_host(url: str, ip: str) -> str:
 
 def read_signing_key(path: Path) -> bytes:
     """The signing key of a grant key file: its first non-empty line."""
-    for line in path.read_text().splitlines():
-        if line.strip():
-            key = line.strip().encode("utf-8")
-            if len(key) < MIN_KEY_BYTES:
-                raise ValueError(
-                    f"grant key file {path}: the key is shorter than {MIN_KEY_BYTES} bytes"
-                )
-            return key
-    raise ValueError(f"grant key file {path} holds no key")
+    key = next((line.strip() for line in path.read_text().splitlines() if line.strip()), "")
+    if not key:
+        raise ValueError(f"grant key file {path} holds no key")
+    if len(key.encode("utf-8")) < MIN_KEY_BYTES:
+        raise ValueError(f"grant key file {path}: the key is shorter than {MIN_KEY_BYTES} bytes")
+    return key.encode("utf-8")

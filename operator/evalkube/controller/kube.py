@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -48,14 +48,19 @@ class Kube:
     async def create_object(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create ``manifest``; the object as created (with its uid), ``None`` when it
         already existed."""
+        created = await self._request(lambda: self.client.create(from_dict(dict(manifest))), 409)
+        return None if created is None else dict(created.to_dict())
+
+    async def _request(self, call: Callable[[], Awaitable[Any]], absent: int) -> Any:
+        """``call()`` within the bound on requests in flight; ``None`` when the API server
+        answers ``absent`` (409: it existed; 404: it does not)."""
         try:
             async with self._slots:
-                created: Any = await self.client.create(from_dict(dict(manifest)))
+                return await call()
         except ApiError as exc:
-            if exc.status.code == 409:
+            if exc.status.code == absent:
                 return None
             raise
-        return dict(created.to_dict())
 
     async def create_or_update_secret(self, manifest: Mapping[str, Any]) -> None:
         """Create the Secret ``manifest``, or merge its data into the existing one (never read:
@@ -88,14 +93,8 @@ class Kube:
 
     async def _get(self, kind: Any, namespace: str, name: str) -> dict[str, Any] | None:
         """The object, or ``None`` when it does not exist (404)."""
-        try:
-            async with self._slots:
-                found: Any = await self.client.get(kind, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise
-        return dict(found.to_dict())
+        found = await self._request(lambda: self.client.get(kind, name, namespace=namespace), 404)
+        return None if found is None else dict(found.to_dict())
 
     async def config_map_value(self, namespace: str, name: str, key: str) -> str | None:
         data = await self.config_map_data(namespace, name)
@@ -120,11 +119,9 @@ class Kube:
 
     async def delete_run(self, namespace: str, name: str) -> None:
         """Delete an EvalRun and, in the background, what it owns; gone already is fine."""
-        try:
-            async with self._slots:
-                await self.client.delete(
-                    EvalRunResource, name, namespace=namespace, cascade=CascadeType.BACKGROUND
-                )
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
+        await self._request(
+            lambda: self.client.delete(
+                EvalRunResource, name, namespace=namespace, cascade=CascadeType.BACKGROUND
+            ),
+            404,
+        )

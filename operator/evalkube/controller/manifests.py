@@ -64,10 +64,9 @@ CA_BUNDLE_DIR = "/etc/evalkube/source-ca"
 #: programs that do not load, a source changed since it was pinned, a ``grade_batch`` past its
 #: limits; it reports the reason to the operator first): the Job fails without retrying.
 RUNNER_EXIT_UNIT_FAILED = 2
-#: A runner that exits with evalkube's config-error code (2) has reported why to the
-#: operator: another pod would fail the same way. A Pod evicted, preempted or drained (the
-#: ``DisruptionTarget`` condition) failed through no fault of its unit: its retry does not
-#: count against ``backoffLimit`` (the next Pod skips what the evicted one stored).
+#: :data:`RUNNER_EXIT_UNIT_FAILED` fails the Job: another pod would fail the same way. A Pod
+#: evicted, preempted or drained (the ``DisruptionTarget`` condition) failed through no fault of
+#: its unit: its retry does not count against ``backoffLimit`` (the next Pod skips what it stored).
 JOB_POD_FAILURE_POLICY = {
     "rules": [
         {
@@ -226,11 +225,8 @@ def network_policy(
     """
     ingest = _to_operator_pods(settings, settings.operator_pod_labels, settings.ingest_port)
     if settings.egress_via_gateway:
-        gateway_port = url_port(settings.egress_gateway_url)
-        egress = [
-            _to_operator_pods(settings, settings.egress_gateway_pod_labels, gateway_port),
-            ingest,
-        ]
+        port = url_port(settings.egress_gateway_url)
+        egress = [_to_operator_pods(settings, settings.egress_gateway_pod_labels, port), ingest]
     else:
         dns = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
         egress = [{"to": [dns], "ports": [{"protocol": "UDP", "port": 53}, _tcp(53)]}, ingest]
@@ -405,10 +401,9 @@ def unit_job(
             # grader code runs only once the CNI enforces the policy (engine/policy_gate.py)
             runner_flags["--policy-canary"] = settings.policy_canary_url
     # the runner reads the unit's rows from the task's uri sources (the grader never does)
-    source_env, source_flags = _source_access(
-        run_name, sources, spec, settings, volumes, runner_mounts
+    source_env = _source_access(
+        run_name, sources, spec, settings, volumes, runner_mounts, runner_flags
     )
-    runner_flags.update(source_flags)
     if task_id is not None:  # whose source pins the runner asks the ingest API for
         runner_flags["--task"] = task_id
     # The native proxy's garbage collector works harder as it nears the container's memory
@@ -438,7 +433,7 @@ def unit_job(
         limits={"memory": settings.runner_memory},
     )
     environment_field = f"tasks[{unit.task_id}].grader.environment"
-    bootstrap = sandbox_bootstrap(grader_environment)
+    python = ["python3", "-I", "-S", "-c", sandbox_bootstrap(grader_environment)]
     memory = quantity_bytes(settings.grader_memory)
     supervisor_flags = {
         "--connect": WORKER_SOCKET,
@@ -450,14 +445,7 @@ def unit_job(
     grader = _container(
         "grader",
         image=cluster_image(grader_environment, settings.sandbox_image, field=environment_field),
-        command=[
-            "python3",
-            "-I",
-            "-S",
-            "-c",
-            bootstrap,
-            *chain.from_iterable(supervisor_flags.items()),
-        ],
+        command=[*python, *chain.from_iterable(supervisor_flags.items())],
         env=[],
         mounts=grader_mounts,
         limits={
@@ -492,8 +480,7 @@ def _pod_spec(
         "volumes": volumes,
     }
     if settings.ipv6 == "disable":
-        sysctl = {"name": DISABLE_IPV6_SYSCTL, "value": "1"}
-        pod_spec["securityContext"]["sysctls"] = [sysctl]
+        pod_spec["securityContext"]["sysctls"] = [{"name": DISABLE_IPV6_SYSCTL, "value": "1"}]
     if settings.runtime_class:
         pod_spec["runtimeClassName"] = settings.runtime_class
     if settings.node_selector:
@@ -551,8 +538,7 @@ def prepare_job(
     flags = {"--snapshot": f"{SNAPSHOT_DIR}/snapshot.json", "--ingest-url": settings.ingest_url}
     if settings.egress_via_gateway and settings.policy_canary_url:
         flags["--policy-canary"] = settings.policy_canary_url
-    source_env, source_flags = _source_access(run_name, sources, spec, settings, volumes, mounts)
-    flags.update(source_flags)
+    source_env = _source_access(run_name, sources, spec, settings, volumes, mounts, flags)
     token = {"secretKeyRef": {"name": names.token_secret_name(run_name), "key": TOKEN_KEY}}
     runner = _container(
         "runner",
@@ -657,19 +643,19 @@ def _source_access(
     settings: OperatorSettings,
     volumes: list[dict[str, Any]],
     mounts: list[dict[str, Any]],
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Adds what reading ``sources`` needs to a trusted container (its ``mounts``; the Pod's
-    ``volumes``): the claims, read-only; the object store's credentials as the variables of
-    the AWS chain (from the Secrets ``spec.storage.s3`` names: the grader container never has
-    them); and the egress gateway with the run's grant. Returns ``(env, flags)``."""
+    flags: dict[str, str],
+) -> list[dict[str, Any]]:
+    """Adds what reading ``sources`` needs to a trusted container (its ``mounts`` and
+    ``flags``; the Pod's ``volumes``): the claims, read-only; the object store's credentials
+    as the variables of the AWS chain (from the Secrets ``spec.storage.s3`` names: the grader
+    container never has them); and the egress gateway with the run's grant. Returns the env."""
     env: list[dict[str, Any]] = []
-    flags: dict[str, str] = {}
     for index, claim in enumerate(sources.claims):
         claim_volume = {"persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         path = f"{PVC_DIR}/{claim}"
         _read_only_volume(volumes, mounts, f"source-pvc-{index}", path, claim_volume)
     if not sources.remote:
-        return env, flags
+        return env
     s3 = spec.storage.s3 if spec.storage is not None else None
     if s3 is not None:
         for variable, ref in (
@@ -681,10 +667,9 @@ def _source_access(
                 env.append({"name": variable, "valueFrom": key})
     bundle = spec.storage.ca_bundle_config_map_ref if spec.storage is not None else None
     if bundle is not None:
-        items = {
-            "configMap": {"name": bundle.name, "items": [{"key": bundle.key, "path": "ca.pem"}]}
-        }
-        _read_only_volume(volumes, mounts, "source-ca", CA_BUNDLE_DIR, items)
+        items = [{"key": bundle.key, "path": "ca.pem"}]
+        ca = {"configMap": {"name": bundle.name, "items": items}}
+        _read_only_volume(volumes, mounts, "source-ca", CA_BUNDLE_DIR, ca)
         flags["--ca-bundle"] = f"{CA_BUNDLE_DIR}/ca.pem"
     if settings.egress_via_gateway:
         if not any(v["name"] == "egress-grant" for v in volumes):
@@ -692,7 +677,7 @@ def _source_access(
         mounts.append(_mount("egress-grant", EGRESS_GRANT_DIR, read_only=True))
         flags["--egress-proxy"] = settings.egress_gateway_url
         flags["--egress-grant-file"] = f"{EGRESS_GRANT_DIR}/{EGRESS_GRANT_KEY}"
-    return env, flags
+    return env
 
 
 def _grant_volume(run_name: str) -> dict[str, Any]:
@@ -710,9 +695,8 @@ def _provider_credentials(
     for name, provider in sorted(spec.providers.items()):
         ref = provider.credentials_secret_ref
         if ref is not None:
-            secret = {
-                "secret": {"secretName": ref.name, "items": [{"key": ref.key, "path": "key"}]}
-            }
+            items = [{"key": ref.key, "path": "key"}]
+            secret = {"secret": {"secretName": ref.name, "items": items}}
             path = f"{PROVIDER_KEYS_DIR}/{name}"
             _read_only_volume(volumes, mounts, f"provider-{name}", path, secret)
             variable = f"EVALKUBE_PROVIDER_{name.upper().replace('-', '_')}_KEY_FILE"

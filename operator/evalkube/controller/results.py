@@ -48,9 +48,8 @@ def unit_aggregate(
     aggregate = TaskAggregate()
     criteria = criteria_of.get(unit.task_id, ())
     add = aggregate.add
-    for status, scores, calls in store.unit_scores(
-        run_id, unit.task_id, unit.model, seq_range(unit)
-    ):
+    rows = store.unit_scores(run_id, unit.task_id, unit.model, seq_range(unit))
+    for status, scores, calls in rows:
         add(status, scores, {k: v for k, v in calls.items() if k != "response_ids"}, criteria)
     store.save_unit_aggregate(run_id, unit.unit_id, unit.task_id, unit.model, aggregate.to_wire())
     return aggregate
@@ -64,13 +63,13 @@ def record_done_units(
     criteria_of: CriteriaOf,
 ) -> int:
     """Compute and keep the aggregate of each done unit that has none kept; how many."""
+    if not done:
+        return 0
     kept = store.unit_aggregate_ids(run_id)
-    made = 0
-    for unit in covering_units(units):
-        if unit.unit_id in done and unit.unit_id not in kept:
-            unit_aggregate(store, run_id, unit, criteria_of)
-            made += 1
-    return made
+    todo = [u for u in covering_units(units) if u.unit_id in done and u.unit_id not in kept]
+    for unit in todo:
+        unit_aggregate(store, run_id, unit, criteria_of)
+    return len(todo)
 
 
 def run_aggregates(

@@ -91,24 +91,22 @@ def decide(
             decision.done += 1
             continue
         if unit.unit_id in reported:
-            decision.failed[unit.unit_id] = reported[unit.unit_id] or "the unit's runner gave up"
-            failed_groups.add(group)
-            continue
-        if job is not None and job.phase in ("failed", "succeeded"):
-            decision.failed[unit.unit_id] = (
-                job.reason or "the unit's Job failed"
-                if job.phase == "failed"
-                else "the unit's Job completed but its runner never reported the unit done"
-            )
-            failed_groups.add(group)
-            continue
-        if unit.kind == "shard":
-            pending_groups.add(group)
-        if job is None:
-            waiting.append(unit)
+            why = reported[unit.unit_id] or "the unit's runner gave up"
+        elif job is not None and job.phase == "failed":
+            why = job.reason or "the unit's Job failed"
+        elif job is not None and job.phase == "succeeded":
+            why = "the unit's Job completed but its runner never reported the unit done"
         else:
-            decision.active += 1
-            decision.queued += job.phase == "queued"
+            if unit.kind == "shard":
+                pending_groups.add(group)
+            if job is None:
+                waiting.append(unit)
+            else:
+                decision.active += 1
+                decision.queued += job.phase == "queued"
+            continue
+        decision.failed[unit.unit_id] = why
+        failed_groups.add(group)
     for unit in waiting:
         group = (unit.task_id, unit.model)
         if unit.kind == "aggregate" and group in failed_groups:
@@ -130,9 +128,8 @@ def job_state(job: Mapping[str, Any]) -> JobState:
         if cond.get("type") == "Complete":
             return JobState("succeeded")
         if cond.get("type") == "Failed":
-            reason = cond.get("reason", "")
-            message = cond.get("message", "")
-            return JobState("failed", f"{reason}: {message}".strip(": "))
+            why = f"{cond.get('reason', '')}: {cond.get('message', '')}"
+            return JobState("failed", why.strip(": "))
     return JobState("queued" if (job.get("spec") or {}).get("suspend") else "active")
 
 

@@ -161,10 +161,9 @@ class ScheduleReconciler:
         if due.time is not None:
             reason, active = await self._fire(body, spec, due, active)
             message = _MESSAGES[reason].format(format_time(due.time))
-            scheduled = [
-                condition("Scheduled", reason == "RunCreated", reason, message, generation)
-            ]
-            if reason == "RunCreated":
+            run_created = reason == "RunCreated"
+            scheduled = [condition("Scheduled", run_created, reason, message, generation)]
+            if run_created:
                 last_scheduled = due.time
         succeeded = [
             _status(r).get("completedAt") for r in runs if _status(r).get("phase") == "Succeeded"

@@ -56,11 +56,7 @@ async def check_cluster_suite(
         for ref in config_map_refs(namespace, task)
     }
     return await asyncio.to_thread(
-        check_suite,
-        namespace,
-        spec_wire,
-        lambda ns, cm, key: values.get((ns, cm, key)),
-        images,
+        check_suite, namespace, spec_wire, lambda *ref: values.get(ref), images
     )
 
 

@@ -64,13 +64,10 @@ class OperatorState:
             self.kube, meta["namespace"], suite.get("spec") or {}, images
         )
         generation = meta.get("generation")
-        if check.ok:
-            message = f"{len(check.sources)} programs checked"
-            cond = condition("Ready", True, "Valid", message, generation)
-        else:
-            cond = condition(
-                "Ready", False, "Invalid", "; ".join(check.problems)[:4000], generation
-            )
+        valid = f"{len(check.sources)} programs checked"
+        message = valid if check.ok else "; ".join(check.problems)[:4000]
+        reason = "Valid" if check.ok else "Invalid"
+        cond = condition("Ready", check.ok, reason, message, generation)
         status = EvalSuiteStatus(
             phase="Ready" if check.ok else "Invalid",
             observed_generation=generation,
