@@ -105,15 +105,20 @@ def _similarity(metric: str) -> Callable[[str, str], float]:
 
     def rouge(text: str, reference: str) -> float:
         if kind == "rougeL":
-            cells = len(text.split()) * len(reference.split())
-            if cells > limits.BUILTIN_LCS_CELLS:
-                raise InputTooLarge(
-                    f"rouge_l compares every word with every word: {cells} pairs is more than "
-                    f"{limits.BUILTIN_LCS_CELLS}; shorten the texts or use rouge_1..rouge_5"
-                )
+            _check_pairs("rouge_l compares", text.split(), reference.split())
         return float(scorer.score(reference, text)[kind].fmeasure)
 
     return rouge
+
+
+def _check_pairs(what: str, words: list[str], other: list[str]) -> None:
+    """Refuse texts whose word-by-word alignment is above :data:`limits.BUILTIN_LCS_CELLS`."""
+    cells = len(words) * len(other)
+    if cells > limits.BUILTIN_LCS_CELLS:
+        raise InputTooLarge(
+            f"{what} every word with every word: {cells} pairs is more than "
+            f"{limits.BUILTIN_LCS_CELLS}; shorten the texts or use rouge_1..rouge_5"
+        )
 
 
 def _meteor() -> Callable[[str, str], float]:
@@ -128,12 +133,7 @@ def _meteor() -> Callable[[str, str], float]:
 
     def meteor(text: str, reference: str) -> float:
         hypothesis, expected = text.split(), reference.split()
-        cells = len(hypothesis) * len(expected)
-        if cells > limits.BUILTIN_LCS_CELLS:  # it aligns every word with every word
-            raise InputTooLarge(
-                f"meteor aligns every word with every word: {cells} pairs is more than "
-                f"{limits.BUILTIN_LCS_CELLS}; shorten the texts or use rouge_1..rouge_5"
-            )
+        _check_pairs("meteor aligns", hypothesis, expected)
         return float(meteor_score([expected], hypothesis, wordnet=wordnet))
 
     return meteor
@@ -205,8 +205,7 @@ class MultiGrader:
         scores: dict[str, float] = {}
         for name, grader in self.graders.items():
             outcome = grader.grade(sample, item)
-            if outcome.error is not None:
-                error = outcome.error
+            if (error := outcome.error) is not None:
                 return invalid(
                     self.metric_id,
                     error_type=str(error.get("type")),

@@ -19,13 +19,16 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
+Scores = dict[str, dict[str, float]]
+#: ``(task, model, key, status, scores)`` of one sample, as :meth:`ResultStore.iter_keyed_scores`
+#: streams them.
+KeyedScore = tuple[str, str, str, str, dict[str, float]]
+
 
 class KeyedScores(Protocol):
     """The store read a comparison needs (:class:`evalkube.store.ResultStore` has it)."""
 
-    def iter_keyed_scores(
-        self, run_id: str
-    ) -> Iterable[tuple[str, str, str, str, dict[str, float]]]: ...
+    def iter_keyed_scores(self, run_id: str) -> Iterable[KeyedScore]: ...
 
 
 #: Bootstrap resamples (seeded: the same runs always give the same interval).
@@ -106,15 +109,7 @@ def bootstrap_interval(
     return float(low), float(high)
 
 
-Scores = dict[str, dict[str, float]]
-#: ``(task, model, key, status, scores)`` of one sample, as :meth:`ResultStore.iter_keyed_scores`
-#: streams them.
-KeyedScore = tuple[str, str, str, str, dict[str, float]]
-
-
-def _by_unit(
-    rows: Iterable[KeyedScore],
-) -> Iterator[tuple[tuple[str, str], Scores]]:
+def _by_unit(rows: Iterable[KeyedScore]) -> Iterator[tuple[tuple[str, str], Scores]]:
     """Group a run's keyed scores by task x model (rows come ordered by task, model)."""
     for unit, group in groupby(rows, key=lambda row: (row[0], row[1])):
         yield unit, {key: scores for _task, _model, key, _status, scores in group}
@@ -151,14 +146,11 @@ def compare_scores(
     baseline = dict(_by_unit(baseline_rows))
     deltas: list[MetricDelta] = []
     for unit, scores in _by_unit(rows):
-        before = baseline.get(unit)
-        if before is None:
-            continue
+        before = baseline.get(unit, {})
         keys = [k for k in scores if k in before]
         if not keys:
             continue
-        metrics = sorted({m for k in keys for m in (*scores[k], *before[k])})
-        for metric in metrics:
+        for metric in sorted({m for k in keys for m in (*scores[k], *before[k])}):
             a = np.array([before[k].get(metric, 0.0) for k in keys], dtype=float)
             b = np.array([scores[k].get(metric, 0.0) for k in keys], dtype=float)
             low, high = bootstrap_interval(b - a, confidence, resamples)

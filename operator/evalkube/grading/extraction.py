@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Sequence
@@ -14,13 +15,8 @@ class ExtractionMiss(ValueError):
 
 def apply_stop(text: str, stop: Sequence[str]) -> str:
     """Cut ``text`` at the earliest stop sequence."""
-    cut = len(text)
-    for sequence in stop:
-        if sequence:
-            found = text.find(sequence)
-            if 0 <= found < cut:
-                cut = found
-    return text[:cut]
+    found = [at for sequence in stop if sequence and (at := text.find(sequence)) >= 0]
+    return text[: min(found, default=len(text))]
 
 
 def _no_constant(name: str) -> Any:
@@ -106,33 +102,26 @@ class Extractor:
         if not choices:
             raise ExtractionMiss("choice extraction needs `choices` on the task or row")
         flags = re.IGNORECASE if self.ignore_case else 0
-        best: tuple[int, int, str] | None = None
-        for choice in choices:
-            match = re.search(rf"(?<!\w){re.escape(str(choice))}(?!\w)", text, flags)
-            if match is None:
-                continue
-            key = (match.start(), -len(str(choice)), str(choice))
-            if best is None or key < best:
-                best = key
-        if best is None:
+        found = [
+            (match.start(), -len(str(choice)), str(choice))
+            for choice in choices
+            if (match := re.search(rf"(?<!\w){re.escape(str(choice))}(?!\w)", text, flags))
+        ]
+        if not found:
             raise ExtractionMiss(f"none of the choices {list(choices)!r} appears in the output")
-        return best[2]
+        return min(found)[2]
 
 
 def _first_json_object(text: str) -> Any:
     stripped = text.strip()
     if stripped.startswith("```"):
         stripped = stripped.strip("`")
-        stripped = stripped[stripped.find("\n") + 1 :] if "\n" in stripped else stripped
-    try:
+        stripped = stripped[stripped.find("\n") + 1 :]  # no newline: -1 + 1 keeps it all
+    with contextlib.suppress(ValueError):
         return json.loads(stripped)
-    except ValueError:
-        pass
     decoder = json.JSONDecoder()
     for start, char in enumerate(text):
         if char in "{[":
-            try:
+            with contextlib.suppress(ValueError):
                 return decoder.raw_decode(text, start)[0]
-            except ValueError:
-                continue
     raise ExtractionMiss("the output contains no JSON object")

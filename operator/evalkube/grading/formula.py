@@ -63,15 +63,12 @@ class Formula:
             raise FormulaError(f"{where}: longer than {limits.FORMULA_CHARS_MAX} characters")
         try:
             tree = ast.parse(_powers(source.strip()), mode="eval")
+            self._check(tree.body, set(names), where)
         except SyntaxError as exc:
             raise FormulaError(f"{where}: not a formula ({exc.msg})") from None
         except tokenize.TokenError as exc:
             raise FormulaError(f"{where}: not a formula ({exc.args[0]})") from None
         except (RecursionError, MemoryError):
-            raise FormulaError(f"{where}: nested too deeply") from None
-        try:
-            self._check(tree.body, set(names), where)
-        except RecursionError:
             raise FormulaError(f"{where}: nested too deeply") from None
         self.tree = tree.body
         self.source = source

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from evalkube.grading.compare import KeyedScores, MetricDelta, compare_runs
-from evalkube.models import GateCheck, GateSpec, GateStatus, TaskModelResult
+from evalkube.models import BaselineSpec, GateCheck, GateSpec, GateStatus, TaskModelResult
 
 
 class _Run(Protocol):
@@ -105,18 +105,16 @@ def evaluate_gate(
                 )
             )
     if gate.baseline is not None:
-        checks.extend(_baseline_checks(gate, baseline, deltas, baseline_problem))
+        checks.extend(_baseline_checks(gate.baseline, baseline, deltas, baseline_problem))
     return GateStatus(passed=all(c.passed for c in checks), baseline=baseline, checks=checks)
 
 
 def _baseline_checks(
-    gate: GateSpec,
+    spec: BaselineSpec,
     baseline: str | None,
     deltas: Sequence[MetricDelta] | None,
     problem: str | None,
 ) -> list[GateCheck]:
-    spec = gate.baseline
-    assert spec is not None
     if problem is not None:
         return [_baseline_check(False, problem)]
     if baseline is None:

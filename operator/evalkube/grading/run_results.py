@@ -83,11 +83,7 @@ def aggregate_results(
     aggregates: dict[tuple[str, str], TaskAggregate] = dict(live) if live is not None else {}
     rows = store.iter_scores(run_id) if live is None else iter(())
     for task_id, model, status, scores, calls in rows:
-        key = (task_id, model)
-        aggregate = aggregates.get(key)
-        if aggregate is None:
-            aggregate = aggregates[key] = TaskAggregate()
-        aggregate.add(
+        aggregates.setdefault((task_id, model), TaskAggregate()).add(
             status,
             scores,
             {k: v for k, v in calls.items() if k != "response_ids"},

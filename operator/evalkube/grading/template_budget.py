@@ -253,9 +253,9 @@ def _compare_size(op: str, side: str, value: Any) -> int:
     return size_of(value) if _leaf_size(value) is None else 0
 
 
-def _count_width(number: int, what: str, noun: str = "a width") -> int:
+def _count_width(number: int, what: str) -> int:
     if number > limits.TEMPLATE_WORK_CHARS:
-        raise TemplateBudgetError(f"{what}: {noun} of {number:,} characters")
+        raise TemplateBudgetError(f"{what}: a width of {number:,} characters")
     return max(number, 0)  # ``' ' * -5`` is empty: a negative size would refund the budget
 
 
@@ -278,7 +278,6 @@ def _number(digits: str) -> int:
 
 
 def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, default: Any) -> Any:
-    """A parameter of a call, passed by position or by name."""
     return args[index] if len(args) > index else kwargs.get(name, default)
 
 
@@ -316,7 +315,6 @@ def _drawn(value: Any, what: str) -> Any:
 def _drawn_all(
     args: tuple[Any, ...], kwargs: dict[str, Any], what: str
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments of a call, each :func:`_drawn`."""
     return (
         tuple(_drawn(arg, what) for arg in args),
         {name: _drawn(arg, what) for name, arg in kwargs.items()},
@@ -601,7 +599,6 @@ def _list(*items: Any) -> list[Any]:
 
 
 def _tuple(*items: Any) -> tuple[Any, ...]:
-    """A tuple literal, charged before it exists."""
     _budget().charge(size_of(items), "a tuple literal")
     return items
 

@@ -59,12 +59,8 @@ def field_paths(source: str, namespaces: Collection[str] = ("item",)) -> list[tu
         for node in tree.find_all((nodes.Getattr, nodes.Getitem))
         if isinstance(node, nodes.Getattr | nodes.Getitem)
     ]
-    prefixes: set[int] = set()
-    for lookup in lookups:
-        child: Any = lookup.node
-        while isinstance(child, nodes.Getattr | nodes.Getitem):  # a prefix of this lookup
-            prefixes.add(id(child))
-            child = child.node
+    # a lookup another one extends (its prefixes are lookups too, each extended in turn)
+    prefixes = {id(lookup.node) for lookup in lookups}
     for lookup in lookups:
         if id(lookup) in prefixes:
             continue
@@ -93,7 +89,4 @@ def missing(row: Mapping[str, Any], path: Path) -> str | None:
 
 def spelled(namespace: str, path: Iterable[str | int]) -> str:
     """``item.a.b`` / ``item.a[0]``, as a template writes it."""
-    out = namespace
-    for key in path:
-        out += f"[{key}]" if isinstance(key, int) else f".{key}"
-    return out
+    return namespace + "".join(f"[{key}]" if isinstance(key, int) else f".{key}" for key in path)

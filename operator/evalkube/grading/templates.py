@@ -40,7 +40,10 @@ GRADER_NAMES = frozenset({"item", "sample"})
 
 
 def compile_template(
-    source: str, where: str, names: Collection[str] | None = None
+    source: str,
+    where: str,
+    names: Collection[str] | None = None,
+    env: BoundedEnvironment = _ENV,
 ) -> jinja2.Template:
     """Compile once per task; syntax errors name the field and line.
 
@@ -48,12 +51,6 @@ def compile_template(
     ``{{ sample.output_text }}`` in a prompt) is refused here, at ``validate``, instead of
     erroring on every sample of the run.
     """
-    return _compile(_ENV, source, where, names)
-
-
-def _compile(
-    env: BoundedEnvironment, source: str, where: str, names: Collection[str] | None
-) -> jinja2.Template:
     try:
         tree = env.parse(source)
     except jinja2.TemplateSyntaxError as exc:
@@ -130,11 +127,10 @@ def fast_parts(source: str) -> list[Part] | None:
         for child in node.nodes:
             if isinstance(child, nodes.TemplateData):
                 parts.append(child.data)
-                continue
-            path = _field_path(child)
-            if path is None:
+            elif (path := _field_path(child)) is not None:
+                parts.append(path)
+            else:
                 return None
-            parts.append(path)
     return parts
 
 
@@ -254,7 +250,7 @@ class GraderTemplate:
     __slots__ = ("template", "what")
 
     def __init__(self, source: str, where: str) -> None:
-        self.template = _compile(_GRADER_ENV, source, where, GRADER_NAMES)
+        self.template = compile_template(source, where, GRADER_NAMES, _GRADER_ENV)
         self.what = where
 
     def render(self, item: Mapping[str, Any], sample: Mapping[str, Any]) -> str:

@@ -42,16 +42,13 @@ class Rule:
 
     def to_schema(self) -> JsonDict:
         """The entry as the CRD spells it (unset keys left out)."""
-        out: JsonDict = {"rule": self.rule}
-        for key, value in (
-            ("message", self.message),
-            ("messageExpression", self.message_expression),
-            ("reason", self.reason),
-            ("fieldPath", self.field_path),
-        ):
-            if value:
-                out[key] = value
-        return out
+        optional = {
+            "message": self.message,
+            "messageExpression": self.message_expression,
+            "reason": self.reason,
+            "fieldPath": self.field_path,
+        }
+        return {"rule": self.rule, **{key: value for key, value in optional.items() if value}}
 
 
 def present(name: str) -> str:

@@ -99,11 +99,8 @@ def _field_info(model: type[BaseModel], loc: Sequence[str | int]) -> FieldInfo |
 def _inner_model(annotation: Any) -> Any:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
+    args = getattr(annotation, "__args__", ()) or ()
+    return next((m for arg in args if (m := _inner_model(arg)) is not None), None)
 
 
 def _bounds(info: FieldInfo | None) -> tuple[Any, Any]:

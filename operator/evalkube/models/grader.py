@@ -6,6 +6,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
 
 from evalkube import limits
 from evalkube.models.base import SpecModel
@@ -158,9 +159,9 @@ class SubGraderSpec(SpecModel):
         needed = "operation" if self.type == "string_check" else "evaluation_metric"
         other = "evaluation_metric" if self.type == "string_check" else "operation"
         if getattr(self, needed) is None:
-            raise ValueError(f"`{_camel(needed)}` is required for a {self.type} grader")
+            raise ValueError(f"`{to_camel(needed)}` is required for a {self.type} grader")
         if getattr(self, other) is not None:
-            raise ValueError(f"`{_camel(other)}` is not a field of a {self.type} grader")
+            raise ValueError(f"`{to_camel(other)}` is not a field of a {self.type} grader")
         return self
 
 
@@ -275,7 +276,7 @@ class GraderSpec(_CodeRef):
                     )
             for name in BUILTIN_FIELDS[self.type]:
                 if getattr(self, name) is None:
-                    raise ValueError(f"`{_camel(name)}` is required for a {self.type} grader")
+                    raise ValueError(f"`{to_camel(name)}` is required for a {self.type} grader")
             if self.type == "text_similarity" and self.pass_threshold is None:
                 raise ValueError("`passThreshold` is required for a text_similarity grader")
         allowed = BUILTIN_FIELDS.get(self.type, ()) + OPTIONAL_FIELDS.get(self.type, ())
@@ -293,7 +294,7 @@ class GraderSpec(_CodeRef):
             "passing_labels",
         ):
             if getattr(self, name) is not None and name not in allowed:
-                raise ValueError(f"`{_camel(name)}` is not a field of a {self.type} grader")
+                raise ValueError(f"`{to_camel(name)}` is not a field of a {self.type} grader")
         messages = self.type in MODEL_TYPES
         if self.input is not None and isinstance(self.input, list) != messages:
             raise ValueError(
@@ -400,8 +401,3 @@ class PreprocessSpec(_CodeRef):
     def entrypoint(self) -> Literal["transform", "transform_batch"]:
         """The function the preprocessor file must define."""
         return "transform_batch" if self.contract == "batch" else "transform"
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)

@@ -57,12 +57,11 @@ def condition(
 ) -> Condition:
     """A condition that changed now (:func:`merge_conditions` keeps the older time when its
     status did not change); its message capped (:func:`cap_message`)."""
-    message = cap_message(message, limits.STATUS_MESSAGE_CHARS)
     return Condition(
         type=kind,
         status="True" if status else "False",
         reason=reason,
-        message=message,
+        message=cap_message(message),
         observed_generation=generation,
         last_transition_time=now_rfc3339(),
     )

@@ -28,9 +28,7 @@ class MlflowTrackingSpec(SpecModel):
         json_schema_extra=cluster(max_length=2_048, pattern=HTTP_URI.pattern),
     )
     """The tracking server, for example ``http://mlflow.mlflow.svc:5000``."""
-    experiment: str | None = Field(
-        default=None, min_length=1, max_length=500, json_schema_extra=cluster(max_length=500)
-    )
+    experiment: str | None = Field(default=None, min_length=1, max_length=500)
     """Experiment name; default ``evalkube/<namespace>/<schedule>`` for a scheduled run (so
     a schedule's runs plot over time) and ``evalkube/<namespace>/<suite>`` otherwise."""
     token_secret_ref: SecretKeyRef | None = None
