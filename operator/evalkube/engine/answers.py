@@ -141,12 +141,9 @@ class AnswerLog:
     def label(self, executions: Mapping[str, str], *, resuming: bool) -> None:
         """Grader executions about to run: token -> sample id. ``resuming``: load the calls
         kept for those samples by the run's earlier attempt."""
-        ids = list(executions.values())
-        kept = (
-            self.store.recorded_answers(self.run_id, GRADER_CALLS, ids)
-            if resuming and self.grader_calls
-            else {}
-        )
+        kept: dict[str, Any] = {}
+        if resuming and self.grader_calls:
+            kept = self.store.recorded_answers(self.run_id, GRADER_CALLS, list(executions.values()))
         with self._lock:
             self._samples.update(executions)
             for sample_id in executions.values():

@@ -170,21 +170,6 @@ def _precomputed(line: Mapping[str, Any], where: str) -> Candidate:
     return candidate
 
 
-def providers_from_spec(spec: EvalRunSpec) -> dict[str, Provider]:
-    """Local providers: keys from ``apiKeyEnv`` (the cluster mounts Secrets as files)."""
-    return {
-        name: Provider(
-            name=name,
-            base_url=p.base_url,
-            api_key_env=p.api_key_env,
-            headers=dict(p.headers),
-            timeout=p.timeout_seconds,
-            api=p.api,
-        )
-        for name, p in spec.providers.items()
-    }
-
-
 class GeneratedSource:
     """Candidates from a model via the Responses API, ``concurrency`` requests at a time.
 
@@ -198,7 +183,18 @@ class GeneratedSource:
         self.model = model
         self.provider, self.model_name = split_model(model)
         self.spec = spec
-        self.providers = providers_from_spec(spec)
+        # keys from ``apiKeyEnv`` (the cluster mounts Secrets as files)
+        self.providers = {
+            name: Provider(
+                name=name,
+                base_url=p.base_url,
+                api_key_env=p.api_key_env,
+                headers=dict(p.headers),
+                timeout=p.timeout_seconds,
+                api=p.api,
+            )
+            for name, p in spec.providers.items()
+        }
         self.bridge_control = bridge_control
 
     def candidates(
@@ -272,7 +268,10 @@ class GeneratedSource:
                         return Candidate(error=f"model bridge unreachable: {exc}")
                 ms = (time.perf_counter() - started) * 1000
                 data = response.json() if response.content else {}
-                requests = _int(response.headers.get(REQUESTS_HEADER), 1)
+                try:
+                    requests = int(response.headers.get(REQUESTS_HEADER, 1))
+                except ValueError:
+                    requests = 1
                 if response.status_code >= 400:
                     error = data.get("error") if isinstance(data, dict) else None
                     message = error.get("message") if isinstance(error, dict) else None
@@ -397,12 +396,11 @@ def generation_parameters(generation: GenerationSpec) -> dict[str, Any]:
             body[key] = value
     if generation.reasoning_effort is not None:
         body["reasoning"] = {"effort": generation.reasoning_effort}
-    fmt = generation.response_format
-    if fmt is not None and fmt.get("type") == "json_object":
+    fmt = generation.response_format or {}
+    if fmt.get("type") == "json_object":
         body["text"] = {"format": {"type": "json_object"}}
-    elif fmt is not None and fmt.get("type") == "json_schema":
-        schema = fmt.get("json_schema") or {}
-        body["text"] = {"format": {"type": "json_schema", **schema}}
+    elif fmt.get("type") == "json_schema":
+        body["text"] = {"format": {"type": "json_schema", **(fmt.get("json_schema") or {})}}
     if generation.tools:
         body["tools"] = [_responses_tool(tool) for tool in generation.tools]
     choice = generation.tool_choice
@@ -421,13 +419,6 @@ def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(function, Mapping):
         return {"type": "function", **function}
     return dict(tool)
-
-
-def _int(value: str | None, default: int) -> int:
-    try:
-        return int(value) if value is not None else default
-    except ValueError:
-        return default
 
 
 def _calls(requests: int) -> dict[str, Any]:

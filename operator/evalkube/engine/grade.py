@@ -138,26 +138,21 @@ def grade_samples(
     }
     for (field_name, spec), criterion in zip(fields, criteria, strict=True):
         builtin = runtime.builtins.get(field_name)
+        if builtin is None:
+            for p, execution in _execute_criterion(
+                ctx, sandbox, field_name, spec, iter(samples), buffer
+            ):
+                outcome = execution_outcome(execution, spec.metric_id, task.metrics or ())
+                graded[p.sample_id].append((criterion, outcome, execution))
+            continue
+        inputs = [grader_inputs(p, openai, templated=True) for p in samples]
         if isinstance(builtin, ModelJudge | EmbeddingJudge):
-            outcomes = judge_samples(
-                builtin,
-                [grader_inputs(p, openai, templated=True) for p in samples],
-                ctx.model_endpoint,
-                functools.partial(_open_tokens, ctx, buffer, samples),
-            )
-            for p, outcome in zip(samples, outcomes, strict=True):
-                graded[p.sample_id].append((criterion, outcome, None))
-            continue
-        if builtin is not None:
-            for p in samples:
-                sample, item = grader_inputs(p, openai, templated=True)
-                graded[p.sample_id].append((criterion, builtin.grade(sample, item), None))
-            continue
-        for p, execution in _execute_criterion(
-            ctx, sandbox, field_name, spec, iter(samples), buffer
-        ):
-            outcome = execution_outcome(execution, spec.metric_id, task.metrics or ())
-            graded[p.sample_id].append((criterion, outcome, execution))
+            tokens = functools.partial(_open_tokens, ctx, buffer, samples)
+            outcomes = judge_samples(builtin, inputs, ctx.model_endpoint, tokens)
+        else:
+            outcomes = [builtin.grade(sample, item) for sample, item in inputs]
+        for p, outcome in zip(samples, outcomes, strict=True):
+            graded[p.sample_id].append((criterion, outcome, None))
     for p in samples:
         results = graded[p.sample_id]
         record = p.record

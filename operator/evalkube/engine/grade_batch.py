@@ -92,16 +92,9 @@ def run_aggregate(ctx: UnitContext, unit: Unit) -> UnitReport:
         token = execution_token()
         ctx.bridge.open_executions([token])
     try:
-        payload = [batch_sample(r) for r in records]
-        execution = next(
-            iter(
-                sandbox.execute(
-                    runtime.grader.name,
-                    [([payload], token)],
-                    timeout=float(grader_spec.timeout_seconds),
-                )
-            )
-        )
+        requests = [([[batch_sample(r) for r in records]], token)]
+        timeout = float(grader_spec.timeout_seconds)
+        execution = next(iter(sandbox.execute(runtime.grader.name, requests, timeout=timeout)))
     finally:
         if ctx.bridge is not None:
             usage = ctx.bridge.take_usage([token]).get(token) or {}

@@ -37,10 +37,7 @@ class ErrorGuard:
 
     def count(self, what: str, task_id: str, model: str, error: str | None) -> None:
         """One call or sample ended (``error``: why it failed); raise past the limit."""
-        key = (what, task_id, model)
-        meter = self._meters.get(key)
-        if meter is None:
-            meter = self._meters[key] = _Meter()
+        meter = self._meters.setdefault((what, task_id, model), _Meter())
         meter.ended += 1
         if error is None:
             return

@@ -136,7 +136,7 @@ def _bounded(keyword: Keyword, budget: _Budget) -> Keyword:
 
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
     if validator.is_type(instance, "string") and not _regex(pattern).search(instance):
-        yield ValidationError(f"{_short(instance)} does not match {pattern!r}")
+        yield ValidationError(f"{_clip(repr(instance), 80)} does not match {pattern!r}")
 
 
 def _pattern_properties(
@@ -197,9 +197,8 @@ def _keywords(budget: _Budget) -> dict[str, Keyword]:
     return {name: _bounded(keyword, budget) for name, keyword in base.items()}
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _walk_keywords(
@@ -320,7 +319,4 @@ def _first_error(validator: Any, instance: Any, at: str, what: str, schema_at: s
     if error is None:
         return
     path = "".join(f"[{p!r}]" for p in error.absolute_path)
-    message = error.message
-    if len(message) > _MESSAGE_CHARS:
-        message = message[: _MESSAGE_CHARS - 3] + "..."
-    raise ConfigError(f"{at}{path}: {message} ({what})")
+    raise ConfigError(f"{at}{path}: {_clip(error.message, _MESSAGE_CHARS)} ({what})")

@@ -162,13 +162,16 @@ def load_files(
     if run is not None and run.spec.storage is not None:
         loaded.access = SourceAccess(s3=run.spec.storage.s3)
     for task in suite.spec.tasks:
-        programs: list[tuple[str, GraderSpec | PreprocessSpec]] = [*task.grader_programs()]
-        if task.preprocess is not None:
-            programs.append(("preprocess", task.preprocess))
-        for kind, program in programs:
+        for kind, program in task_programs(task):
             loaded.sources[(task.id, kind)] = _source(loaded.base_dir, task, kind, program)
     loaded.version = suite_version(loaded) if versioned else ""
     return loaded, run
+
+
+def task_programs(task: TaskSpec) -> list[tuple[str, GraderSpec | PreprocessSpec]]:
+    """``(kind, spec)`` of the task's code: its Python criteria, then its preprocessor."""
+    pre = [("preprocess", task.preprocess)] if task.preprocess is not None else []
+    return [*task.grader_programs(), *pre]
 
 
 def _source(

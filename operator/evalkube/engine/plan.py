@@ -31,16 +31,12 @@ class Unit:
     stop: int = 0
 
 
-#: Sequence numbers an aggregate unit covers: every shard of its task x model.
-ALL_SEQS = (0, 2**63 - 1)
-
-
 def seq_range(unit: Unit) -> tuple[int, int]:
     """The ``[low, high)`` sequence numbers of ``unit``'s samples: a shard's own (a
     preprocessor that adds rows still numbers them inside it), or every shard's for an
     aggregate unit. What a pod asks the store for, so it never reads other shards' ids."""
     if unit.kind == "aggregate":
-        return ALL_SEQS
+        return 0, 2**63 - 1
     return unit.shard * SEQ_STRIDE, (unit.shard + 1) * SEQ_STRIDE
 
 
@@ -60,16 +56,9 @@ def plan_units(
             shards = max(1, -(-rows // shard_size))
             for shard in range(shards):
                 start = shard * shard_size
+                stop = min(rows, start + shard_size)
                 units.append(
-                    Unit(
-                        f"{base}.{shard:05d}",
-                        task_id,
-                        model,
-                        "shard",
-                        shard,
-                        start,
-                        min(rows, start + shard_size),
-                    )
+                    Unit(f"{base}.{shard:05d}", task_id, model, "shard", shard, start, stop)
                 )
             if aggregate:
                 units.append(Unit(f"{base}.batch", task_id, model, "aggregate"))

@@ -34,7 +34,7 @@ def _base_record(
     ctx: UnitContext, unit: Unit, seq: int, row: dict[str, Any], row_id: str
 ) -> SampleRecord:
     # positional: built for every sample (run_id, sample_id, task_id, model, seq, status, row_id)
-    record = SampleRecord(
+    return SampleRecord(
         ctx.run_id,
         sample_id(ctx.run_id, unit.task_id, unit.model, seq),
         unit.task_id,
@@ -42,9 +42,8 @@ def _base_record(
         seq,
         "valid",
         row_id,
+        dataset_row=row,
     )
-    record.dataset_row = row
-    return record
 
 
 def _row_id(runtime: TaskRuntime, row: dict[str, Any], fallback: int | str) -> str:
@@ -88,12 +87,8 @@ def preprocess(
             if execution.status == "returned" and isinstance(execution.value, dict):
                 keep(position, execution.value, _row_id(runtime, execution.value, row_id))
             else:
-                fail(
-                    position,
-                    row,
-                    row_id,
-                    _preprocess_error(execution, "transform", "a dict (the row)"),
-                )
+                error = _preprocess_error(execution, "transform", "a dict (the row)")
+                fail(position, row, row_id, error)
         return out
     execution = next(iter(sandbox.execute("preprocess", [([rows], None)], timeout=timeout)))
     value = execution.value
@@ -137,10 +132,8 @@ def generate(
         try:
             prompt, target = runtime.template.render(p.row, runtime.context)
         except TemplateError as exc:
-            p.record.status, p.record.error = (
-                "errored",
-                stage_error("render", "TemplateError", str(exc)),
-            )
+            p.record.status = "errored"
+            p.record.error = stage_error("render", "TemplateError", str(exc))
             buffer.add(p.record)
             continue
         p.record.prompt, p.record.target = prompt, target
@@ -191,10 +184,8 @@ def _apply_candidate(
     if candidate.ms is not None:
         record.timings["generation_ms"] = candidate.ms
     if candidate.error is not None:
-        record.status, record.error = (
-            "errored",
-            stage_error("generation", "GenerationError", candidate.error),
-        )
+        record.status = "errored"
+        record.error = stage_error("generation", "GenerationError", candidate.error)
         return False
     p.output_tools = candidate.output_tools
     p.sample_extra = candidate.sample_extra
@@ -206,9 +197,7 @@ def _apply_candidate(
     try:
         record.extracted_output = runtime.extractor.extract(record.output_text, p.choices)
     except ExtractionMiss as exc:
-        record.status, record.error = (
-            "errored",
-            stage_error("extraction", "ExtractionMiss", str(exc)),
-        )
+        record.status = "errored"
+        record.error = stage_error("extraction", "ExtractionMiss", str(exc))
         return False
     return True

@@ -70,10 +70,7 @@ def observe_into(
     """Count ``records`` into per task x model aggregates (``add`` skips response ids);
     ``criteria_of`` (task id -> criteria) adds the pass/fail counts."""
     for key, group in itertools.groupby(records, key=lambda r: (r.task_id, r.model)):
-        aggregate = live.get(key)
-        if aggregate is None:
-            aggregate = live[key] = TaskAggregate()
-        add = aggregate.add
+        add = live.setdefault(key, TaskAggregate()).add
         criteria = (criteria_of or {}).get(key[0], ())
         for record in group:
             add(record.status, record.scores, record.model_calls, criteria)

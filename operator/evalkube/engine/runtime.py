@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalkube.engine.loading import LoadedSuite
+from evalkube.engine.loading import LoadedSuite, task_programs
 from evalkube.grading import (
     BuiltinGrader,
     Criterion,
@@ -64,22 +64,16 @@ class TaskRuntime:
     def choices(self, row: dict[str, Any]) -> list[str]:
         """``item.choices``: the task's list, or the row field it names."""
         choices = self.task.choices
-        if choices is None:
-            value = row.get("choices")
-            return [str(c) for c in value] if isinstance(value, list) else []
-        if isinstance(choices, str):
-            value = row.get(choices)
-            return [str(c) for c in value] if isinstance(value, list) else []
-        return list(choices)
+        if isinstance(choices, list):
+            return list(choices)
+        value = row.get("choices" if choices is None else choices)
+        return [str(c) for c in value] if isinstance(value, list) else []
 
     @classmethod
     def build(cls, loaded: LoadedSuite, task: TaskSpec) -> TaskRuntime:
         where = f"tasks[{task.id}]"
-        prompt: str | list[tuple[str, str]] | None
-        if isinstance(task.prompt, list):
-            prompt = [(m.role, m.content) for m in task.prompt]
-        else:
-            prompt = task.prompt
+        messages = task.prompt
+        prompt = [(m.role, m.content) for m in messages] if isinstance(messages, list) else messages
         try:
             template = PromptTemplate(prompt, task.target, where)
         except TemplateError as exc:
@@ -93,23 +87,19 @@ class TaskRuntime:
             )
         except Exception as exc:  # re.error on a bad pattern
             raise ConfigError(f"{where}.extraction.pattern: {exc}") from None
-        graders = []
-        for kind, spec in task.grader_programs():
-            source, filename = loaded.sources[(task.id, kind)]
-            graders.append(Program(kind, source, filename, spec.entrypoint))
-        preprocess = None
-        if task.preprocess is not None:
-            source, filename = loaded.sources[(task.id, "preprocess")]
-            preprocess = Program("preprocess", source, filename, task.preprocess.entrypoint)
+        programs = [
+            Program(kind, *loaded.sources[(task.id, kind)], spec.entrypoint)
+            for kind, spec in task_programs(task)
+        ]
+        preprocess = programs.pop() if task.preprocess is not None else None
         environment = None
         # one sandbox serves every criterion of the task: the first Python criterion names it
-        python_specs = [spec for _kind, spec in task.grader_programs()]
-        named = python_specs[0].environment if python_specs else None
+        first = task.grader_programs()[:1]
+        named = first[0][1].environment if first else None
         if named is not None and is_path(named):
-            kind = task.grader_programs()[0][0]
             try:
                 environment = resolve_local(
-                    named, field=f"{where}.{kind}.environment", base=loaded.base_dir
+                    named, field=f"{where}.{first[0][0]}.environment", base=loaded.base_dir
                 )
             except EnvironmentProblem as exc:
                 raise ConfigError(str(exc)) from None
@@ -127,7 +117,7 @@ class TaskRuntime:
             task,
             template,
             extractor,
-            graders,
+            programs,
             preprocess,
             {"few_shot": task.few_shot, "task_id": task.id},
             saved_run=loaded.saved_run,

@@ -43,12 +43,8 @@ class SampleBuffer:
         guard = self.ctx.guard
         if guard is not None:
             error = record.error if record.status in ("errored", "invalid") else None
-            guard.count(
-                "samples",
-                record.task_id,
-                record.model,
-                None if error is None else f"{error.get('type')}: {error.get('message')}",
-            )
+            why = None if error is None else f"{error.get('type')}: {error.get('message')}"
+            guard.count("samples", record.task_id, record.model, why)
         self.records.append(record)
         self.bytes += record_bytes(record)
         if len(self.records) >= limits.STORE_CHUNK_SIZE or self.bytes >= limits.STORE_CHUNK_BYTES:
@@ -73,13 +69,11 @@ class SampleBuffer:
 
     def close(self) -> None:
         """Submit what is left; with its own writer, wait until every sample is committed."""
-        if self.shared:
-            self.submit()
-            return
         try:
             self.submit()
         finally:
-            self.writer.close()
+            if not self.shared:
+                self.writer.close()
 
     def _attach_usage(self) -> None:
         assert self.ctx.bridge is not None

@@ -3,9 +3,8 @@ shared by the shards of one task x model, and why it would not load."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from evalkube import limits
+from evalkube.engine.loading import task_programs
 from evalkube.engine.plan import Unit
 from evalkube.engine.runtime import TaskRuntime
 from evalkube.engine.unit_context import UnitContext, UnitFailed
@@ -98,8 +97,7 @@ class TaskModelSandboxes:
 def program_load_message(runtime: TaskRuntime, exc: ProgramLoadError) -> str:
     error = exc.error
     line = error.get("line")
-    specs: dict[str, Any] = dict(runtime.task.grader_programs())
-    spec = specs.get(exc.program, runtime.task.preprocess)
+    spec = dict(task_programs(runtime.task)).get(exc.program)
     where = f"task {runtime.task.id!r} {exc.program}"
     message = str(error.get("message"))
     at = f", line {line}" if line else ""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from evalkube.engine.loading import LoadedSuite
+from evalkube.engine.loading import LoadedSuite, task_programs
 from evalkube.models.errors import ConfigError
 
 
@@ -40,16 +40,7 @@ def check_source(source: str, filename: str, entrypoint: str, where: str) -> Non
 def check_programs(loaded: LoadedSuite) -> None:
     """Check every task's grader and preprocessor."""
     for task in loaded.suite.spec.tasks:
-        for kind, grader in task.grader_programs():
+        for kind, program in task_programs(task):
             source, filename = loaded.sources[(task.id, kind)]
-            check_source(
-                source, filename, grader.entrypoint, f"task {task.id!r} {kind} ({filename})"
-            )
-        if task.preprocess is not None:
-            source, filename = loaded.sources[(task.id, "preprocess")]
-            check_source(
-                source,
-                filename,
-                task.preprocess.entrypoint,
-                f"task {task.id!r} preprocess ({filename})",
-            )
+            where = f"task {task.id!r} {kind} ({filename})"
+            check_source(source, filename, program.entrypoint, where)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import islice
+from itertools import groupby, islice
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +30,6 @@ from evalkube.engine.loading import (
     load_files,
     suite_version,
 )
-from evalkube.engine.plan import Unit
 from evalkube.engine.runtime import TaskRuntime, suite_criteria
 from evalkube.engine.session import UnitSession
 from evalkube.engine.unit_context import BridgeControl, NoProgress, Progress, UnitFailed
@@ -39,12 +38,7 @@ from evalkube.grading import TaskAggregate
 from evalkube.grading.run_results import aggregate_results, declared_metrics, expected_metrics
 from evalkube.local.parallel import ParallelRun, choose_workers, run_parallel
 from evalkube.local.preflight import pays, preflight
-from evalkube.models import (
-    EvalRunSpec,
-    EvalSuite,
-    ObjectMeta,
-    TaskModelResult,
-)
+from evalkube.models import EvalRunSpec, EvalSuite, ObjectMeta, TaskModelResult
 from evalkube.models.errors import ConfigError
 from evalkube.models.snapshot import RunSnapshot, SnapshotLocal, SnapshotRun, SnapshotSuite
 from evalkube.sandbox import SandboxBackend
@@ -106,11 +100,6 @@ class ModelAccess(BridgeControl, Protocol):
 BridgeFactory = Callable[[EvalRunSpec], ModelAccess]
 
 
-def new_run_id(suite_name: str) -> str:
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    return f"{suite_name}-{stamp}-{secrets.token_hex(3)}"
-
-
 class LocalEngine:
     """Runs suites in this process, grading in sandboxes of ``backend``."""
 
@@ -157,16 +146,11 @@ class LocalEngine:
             TaskRuntime.build(loaded, task)
         if probe or pays(loaded, spec):
             preflight(loaded, spec, self.backend, probe=probe)
-        run_id = self.run_id = run_id or new_run_id(loaded.name)
-        self.store.create_run(
-            RunRecord(
-                run_id,
-                loaded.name,
-                loaded.version,
-                _snapshot(run_id, loaded, spec).to_wire(),
-                self.backend.describe(),
-            )
-        )
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        run_id = self.run_id = run_id or f"{loaded.name}-{stamp}-{secrets.token_hex(3)}"
+        snapshot = _snapshot(run_id, loaded, spec).to_wire()
+        record = RunRecord(run_id, loaded.name, loaded.version, snapshot, self.backend.describe())
+        self.store.create_run(record)
         return self._execute(run_id, loaded, spec, resuming=False)
 
     def resume(self, run_id: str, *, reload: bool = False) -> RunSummary:
@@ -214,13 +198,8 @@ class LocalEngine:
             preflight(loaded, spec, self.backend)
         reloads = list(saved.local.reloads if saved.local else [])
         if loaded.version != record.suite_version:
-            reloads.append(
-                {
-                    "from": record.suite_version,
-                    "to": loaded.version,
-                    "at": datetime.now(UTC).isoformat(timespec="seconds"),
-                }
-            )
+            at = datetime.now(UTC).isoformat(timespec="seconds")
+            reloads.append({"from": record.suite_version, "to": loaded.version, "at": at})
             snapshot = _snapshot(record.run_id, loaded, spec, reloads)
             self.store.update_run_suite(record.run_id, loaded.version, snapshot.to_wire())
         self.reloads = reloads
@@ -266,15 +245,8 @@ class LocalEngine:
         pending = [
             i for i, unit in enumerate(units) if unit.kind == "shard" and unit.unit_id not in done
         ]
-        workers = (
-            1
-            if needs_bridge
-            else choose_workers(
-                self.workers,
-                sum(units[i].stop - units[i].start for i in pending),
-                len(pending),
-            )
-        )
+        pending_samples = sum(units[i].stop - units[i].start for i in pending)
+        workers = 1 if needs_bridge else choose_workers(self.workers, pending_samples, len(pending))
         self.last_workers = workers
         # only runs that pay for model calls stop early; a free one shows every failure
         max_error_rate = self.max_error_rate if pays(loaded, spec) else None
@@ -300,10 +272,8 @@ class LocalEngine:
         ) as session:
             writer = session.writer
             assert writer is not None
-            groups: dict[tuple[str, str], list[Unit]] = {}
-            for unit in units:
-                groups.setdefault((unit.task_id, unit.model), []).append(unit)
-            for (task_id, _), group in groups.items():
+            # units come task by task, model by model (plan_run)
+            for (task_id, _), group in groupby(units, key=lambda u: (u.task_id, u.model)):
                 rows: Iterator[dict[str, Any]] = iter(())
                 position = -1
                 for unit in group:
@@ -320,19 +290,16 @@ class LocalEngine:
                     session.drive_unit(unit, shard, live if use_live else None)
                     writer.then(functools.partial(self.store.mark_unit_done, run_id, unit.unit_id))
             writer.flush()
-        expected = expected_metrics(loaded.suite.spec, criteria_of)
         results = aggregate_results(
             self.store,
             run_id,
             live if use_live else None,
-            expected,
+            expected_metrics(loaded.suite.spec, criteria_of),
             criteria_of=criteria_of,
             declared=declared_metrics(loaded.suite.spec, criteria_of),
         )
-        order = {
-            (t.id, m): i
-            for i, (t, m) in enumerate((t, m) for t in loaded.suite.spec.tasks for m in spec.models)
-        }
+        pairs = [(t.id, m) for t in loaded.suite.spec.tasks for m in spec.models]
+        order = {pair: i for i, pair in enumerate(pairs)}
         results.sort(key=lambda r: order.get((r.task, r.model), len(order)))
         summary = RunSummary(
             run_id,

@@ -84,12 +84,8 @@ def messages(raw: Any, where: str) -> list[dict[str, str]]:
             )
         if "role" not in message:
             raise ConfigError(f"{at}: expected {{role, content}}")
-        out.append(
-            {
-                "role": str(message["role"]),
-                "content": _text(message.get("content"), f"{at}.content"),
-            }
-        )
+        content = _text(message.get("content"), f"{at}.content")
+        out.append({"role": str(message["role"]), "content": content})
     return out
 
 

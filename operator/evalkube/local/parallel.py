@@ -29,7 +29,7 @@ import queue
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from types import FrameType
@@ -40,7 +40,7 @@ from evalkube.engine.guard import RunAborted
 from evalkube.engine.loading import shard_rows
 from evalkube.engine.plan import Unit
 from evalkube.engine.session import UnitSession
-from evalkube.engine.unit_context import Progress, UnitFailed
+from evalkube.engine.unit_context import NoProgress, Progress, UnitFailed
 from evalkube.grading import TaskAggregate
 from evalkube.models.errors import ConfigError
 from evalkube.sandbox import SandboxError
@@ -86,14 +86,11 @@ def choose_workers(requested: int | None, pending_samples: int, shard_units: int
     return max(1, min(cores, shard_units, pending_samples // MIN_SAMPLES_PER_WORKER))
 
 
-class _EventProgress:
-    """The child's :class:`Progress`: forwards unit events to the parent."""
+class _EventProgress(NoProgress):
+    """The child's :class:`Progress`: forwards unit events to the parent (the run's planner)."""
 
     def __init__(self, events: Any) -> None:
         self.events = events
-
-    def planned(self, units: Sequence[Unit]) -> None:
-        pass  # the parent announced the plan
 
     def unit_started(self, unit: Unit, total: int) -> None:
         self.events.put(("unit_started", unit.unit_id, total))

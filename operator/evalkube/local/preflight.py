@@ -165,14 +165,12 @@ def check_providers(spec: EvalRunSpec) -> list[str]:
             )
         key_file = os.environ.get(key_file_env(name))
         if key_file:
+            shown = f"{where}: key file {key_file} ({key_file_env(name)})"
             try:
                 if not Path(key_file).read_text().strip():
-                    problems.append(f"{where}: key file {key_file} ({key_file_env(name)}) is empty")
+                    problems.append(f"{shown} is empty")
             except OSError as exc:
-                problems.append(
-                    f"{where}: key file {key_file} ({key_file_env(name)}) cannot be read "
-                    f"({exc.strerror})"
-                )
+                problems.append(f"{shown} cannot be read ({exc.strerror})")
         elif provider.api_key_env and not os.environ.get(provider.api_key_env):
             problems.append(
                 f"{where}.apiKeyEnv: the environment variable {provider.api_key_env} is not set "

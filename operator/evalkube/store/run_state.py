@@ -113,19 +113,9 @@ class RunState(Database):
         self, run_id: str, unit_id: str, task_id: str, model: str, aggregate: dict[str, Any]
     ) -> None:
         """Keep a unit's aggregate (replacing an earlier one of the unit)."""
-        self._upsert(
-            schema.unit_aggregates,
-            [
-                {
-                    "run_id": run_id,
-                    "unit_id": unit_id,
-                    "task_id": task_id,
-                    "model": model,
-                    "aggregate": _dumps(aggregate),
-                }
-            ],
-            _UNIT_KEYS,
-        )
+        row = {"run_id": run_id, "unit_id": unit_id, "task_id": task_id, "model": model}
+        row["aggregate"] = _dumps(aggregate)
+        self._upsert(schema.unit_aggregates, [row], _UNIT_KEYS)
 
     def failed_units(self, run_id: str) -> dict[str, str]:
         """``unit -> reason`` of the units their runner reported failed (and not done since)."""
@@ -159,14 +149,11 @@ class RunState(Database):
     # -- model answers ---------------------------------------------------------------------
     def record_answers(self, run_id: str, purpose: str, answers: Sequence[tuple[str, Any]]) -> None:
         """Keep ``(sample_id, answer)`` pairs (one transaction, idempotent by sample id)."""
-        self._upsert(
-            schema.answers,
-            [
-                {"run_id": run_id, "sample_id": sid, "purpose": purpose, "answer": _dumps(answer)}
-                for sid, answer in answers
-            ],
-            ("run_id", "sample_id", "purpose"),
-        )
+        rows = [
+            {"run_id": run_id, "sample_id": sid, "purpose": purpose, "answer": _dumps(answer)}
+            for sid, answer in answers
+        ]
+        self._upsert(schema.answers, rows, ("run_id", "sample_id", "purpose"))
 
     def forget_answers(self, run_id: str) -> None:
         """Drop a run's kept answers (its samples hold them once it has succeeded)."""
@@ -192,21 +179,16 @@ class RunState(Database):
 
     # -- task results ----------------------------------------------------------------------
     def save_task_result(self, result: TaskResultRecord) -> None:
-        self._upsert(
-            schema.task_results,
-            [
-                {
-                    "run_id": result.run_id,
-                    "task_id": result.task_id,
-                    "model": result.model,
-                    "metrics": _json(result.metrics),
-                    "error": _text(result.error),
-                    "problems": _json(result.problems),
-                    "model_calls": _json(result.model_calls) if result.model_calls else None,
-                }
-            ],
-            ("run_id", "task_id", "model"),
-        )
+        row = {
+            "run_id": result.run_id,
+            "task_id": result.task_id,
+            "model": result.model,
+            "metrics": _json(result.metrics),
+            "error": _text(result.error),
+            "problems": _json(result.problems),
+            "model_calls": _json(result.model_calls) if result.model_calls else None,
+        }
+        self._upsert(schema.task_results, [row], ("run_id", "task_id", "model"))
 
     def task_results(self, run_id: str) -> list[TaskResultRecord]:
         query = select(schema.task_results).where(schema.task_results.c.run_id == run_id)

@@ -4,8 +4,9 @@ flat), paged by keyset cursor for the debugging view, counted, and their ids for
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, cast, func, select, true, tuple_
@@ -50,7 +51,7 @@ class SampleReads(Database):
         after: tuple[str, str, int] | None = None,
         limit: int | None = None,
         where: SampleFilter | None = None,
-    ) -> Iterator[SampleRecord]:
+    ) -> Generator[SampleRecord, None, None]:
         """Stream samples ordered by task, model, position; filters are optional."""
         c = schema.samples.c
         query = select(schema.samples).where(c.run_id == run_id)
@@ -70,11 +71,8 @@ class SampleReads(Database):
         if limit is not None:
             query = query.limit(limit)
         # rows fetched at a time: a sample's judge may hold up to 1 MB
-        rows = self._stream(query, SAMPLES_FETCHED)
-        try:
+        with contextlib.closing(self._stream(query, SAMPLES_FETCHED)) as rows:
             yield from map(_sample, rows)
-        finally:
-            rows.close()
 
     def page_samples(
         self,
@@ -105,7 +103,7 @@ class SampleReads(Database):
             limit=limit + 1,
             where=where,
         )
-        try:
+        with contextlib.closing(rows):
             for record in rows:
                 if len(page) == limit:
                     more = True
@@ -116,8 +114,6 @@ class SampleReads(Database):
                         more = True
                         break
                 page.append(record)
-        finally:
-            getattr(rows, "close", lambda: None)()
         return page, (encode_cursor(page[-1]) if more and page else None)
 
     def iter_pages(

@@ -9,16 +9,7 @@ at 100k+ samples and keeps the schema identical on both databases.
 
 from __future__ import annotations
 
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    DateTime,
-    Index,
-    MetaData,
-    String,
-    Table,
-    Text,
-)
+from sqlalchemy import BigInteger, Column, DateTime, Index, MetaData, String, Table, Text
 
 metadata = MetaData()
 
