@@ -19,8 +19,11 @@ from evalkube import __version__
 from evalkube.cli import compare, importers, in_cluster, run
 from evalkube.controller.crds_cli import crds
 from evalkube.proxy import cli as proxy_cli
-from evalkube.reporting import commands as reporting
 from evalkube.reporting.console import console
+from evalkube.reporting.report import report
+from evalkube.reporting.runs import runs
+from evalkube.reporting.samples import samples
+from evalkube.reporting.track import track
 
 app = typer.Typer(
     name="evalkube",
@@ -38,7 +41,8 @@ def version() -> None:
 
 for command in (run.run, compare.compare, run.validate, run.submit, version, crds):
     app.command()(command)
-reporting.register(app)
+for reporting_command in (runs, samples, report, track):
+    app.command()(reporting_command)
 proxy_cli.register(app)
 for in_cluster_command in (in_cluster.operator, in_cluster.unit, in_cluster.prepare):
     app.command()(in_cluster_command)

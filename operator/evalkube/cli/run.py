@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import MofNCompleteColumn
 
 from evalkube import limits
 from evalkube.cli.run_output import RichProgress, bridge_failures_once, run_table
@@ -18,6 +18,7 @@ from evalkube.grading.gate import gate_message, gate_run
 from evalkube.local import LocalEngine, RunSummary
 from evalkube.local.preflight import preflight
 from evalkube.models import GateStatus
+from evalkube.proxy.bridge import local_model_access
 from evalkube.reporting import track
 from evalkube.reporting.compare_tables import gate_table
 from evalkube.reporting.console import (
@@ -29,6 +30,7 @@ from evalkube.reporting.console import (
     errors,
     fail,
     open_store,
+    progress_bars,
 )
 from evalkube.reporting.output import write_run_output
 from evalkube.sandbox import SandboxError, SandboxUnavailable, resolve_backend
@@ -122,20 +124,12 @@ def run(
     except SandboxUnavailable as exc:
         fail(str(exc), EXIT_CONFIG)
     store = open_store(db)
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=errors,
-        disable=quiet or not errors.is_terminal,
-        transient=False,
-    )
+    progress = progress_bars(quiet, MofNCompleteColumn())
     engine = LocalEngine(
         store,
         backend,
         progress=RichProgress(progress),
-        bridge_factory=_bridge_factory(),
+        bridge_factory=local_model_access,
         workers=workers,
         max_error_rate=None if keep_going else max_error_rate,
     )
@@ -225,14 +219,6 @@ def _ended_failed(run_id: str | None, *, reload: bool = False) -> str:
         return ""
     how = f"`evalkube run --resume {run_id}" + (" --reload`" if reload else "`")
     return f"\nrun {run_id} is recorded as Failed; once the cause is fixed, continue it with {how}"
-
-
-def _bridge_factory() -> Any:
-    try:
-        from evalkube.proxy.bridge import local_model_access
-    except ImportError:
-        return None
-    return local_model_access
 
 
 def validate(

@@ -21,9 +21,7 @@ def grader_listen(socket_path: str | None, private_dir: str) -> str:
     unix socket there."""
     if socket_path is None:
         return f"unix:{Path(private_dir) / SOCKET_NAME}"
-    if ":" in socket_path:
-        return socket_path
-    return f"unix:{socket_path}"
+    return socket_path if ":" in socket_path else f"unix:{socket_path}"
 
 
 class BridgeLifecycle(ABC):

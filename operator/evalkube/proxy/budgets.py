@@ -94,9 +94,8 @@ class Budgets:
 
     def close(self, tokens: list[str]) -> None:
         """Close ``tokens``: later calls naming them are refused."""
-        per_execution = self.unit.per_execution
         for token in tokens:
-            per_execution.pop(token, None)
+            self.unit.per_execution.pop(token, None)
 
     def acquire(self, execution_id: str) -> None:
         """Count one call of the open token ``execution_id``, or raise

@@ -191,7 +191,6 @@ def _response_format(fmt: Any) -> dict[str, Any] | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        assert isinstance(fmt, dict)
         return {
             "type": "json_schema",
             "json_schema": {key: fmt[key] for key in _SCHEMA_KEYS if key in fmt},
@@ -210,7 +209,6 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
                 f"tools[{index}]: a Chat Completions provider takes function tools only "
                 f"(got type {_quoted(kind)})"
             )
-        assert isinstance(tool, dict)
         function = {key: tool[key] for key in _FUNCTION_KEYS if key in tool}
         out.append({"type": "function", "function": function})
     return out

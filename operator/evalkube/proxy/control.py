@@ -42,13 +42,11 @@ class ControlClient:
         (a pod's sidecar; 0 for a child process that nobody restarts)."""
         self.restart_retry_seconds = restart_retry_seconds
         self.endpoint = grader_endpoint
-        if control_endpoint.startswith("unix:"):
-            transport: httpx.HTTPTransport | None = httpx.HTTPTransport(
-                uds=control_endpoint.removeprefix("unix:")
-            )
-            base = "http://bridge"
-        else:
-            transport, base = None, control_endpoint
+        unix = control_endpoint.startswith("unix:")
+        transport = (
+            httpx.HTTPTransport(uds=control_endpoint.removeprefix("unix:")) if unix else None
+        )
+        base = "http://bridge" if unix else control_endpoint
         self._client = httpx.Client(base_url=base, transport=transport, timeout=CONTROL_TIMEOUT)
 
     def configure_unit(

@@ -96,6 +96,4 @@ class EgressGateway:
 
 def refusal(headers: Mapping[str, str], status: int, reason: str) -> str | None:
     """The gateway's reason when it refused a forwarded call itself, else None."""
-    if not headers.get(REFUSED_HEADER):
-        return None
-    return f"egress gateway refused: {reason or status}"
+    return f"egress gateway refused: {reason or status}" if headers.get(REFUSED_HEADER) else None

@@ -128,9 +128,7 @@ class Provider:
                     return self._cached_key[1]
             except OSError:
                 self._cached_key = None
-        if self.api_key_env:
-            return os.environ.get(self.api_key_env) or None
-        return None
+        return (os.environ.get(self.api_key_env) or None) if self.api_key_env else None
 
 
 class ProviderAuth:
@@ -350,19 +348,14 @@ class Upstream:
                 if self.on_retry is not None:
                     reason = failure.kind if failure.status is None else str(failure.status)
                     self.on_retry(provider_name, reason)
-                await asyncio.sleep(self._wait(failure, attempt))
+                wait = failure.retry_after
+                if wait is None:
+                    wait = min(self.backoff_max, self.backoff_base * (2 ** (attempt - 1)))
+                    wait *= 0.5 + random.random() / 2
+                await asyncio.sleep(min(wait, self.backoff_max))
                 attempt += 1
             else:
                 return UpstreamReply(raw, data, attempt, requests + 1)
-
-    def _wait(self, failure: UpstreamError, attempt: int) -> float:
-        """Seconds before the attempt after ``attempt``: the provider's ``Retry-After`` when
-        it sent one, else exponential backoff with jitter; never more than ``backoff_max``."""
-        wait = failure.retry_after
-        if wait is None:
-            wait = min(self.backoff_max, self.backoff_base * (2 ** (attempt - 1)))
-            wait *= 0.5 + random.random() / 2
-        return min(wait, self.backoff_max)
 
     async def _send(
         self, name: str, provider: Provider, url: URL, payload: bytes

@@ -15,6 +15,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.segment import Segment
 from rich.text import Text
 
@@ -79,6 +80,20 @@ class SafeConsole(Console):
 # Piped or captured output has no terminal to fit: keep tables whole rather than at 80 columns.
 console = SafeConsole(width=None if sys.stdout.isatty() else 160)
 errors = SafeConsole(stderr=True)
+
+
+def progress_bars(quiet: bool, *counts: ProgressColumn) -> Progress:
+    """Bars on stderr (a description, the bar, ``counts``, the time taken), drawn only on a
+    terminal and without ``quiet``."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        *counts,
+        TimeElapsedColumn(),
+        console=errors,
+        disable=quiet or not errors.is_terminal,
+    )
+
 
 DbOption = Annotated[
     str | None,

@@ -175,11 +175,9 @@ def write_json(views: Iterable[dict[str, Any]], out: IO[str]) -> int:
     """A JSON array (what ``--json`` has always printed), written a view at a time."""
     n = 0
     out.write("[")
-    for view in views:
+    for n, view in enumerate(views, 1):
         body = json_printable(json.dumps(view, indent=2, ensure_ascii=False))
-        body = body.replace("\n", "\n  ")
-        out.write(("," if n else "") + "\n  " + body)
-        n += 1
+        out.write(("," if n > 1 else "") + "\n  " + body.replace("\n", "\n  "))
     out.write("\n]\n" if n else "]\n")
     return n
 

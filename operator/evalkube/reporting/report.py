@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 import jinja2
 import typer
@@ -66,20 +66,15 @@ class Histogram:
             return 0
         return min(int((value - self.low) / (self.high - self.low) * BINS), BINS - 1)
 
-    def edges(self, i: int) -> tuple[float, float]:
-        if self.high <= self.low:
-            return self.low, self.high
-        width = (self.high - self.low) / BINS
-        return self.low + i * width, self.low + (i + 1) * width
-
     def bars(self) -> list[dict[str, Any]]:
         """Bars as the SVG draws them: position, height (0-60 px), label."""
         peak = max(self.counts) or 1
         used = 1 if self.high <= self.low else BINS
         width = 240 / used
+        step = (self.high - self.low) / BINS  # 0 when every value is the same (one bar)
         bars = []
         for i in range(used):
-            low, high = self.edges(i)
+            low, high = self.low + i * step, self.low + (i + 1) * step
             count = self.counts[i]
             height = round(60 * count / peak, 1)
             bars.append(
@@ -103,25 +98,8 @@ def _num(value: float) -> str:
 Scores = Iterable[tuple[str, str, str, dict[str, float]]]
 
 
-class ReportSource(Protocol):
-    """Where a report's run comes from: the results store, or the operator's samples API
-    (``--api``); every read streams or pages."""
-
-    def record(self) -> RunRecord | None: ...
-
-    def status_counts(self, run_id: str) -> dict[tuple[str, str], dict[str, int]]: ...
-
-    def main_metrics(self) -> dict[str, str]: ...
-
-    def scores(self) -> Scores:
-        """Every sample's ``(task, model, status, scores)`` (read twice: range, then bins)."""
-
-    def views(self) -> Iterator[dict[str, Any]]:
-        """The samples' views in order, a page at a time."""
-
-
 class StoreReport:
-    """A run of the results store."""
+    """A run of the results store (every read streams or pages, as :class:`ApiReport`'s)."""
 
     def __init__(self, store: ResultStore, run_id: str) -> None:
         self.store, self.run_id = store, run_id
@@ -284,7 +262,7 @@ def render_report(store: ResultStore, run_id: str, max_samples: int = MAX_SAMPLE
     return render(StoreReport(store, run_id), max_samples)
 
 
-def render(source: ReportSource, max_samples: int = MAX_SAMPLES) -> str:
+def render(source: StoreReport | ApiReport, max_samples: int = MAX_SAMPLES) -> str:
     """The report of ``source``'s run as one HTML document (:class:`LookupError`: no run)."""
     record = source.record()
     if record is None:

@@ -109,11 +109,8 @@ def runs(
         overviews = [run_overview(store, record) for record in store.list_runs(limit)]
     where = shown_store(db)
     if as_json:
-        print(
-            json_printable(
-                json.dumps({"store": where, "runs": overviews}, indent=2, ensure_ascii=False)
-            )
-        )
+        payload = json.dumps({"store": where, "runs": overviews}, indent=2, ensure_ascii=False)
+        print(json_printable(payload))
         return
     table = Table(title=f"runs in {escape(where)}", title_justify="left")
     table.add_column("run", no_wrap=True)

@@ -229,12 +229,6 @@ def _plain(text: str) -> Text:
     return Text(utf8(text).decode())
 
 
-def _row(view: dict[str, Any]) -> str:
-    """The dataset row id people know a sample by (views from before row ids: the sample id)."""
-    row_id = view.get("row_id")
-    return str(view["sample_id"]) if row_id is None else str(row_id)
-
-
 def panel(view: dict[str, Any]) -> Panel:
     """One sample for a person: text fields as text, structures as indented JSON, and an
     error's traceback as the lines Python printed (never a JSON string with ``\\n`` in it)."""
@@ -257,10 +251,12 @@ def panel(view: dict[str, Any]) -> Panel:
         text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
         parts.append(label + _plain(text))
     color = {"valid": "green", "invalid": "yellow", "errored": "red"}.get(view["status"], "white")
+    # the dataset row id people know a sample by (views from before row ids: the sample id)
+    row = view["sample_id"] if view.get("row_id") is None else view["row_id"]
     return Panel(
         Group(*parts),
         title=(
-            f"row {escape(_row(view))} · {escape(view['task_id'])} · {escape(view['model'])} · "
+            f"row {escape(str(row))} · {escape(view['task_id'])} · {escape(view['model'])} · "
             f"[{color}]{view['status']}[/]"
         ),
         title_align="left",

@@ -178,18 +178,15 @@ class SourceAccess:
         self, source: SourceURI, where: str, pin: SourcePin | None
     ) -> Iterator[io.BufferedReader]:
         versioned = pin is not None and pin.version_id is not None
-
-        def opened(fs: Any, path: str) -> Any:
-            # Parquet is read in the exact ranges pyarrow asks for (a footer, column chunks);
-            # JSONL and CSV sequentially, a block ahead
-            cache = "none" if source.format == "parquet" else "readahead"
-            kwargs: dict[str, Any] = {"mode": "rb", "cache_type": cache}
-            if versioned:
-                assert pin is not None
-                kwargs["version_id"] = pin.version_id
-            return fs.open(path, **kwargs)
-
-        handle = self._s3_call(source, where, opened, version_aware=versioned)
+        # Parquet is read in the exact ranges pyarrow asks for (a footer, column chunks);
+        # JSONL and CSV sequentially, a block ahead
+        cache = "none" if source.format == "parquet" else "readahead"
+        kwargs: dict[str, Any] = {"mode": "rb", "cache_type": cache}
+        if pin is not None and versioned:
+            kwargs["version_id"] = pin.version_id
+        handle = self._s3_call(
+            source, where, lambda fs, path: fs.open(path, **kwargs), version_aware=versioned
+        )
         try:
             if pin is not None and not versioned:
                 etag = handle.details.get("ETag")

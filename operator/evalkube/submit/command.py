@@ -20,15 +20,7 @@ from typing import Any
 import typer
 import yaml
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TransferSpeedColumn,
-)
+from rich.progress import DownloadColumn, MofNCompleteColumn, TextColumn, TransferSpeedColumn
 
 from evalkube.controller.names import LABEL_MANAGED_BY
 from evalkube.engine.loading import load_files
@@ -42,6 +34,7 @@ from evalkube.reporting.console import (
     console,
     errors,
     fail,
+    progress_bars,
 )
 from evalkube.reporting.tables import results_table
 from evalkube.submit.cluster import Cluster, ClusterUnreachable, Refused, kubeconfig
@@ -257,16 +250,7 @@ def _upload(plan: Plan, objects: ObjectStore, *, quiet: bool) -> None:
     """Each file the store does not hold yet, streamed with a progress bar of its bytes."""
     if not plan.uploads:
         return
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeElapsedColumn(),
-        console=errors,
-        disable=quiet or not errors.is_terminal,
-    )
-    with progress:
+    with progress_bars(quiet, DownloadColumn(), TransferSpeedColumn()) as progress:
         for upload in plan.uploads:
             label = escape(upload.file.named)
             if objects.has(upload):
@@ -319,15 +303,7 @@ def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
 
 def _watch(plan: Plan, cluster: Cluster, *, quiet: bool) -> dict[str, Any]:
     """The run once it finished, its progress drawn from each change of its status."""
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("units"),
-        TimeElapsedColumn(),
-        console=errors,
-        disable=quiet or not errors.is_terminal,
-    )
+    progress = progress_bars(quiet, MofNCompleteColumn(), TextColumn("units"))
     bar = progress.add_task(f"EvalRun {plan.run_name}", total=None)
     shown = ""
     try:

@@ -119,9 +119,6 @@ class Store:
         """The content-addressed key of a file: the same bytes always get the same key."""
         return "/".join(part for part in (self.prefix, suite, sha256, filename) if part)
 
-    def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
-
 
 @dataclass(frozen=True, slots=True)
 class LocalFile:
@@ -382,7 +379,6 @@ def _provider_keys(
                 f"providers.{provider}.credentialsSecretRef"
             )
             continue
-        key = provider
         if not _SECRET_KEY.match(provider):
             problems.append(
                 f"providers.{provider}.apiKeyEnv: the provider's name becomes the key of the "
@@ -390,11 +386,11 @@ def _provider_keys(
                 "and '.' (at most 253); rename the provider"
             )
             continue
-        keys[key], sources[key] = value, variable
+        keys[provider], sources[provider] = value, variable
         providers[provider] = config.model_copy(
             update={
                 "api_key_env": None,
-                "credentials_secret_ref": SecretKeyRef(name=secret_name, key=key),
+                "credentials_secret_ref": SecretKeyRef(name=secret_name, key=provider),
             }
         )
     if not keys:
@@ -472,61 +468,57 @@ class _Rewriter:
     # -- data ---------------------------------------------------------------------------------
     def task(self, task: TaskSpec) -> None:
         where = f"tasks[{task.id}]"
-        self.dataset(task, where)
-        self.outputs(task, where)
+        for source in (self.dataset, self.outputs):
+            try:
+                source(task, where)
+            except ConfigError as exc:
+                self.problems.append(str(exc))
         self.programs(task, where)
 
     def dataset(self, task: TaskSpec, where: str) -> None:
         dataset = task.dataset
-        try:
-            found = self._local(dataset, f"{where}.dataset")
-            if found is None:
-                return
-            local, source = found
-            if self.store is not None:
-                uri, sha256 = self._uploaded(local, dataset.sha256, source)
-                task.dataset = DatasetSpec(
-                    uri=uri, format=dataset.format, sha256=sha256, id_field=dataset.id_field
-                )
-            elif source is None or (source.format == "jsonl" and source.compression is None):
-                task.dataset = DatasetSpec(
-                    config_map_ref=self._config_map(local), id_field=dataset.id_field
-                )
-            else:
-                self.problems.append(
-                    f"{local.field}: {local.named} is "
-                    f"{_described(source.format, source.compression)}, which only an "
-                    "object store serves a cluster; give --store "
-                    "s3://BUCKET/PREFIX to upload it"
-                )
-        except ConfigError as exc:
-            self.problems.append(str(exc))
+        found = self._local(dataset, f"{where}.dataset")
+        if found is None:
+            return
+        local, source = found
+        if self.store is not None:
+            uri, sha256 = self._uploaded(local, dataset.sha256, source)
+            task.dataset = DatasetSpec(
+                uri=uri, format=dataset.format, sha256=sha256, id_field=dataset.id_field
+            )
+        elif source is None or (source.format == "jsonl" and source.compression is None):
+            task.dataset = DatasetSpec(
+                config_map_ref=self._config_map(local), id_field=dataset.id_field
+            )
+        else:
+            self.problems.append(
+                f"{local.field}: {local.named} is {_described(source.format, source.compression)}"
+                ", which only an object store serves a cluster; give --store s3://BUCKET/PREFIX "
+                "to upload it"
+            )
 
     def outputs(self, task: TaskSpec, where: str) -> None:
         outputs = task.outputs
         if outputs is None:
             return
-        try:
-            found = self._local(outputs, f"{where}.outputs")
-            if found is None:
-                return
-            local, source = found
-            if self.store is None:
-                self.problems.append(
-                    f"{local.field}: {local.named}: a cluster reads precomputed outputs from "
-                    "outputs.uri (an object store) or outputs.column; give --store "
-                    "s3://BUCKET/PREFIX to upload it"
-                )
-                return
-            uri, sha256 = self._uploaded(local, outputs.sha256, source)
-            task.outputs = OutputsSpec(
-                uri=uri,
-                format=outputs.format,
-                sha256=sha256,
-                extracted_column=outputs.extracted_column,
+        found = self._local(outputs, f"{where}.outputs")
+        if found is None:
+            return
+        local, source = found
+        if self.store is None:
+            self.problems.append(
+                f"{local.field}: {local.named}: a cluster reads precomputed outputs from "
+                "outputs.uri (an object store) or outputs.column; give --store "
+                "s3://BUCKET/PREFIX to upload it"
             )
-        except ConfigError as exc:
-            self.problems.append(str(exc))
+            return
+        uri, sha256 = self._uploaded(local, outputs.sha256, source)
+        task.outputs = OutputsSpec(
+            uri=uri,
+            format=outputs.format,
+            sha256=sha256,
+            extracted_column=outputs.extracted_column,
+        )
 
     def _local(
         self, spec: DatasetSpec | OutputsSpec, field: str

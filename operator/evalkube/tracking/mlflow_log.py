@@ -31,6 +31,7 @@ from tenacity import (
     RetryError,
     Retrying,
     retry_if_exception,
+    sleep_using_event,
     stop_after_attempt,
     stop_when_event_set,
     wait_exponential,
@@ -226,7 +227,7 @@ def _retried(
         for attempt in Retrying(
             stop=stop_after_attempt(max(attempts, 1)) | stop_when_event_set(cancel),
             wait=wait_exponential(multiplier=backoff, max=limits.MLFLOW_BACKOFF_MAX_SECONDS),
-            sleep=functools.partial(_pause, cancel),
+            sleep=sleep_using_event(cancel),
             retry=retry_if_exception(_passable),
             reraise=False,
         ):
@@ -243,11 +244,6 @@ def _retried(
             f"MLflow at {shown_uri(target.tracking_uri)} refused to {what}: {_short(exc)}"
         ) from None
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _pause(cancel: threading.Event, seconds: float) -> None:
-    """Wait between tries, ending early when ``cancel`` is set."""
-    cancel.wait(seconds)
 
 
 def _short(exc: BaseException | None) -> str:
