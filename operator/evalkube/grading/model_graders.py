@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from evalkube import limits
-from evalkube.grading.results import GradeOutcome, invalid
+from evalkube.grading.results import GradeOutcome, capped_repr, invalid, is_score
 from evalkube.grading.templates import GraderTemplate, TemplateError
 
 
@@ -138,12 +138,10 @@ class ModelJudge:
             return GradeOutcome(
                 "valid", {self.metric_id: 1.0 if result in self.passing else 0.0}, judge
             )
-        if (
-            isinstance(result, bool)
-            or not isinstance(result, int | float)
-            or not math.isfinite(result)
-        ):
-            return self.failed("InvalidModelAnswer", f"result {result!r} is not a finite number")
+        if not is_score(result):  # a judge's 400-digit integer too: no float holds it
+            return self.failed(
+                "InvalidModelAnswer", f"result {capped_repr(result)} is not a finite number"
+            )
         value = min(max(float(result), self.low), self.high)
         return GradeOutcome("valid", {self.metric_id: value}, judge)
 
@@ -174,9 +172,7 @@ class EmbeddingJudge:
         vectors: list[list[float]] = []
         for entry in data if isinstance(data, list) else []:
             vector = entry.get("embedding") if isinstance(entry, dict) else None
-            if isinstance(vector, list) and all(
-                isinstance(x, int | float) and not isinstance(x, bool) for x in vector
-            ):
+            if isinstance(vector, list) and all(is_score(x) for x in vector):
                 vectors.append([float(x) for x in vector])
         if len(vectors) != 2 or len(vectors[0]) != len(vectors[1]) or not vectors[0]:
             return self.failed("InvalidModelAnswer", "expected two embeddings of one size")

@@ -49,6 +49,9 @@ def test_request_renders_messages_and_maps_sampling_params() -> None:
         (json.dumps({"result": "7"}), "is not a finite number"),
         ('{"result": NaN}', "is not a finite number"),
         ('{"result": Infinity}', "is not a finite number"),
+        # a judge's integer too large for a float: invalid, not an OverflowError that would
+        # fail every sample of the judging batch
+        ('{"result": 1' + "0" * 400 + "}", "is not a finite number"),
     ],
 )
 def test_unusable_scores_are_invalid(text: str, message: str) -> None:
@@ -99,6 +102,7 @@ def test_labels() -> None:
         [{"embedding": [0.0, 0.0]}, {"embedding": [1.0, 0.0]}],
         [{"embedding": [True, 0.0]}, {"embedding": [1.0, 0.0]}],
         [{"embedding": [1e200, 1e200]}, {"embedding": [1e200, 1e200]}],
+        [{"embedding": [10**400, 1.0]}, {"embedding": [1.0, 0.0]}],
     ],
 )
 def test_cosine_refuses_unusable_embeddings(data: list[dict[str, Any]]) -> None:
