@@ -145,9 +145,9 @@ RAW_BATCH = 1_000
 def _worker_program(program: str):  # type: ignore[no-untyped-def]
     """The sandbox backends start ``program`` instead of the grader worker (same command
     line, container, limits and platform)."""
-    from evalkube.sandbox import backends, bwrap, gvisor, nsjail
+    from evalkube.sandbox import backends
 
-    modules = (backends, bwrap, gvisor, nsjail)
+    modules = (backends,)  # every backend's command line comes from backends.worker_command
     saved = [getattr(m, "WORKER_BOOTSTRAP") for m in modules]  # noqa: B009
     for module in modules:
         setattr(module, "WORKER_BOOTSTRAP", program)  # noqa: B010
