@@ -11,7 +11,6 @@ from evalkube.sandbox.backends import (
     SandboxLimits,
     SandboxUnavailable,
     SpawnRequest,
-    WorkerProcess,
     availability,
     resolve_backend,
 )
@@ -36,7 +35,6 @@ __all__ = [
     "SandboxLimits",
     "SandboxUnavailable",
     "SpawnRequest",
-    "WorkerProcess",
     "availability",
     "resolve_backend",
 ]

@@ -56,6 +56,12 @@ WORKER_BOOTSTRAP = (
 RESOURCE_PREFIX = "evalkube-"
 
 
+def worker_argv(python: str, root: str, site: str | None) -> list[str]:
+    """Every backend's worker command: ``python -I -S`` running :data:`WORKER_BOOTSTRAP` on
+    ``root`` (the worker package's parent) and ``site`` (the grader environment), if any."""
+    return [python, "-I", "-S", "-c", WORKER_BOOTSTRAP, root, *([site] if site is not None else [])]
+
+
 class SandboxUnavailable(RuntimeError):
     """The requested backend cannot run on this machine; the message says why."""
 
@@ -127,7 +133,8 @@ class WorkerProcess:
         self._cleanup = cleanup or []
         self._describe_exit = describe_exit
         self._closed = False
-        _track(self)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     @property
     def stdin(self) -> IO[bytes]:
@@ -146,11 +153,8 @@ class WorkerProcess:
 
     def exit_reason(self, code: int | None) -> str | None:
         """Why the worker died, when the backend can tell (out of memory, a signal)."""
-        if self._describe_exit is not None:
-            reason = self._describe_exit(code)
-            if reason:
-                return reason
-        return describe_signal(code)
+        reason = self._describe_exit(code) if self._describe_exit is not None else None
+        return reason or describe_signal(code)
 
     def kill(self) -> None:
         """Kill the worker and everything it started; remove what the sandbox created."""
@@ -178,7 +182,8 @@ class WorkerProcess:
         if self.workdir is not None:
             remove_tree(self.workdir)
         self._closed = True
-        _untrack(self)
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
 
 
 def remove_tree(path: Path) -> None:
@@ -220,16 +225,6 @@ def describe_signal(code: int | None) -> str | None:
 # -- tracking: nothing outlives the evalkube process --------------------------------------------
 _LIVE: set[WorkerProcess] = set()
 _LIVE_LOCK = threading.Lock()
-
-
-def _track(worker: WorkerProcess) -> None:
-    with _LIVE_LOCK:
-        _LIVE.add(worker)
-
-
-def _untrack(worker: WorkerProcess) -> None:
-    with _LIVE_LOCK:
-        _LIVE.discard(worker)
 
 
 def live_workers() -> int:
@@ -329,16 +324,11 @@ def worker_env() -> dict[str, str]:
         "PATH": "/usr/bin:/bin",
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
-        **SINGLE_THREADED_MATH,
+        # the thread-pool sizes of OpenMP, OpenBLAS and MKL
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
     }
-
-
-#: Thread-pool sizes of the native math libraries graders may import (OpenBLAS, OpenMP, MKL).
-SINGLE_THREADED_MATH = {
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
 
 
 def resource_name(kind: str) -> str:
@@ -352,17 +342,14 @@ def owner_is_dead(name: str, kind: str) -> bool:
     if not name.startswith(prefix):
         return False
     pid_text = name[len(prefix) :].split("-", 1)[0]
-    if not pid_text.isdigit():
-        return False
-    pid = int(pid_text)
-    if pid == os.getpid():
+    if not pid_text.isdigit() or int(pid_text) == os.getpid():
         return False
     try:
-        os.kill(pid, 0)
+        os.kill(int(pid_text), 0)
     except ProcessLookupError:
         return True
-    except PermissionError:
-        return False
+    except PermissionError:  # alive, another user's
+        pass
     return False
 
 
@@ -373,11 +360,7 @@ def stale_temp_dirs(kind: str) -> list[Path]:
         names = os.listdir(base)
     except OSError:
         return []
-    return [
-        base / name
-        for name in names
-        if name.startswith(f"{RESOURCE_PREFIX}{kind}-") and owner_is_dead(name, kind)
-    ]
+    return [base / name for name in names if owner_is_dead(name, kind)]
 
 
 class SandboxBackend(ABC):
@@ -439,12 +422,8 @@ class ProcessBackend(SandboxBackend):
                 (resource.RLIMIT_CORE, 0),
             )
         )
-        site = [str(request.environment)] if request.environment is not None else []
-        popen = spawn_pipes(
-            [sys.executable, "-I", "-S", "-c", WORKER_BOOTSTRAP, str(WORKER_ROOT), *site],
-            setup,
-            cwd=workdir,
-        )
+        site = str(request.environment) if request.environment is not None else None
+        popen = spawn_pipes(worker_argv(sys.executable, str(WORKER_ROOT), site), setup, cwd=workdir)
         return WorkerProcess(popen, workdir, model_endpoint=request.model_endpoint)
 
 
@@ -477,7 +456,6 @@ def availability() -> dict[str, str | None]:
 def resolve_backend(name: str) -> SandboxBackend:
     """The backend called ``name``, or for ``auto`` the strongest one available here."""
     if name == "auto":
-        reasons: list[str] = []
         skipped: list[tuple[str, str]] = []
         for candidate in AUTO_ORDER:
             cls = SandboxBackend.registry.get(candidate)
@@ -489,7 +467,7 @@ def resolve_backend(name: str) -> SandboxBackend:
                 chosen.passed_over = tuple(skipped)
                 return chosen
             skipped.append((candidate, reason))
-            reasons.append(f"  {candidate}: {reason}; install {INSTALL_HINTS[candidate]}")
+        reasons = [f"  {c}: {r}; install {INSTALL_HINTS[c]}" for c, r in skipped]
         raise SandboxUnavailable(
             "no isolating sandbox is available here, and `auto` never runs graders without "
             "isolation:\n" + "\n".join(reasons) + "\nInstall one of them, or pass "
@@ -512,8 +490,5 @@ def cleanup_on_error(steps: list[Callable[[], None]]) -> Iterator[None]:
         yield
     except BaseException:
         for step in reversed(steps):
-            try:
-                step()
-            except Exception as exc:
-                print(f"evalkube: sandbox cleanup step failed: {exc}", file=sys.stderr)
+            _run_step(step)
         raise

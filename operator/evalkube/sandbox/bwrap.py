@@ -14,11 +14,7 @@ import shutil
 from pathlib import Path
 
 from evalkube.sandbox import hostfs
-from evalkube.sandbox.backends import (
-    WORKER_BOOTSTRAP,
-    SpawnRequest,
-    worker_env,
-)
+from evalkube.sandbox.backends import SpawnRequest, worker_env
 from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
 from evalkube.sandbox.jailed import JailedBackend
 
@@ -63,10 +59,8 @@ def bwrap_argv(
         "--dev", "/dev",
         "--size", str(request.limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
     ]  # fmt: skip
-    site: list[str] = []
     if request.environment is not None:
         argv += ["--ro-bind", str(request.environment), INSIDE_ENVIRONMENT]
-        site.append(INSIDE_ENVIRONMENT)
     if bridge_socket is not None:
         argv += ["--ro-bind", str(bridge_socket), hostfs.INSIDE_BRIDGE_SOCKET]
     argv += [
@@ -75,8 +69,7 @@ def bwrap_argv(
         # (a /dev/stdout symlink, files), past the wipe of /tmp: read-only, as in gVisor
         "--remount-ro", "/dev",
         "--chdir", "/tmp",
-        "--", hostfs.INSIDE_PYTHON, "-I", "-S", "-c", WORKER_BOOTSTRAP, hostfs.INSIDE_WORKER_ROOT,
-        *site,
+        "--", *hostfs.inside_worker_argv(request.environment is not None),
     ]  # fmt: skip
     return argv
 

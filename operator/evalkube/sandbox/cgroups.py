@@ -7,7 +7,7 @@ so everything the sandbox starts is inside. :meth:`Cgroup.destroy` kills whateve
 them and removes the directories; :func:`sweep_stale` removes those of dead evalkube processes.
 
 gVisor manages its own cgroups from the OCI spec (``linux.cgroupsPath``) and only uses this
-module to read the out-of-memory counter and to sweep.
+module to remove them and to sweep.
 
 Where cgroup v1 controllers are not writable (not root, or a pure cgroup v2 host),
 :func:`available` says why and the backends fall back to rlimits alone, saying so in
@@ -44,10 +44,9 @@ def available() -> str | None:
 class Cgroup:
     """One sandbox's memory and pids cgroups."""
 
-    def __init__(self, name: str, memory_bytes: int, pids: int) -> None:
-        self.name = name
+    def __init__(self, memory_bytes: int, pids: int) -> None:
+        name = resource_name(KIND)
         self.paths = {c: ROOT / c / name for c in CONTROLLERS}
-        self.memory_bytes = memory_bytes
         created: list[Path] = []
         try:
             for path in self.paths.values():
@@ -64,36 +63,29 @@ class Cgroup:
                 _rmdir(path)
             raise
 
-    @classmethod
-    def create(cls, memory_bytes: int, pids: int) -> Cgroup:
-        return cls(resource_name(KIND), memory_bytes, pids)
-
     @property
     def procs_files(self) -> tuple[str, ...]:
         return tuple(str(path / "cgroup.procs") for path in self.paths.values())
 
     def oom_killed(self) -> bool:
         """True when the memory limit was hit (the kernel killed or refused an allocation)."""
-        return oom_killed(self.paths["memory"])
+        memory = self.paths["memory"]
+        try:
+            control = (memory / "memory.oom_control").read_text()
+        except OSError:
+            return False
+        for line in control.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value) > 0
+        try:  # older kernels have no oom_kill counter: the limit was at least reached
+            return int((memory / "memory.failcnt").read_text()) > 0
+        except (OSError, ValueError):
+            return False
 
     def destroy(self) -> None:
         """Kill everything still in the cgroups and remove them (idempotent)."""
         destroy_paths(list(self.paths.values()))
-
-
-def oom_killed(memory_dir: Path) -> bool:
-    try:
-        control = (memory_dir / "memory.oom_control").read_text()
-    except OSError:
-        return False
-    for line in control.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill" and value.strip().isdigit():
-            return int(value) > 0
-    try:  # older kernels have no oom_kill counter: the limit was at least reached
-        return int((memory_dir / "memory.failcnt").read_text()) > 0
-    except (OSError, ValueError):
-        return False
 
 
 def controller_dirs() -> list[Path]:
@@ -121,7 +113,6 @@ def sweep_stale(kinds: tuple[str, ...] = (KIND,)) -> list[str]:
     """Remove cgroups named after dead evalkube processes; return their names."""
     removed: list[str] = []
     for base in controller_dirs():  # every controller: runsc makes its cgroups in all of them
-        controller = base.name
         try:
             names = os.listdir(base)
         except OSError:
@@ -129,7 +120,7 @@ def sweep_stale(kinds: tuple[str, ...] = (KIND,)) -> list[str]:
         for name in names:
             if any(owner_is_dead(name, kind) for kind in kinds) and (base / name).is_dir():
                 destroy_paths([base / name])
-                removed.append(f"{controller}/{name}")
+                removed.append(f"{base.name}/{name}")
     return removed
 
 
@@ -159,9 +150,6 @@ def _rmdir(path: Path) -> bool:
 def _write(path: Path, value: int, *, missing_ok: bool = False) -> None:
     try:
         path.write_text(str(value))
-    except FileNotFoundError:
-        if not missing_ok:
-            raise
     except OSError:
         if not missing_ok:
             raise

@@ -21,12 +21,11 @@ import select
 import shutil
 import subprocess
 import tempfile
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 from evalkube.sandbox import cgroups, hostfs, oci
 from evalkube.sandbox.backends import (
-    WORKER_BOOTSTRAP,
     ChildSetup,
     SandboxBackend,
     SandboxUnavailable,
@@ -38,7 +37,6 @@ from evalkube.sandbox.backends import (
     stale_temp_dirs,
     worker_env,
 )
-from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
 from evalkube.sandbox.runsc import (
     PLATFORMS,
     outdated_reason,
@@ -56,13 +54,6 @@ RUNSC_COMMAND_TIMEOUT = 30.0
 GVISOR_HOST_PIDS = 4096
 #: Seconds the availability probe waits for a container's first answer.
 PROBE_TIMEOUT = 30.0
-
-
-def runsc_flags(state: Path, *, bridge: bool, platform: str) -> list[str]:
-    flags = [f"--root={state}", "--network=none", f"--platform={platform}"]
-    if bridge:
-        flags.append("--host-uds=open")
-    return flags
 
 
 class GVisorBackend(SandboxBackend):
@@ -98,8 +89,8 @@ class GVisorBackend(SandboxBackend):
         workdir = Path(tempfile.mkdtemp(prefix=name + "-"))
         state = workdir / "state"
         bundle = workdir / "bundle"
-        steps = [lambda: shutil.rmtree(workdir, ignore_errors=True)]
-        with cleanup_on_error(steps):
+        remove_workdir = partial(shutil.rmtree, workdir, ignore_errors=True)
+        with cleanup_on_error([remove_workdir]):
             state.mkdir()
             system = hostfs.system_entries()
             env = request.environment
@@ -110,15 +101,7 @@ class GVisorBackend(SandboxBackend):
                 environment=env is not None,
             )
             spec = oci.build_spec(
-                args=[
-                    hostfs.INSIDE_PYTHON,
-                    "-I",
-                    "-S",
-                    "-c",
-                    WORKER_BOOTSTRAP,
-                    hostfs.INSIDE_WORKER_ROOT,
-                    *([INSIDE_ENVIRONMENT] if env is not None else []),
-                ],
+                args=hostfs.inside_worker_argv(env is not None),
                 env=worker_env(),
                 environment=str(env) if env is not None else None,
                 system=system,
@@ -131,28 +114,20 @@ class GVisorBackend(SandboxBackend):
                 cgroups_path=f"/{name}",
             )
             (bundle / "config.json").write_text(json.dumps(spec, indent=1))
-            argv = [
-                runsc,
-                *runsc_flags(state, bridge=bridge_socket is not None, platform=platform),
-                "run",
-                "--bundle",
-                str(bundle),
-                name,
-            ]
+            argv = [runsc, f"--root={state}", "--network=none", f"--platform={platform}"]
+            if bridge_socket is not None:
+                argv.append("--host-uds=open")
+            argv += ["run", "--bundle", str(bundle), name]
             popen = spawn_pipes(
                 argv, ChildSetup(), cwd=workdir, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
             )
-
-        def terminate() -> None:
-            _destroy(runsc, state, name, popen)
-
         return WorkerProcess(
             popen,
             None,
             model_endpoint=inside_endpoint,
             rlimits={**limits.worker_rlimits(), "processes": limits.pids},
-            terminate=terminate,
-            cleanup=[lambda: shutil.rmtree(workdir, ignore_errors=True)],
+            terminate=partial(_destroy, runsc, state, name, popen),
+            cleanup=[remove_workdir],
         )
 
 

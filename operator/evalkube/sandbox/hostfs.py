@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from evalkube.sandbox.backends import WORKER_ROOT, SandboxUnavailable, resource_name
+from evalkube.sandbox.backends import WORKER_ROOT, SandboxUnavailable, resource_name, worker_argv
+from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
 
 #: The interpreter inside isolating sandboxes (the host's system Python, bound from /usr).
 INSIDE_PYTHON = "/usr/bin/python3"
@@ -63,14 +64,20 @@ def python_problem() -> str | None:
     return None
 
 
+def inside_worker_argv(environment: bool) -> list[str]:
+    """The worker command inside an isolating sandbox, which mounts the grader environment
+    (when there is one) at :data:`~evalkube.sandbox.environment.INSIDE_ENVIRONMENT`."""
+    return worker_argv(
+        INSIDE_PYTHON, INSIDE_WORKER_ROOT, INSIDE_ENVIRONMENT if environment else None
+    )
+
+
 def _world_readable(path: Path) -> bool:
-    """True when every directory down to ``path`` lets "other" in and ``path`` is readable."""
+    """True when the sandbox user can reach ``path`` and read every ``.py`` file in it."""
     try:
-        for part in [*reversed(path.parents), path]:
-            mode = part.stat().st_mode
-            if not mode & stat.S_IXOTH:
-                return False
-        return all(p.stat().st_mode & stat.S_IROTH for p in path.rglob("*.py"))
+        return sandbox_user_can_reach(path) and all(
+            p.stat().st_mode & stat.S_IROTH for p in path.rglob("*.py")
+        )
     except OSError:
         return False
 

@@ -52,7 +52,7 @@ def spawn_jailed(
     argv = build_argv(bridge_socket)
     group: cgroups.Cgroup | None = None
     if cgroups.available() is None:
-        group = cgroups.Cgroup.create(limits.cgroup_memory_bytes, limits.pids)
+        group = cgroups.Cgroup(limits.cgroup_memory_bytes, limits.pids)
     setup = ChildSetup(
         cgroup_procs=group.procs_files if group is not None else (),
         uid=hostfs.SANDBOX_UID if drop else None,

@@ -15,11 +15,7 @@ import os
 from pathlib import Path
 
 from evalkube.sandbox import hostfs
-from evalkube.sandbox.backends import (
-    WORKER_BOOTSTRAP,
-    SpawnRequest,
-    worker_env,
-)
+from evalkube.sandbox.backends import SpawnRequest, worker_env
 from evalkube.sandbox.environment import INSIDE_ENVIRONMENT
 from evalkube.sandbox.jailed import JailedBackend
 
@@ -32,7 +28,7 @@ def nsjail_path() -> str | None:
         return None
     try:
         path = locate_nsjail()
-    except (FileNotFoundError, OSError):
+    except OSError:
         return None
     return str(path) if os.access(path, os.X_OK) else None
 
@@ -76,25 +72,13 @@ def nsjail_argv(
         "--mount", f"none:/tmp:tmpfs:size={request.limits.tmp_bytes},mode=1777",
         "--bindmount", "/dev/null",
     ]  # fmt: skip
-    site: list[str] = []
     if request.environment is not None:
         argv += ["--bindmount_ro", f"{request.environment}:{INSIDE_ENVIRONMENT}"]
-        site.append(INSIDE_ENVIRONMENT)
     if bridge_socket is not None:
         argv += ["--bindmount_ro", f"{bridge_socket}:{hostfs.INSIDE_BRIDGE_SOCKET}"]
     for key, value in sorted(worker_env().items()):
         argv += ["--env", f"{key}={value}"]
-    argv += [
-        "--",
-        hostfs.INSIDE_PYTHON,
-        "-I",
-        "-S",
-        "-c",
-        WORKER_BOOTSTRAP,
-        hostfs.INSIDE_WORKER_ROOT,
-        *site,
-    ]
-    return argv
+    return [*argv, "--", *hostfs.inside_worker_argv(request.environment is not None)]
 
 
 class NsjailBackend(JailedBackend):

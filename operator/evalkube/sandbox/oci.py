@@ -55,42 +55,16 @@ def build_spec(
             "options": ["nosuid", "nodev", "mode=1777", f"size={max(1, tmp_bytes // 1024)}k"],
         },
     ]
-    for entry in system:
-        if entry.target is None:
-            mounts.append(
-                {
-                    "destination": entry.path,
-                    "type": "bind",
-                    "source": entry.path,
-                    "options": _RO_BIND,
-                }
-            )
-    mounts.append(
-        {
-            "destination": f"{INSIDE_WORKER_ROOT}/evalkube_sandbox",
-            "type": "bind",
-            "source": worker_package,
-            "options": _RO_BIND,
-        }
-    )
+    binds = [(entry.path, entry.path) for entry in system if entry.target is None]
+    binds.append((worker_package, f"{INSIDE_WORKER_ROOT}/evalkube_sandbox"))
     if environment is not None:
-        mounts.append(
-            {
-                "destination": INSIDE_ENVIRONMENT,
-                "type": "bind",
-                "source": environment,
-                "options": _RO_BIND,
-            }
-        )
+        binds.append((environment, INSIDE_ENVIRONMENT))
     if bridge_socket is not None:
-        mounts.append(
-            {
-                "destination": INSIDE_BRIDGE_SOCKET,
-                "type": "bind",
-                "source": bridge_socket,
-                "options": _RO_BIND,
-            }
-        )
+        binds.append((bridge_socket, INSIDE_BRIDGE_SOCKET))
+    mounts += [
+        {"destination": inside, "type": "bind", "source": source, "options": _RO_BIND}
+        for source, inside in binds
+    ]
     no_caps: list[str] = []
     return {
         "ociVersion": "1.0.2",
@@ -117,13 +91,7 @@ def build_spec(
         "hostname": hostname,
         "mounts": mounts,
         "linux": {
-            "namespaces": [
-                {"type": "pid"},
-                {"type": "network"},
-                {"type": "ipc"},
-                {"type": "uts"},
-                {"type": "mount"},
-            ],
+            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
             "resources": {
                 "memory": {"limit": memory_bytes, "swap": memory_bytes},
                 "pids": {"limit": pids},

@@ -214,8 +214,7 @@ class PodSocketBackend(SandboxBackend):
             self._link = self._accept()
         sock, worker_id, ending = self._link.spawn()
         endpoint = request.model_endpoint if request else None
-        limits = request.limits if request else None
-        rlimits = limits.worker_rlimits() if limits is not None else None
+        rlimits = request.limits.worker_rlimits() if request else None
         return SocketWorker(
             self._link, sock, worker_id, ending, model_endpoint=endpoint, rlimits=rlimits
         )

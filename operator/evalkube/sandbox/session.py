@@ -40,7 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,16 +106,14 @@ class _Live:
 
     def _read(self) -> None:
         try:
-            while True:
-                frame = read_frame(self.process.stdout)
-                if frame is None:
-                    self.frames.put(("eof", None, time.monotonic()))
-                    return
+            while (frame := read_frame(self.process.stdout)) is not None:
                 self.frames.put(("frame", frame, time.monotonic()))
         except FrameError as exc:
             self.frames.put(("bad", str(exc), time.monotonic()))
+            return
         except (OSError, ValueError):
-            self.frames.put(("eof", None, time.monotonic()))
+            pass
+        self.frames.put(("eof", None, time.monotonic()))
 
     def _write(self) -> None:
         while True:
@@ -220,14 +218,12 @@ class GraderSandbox:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start a worker and load the programs; :class:`ProgramLoadError` on bad user code."""
-        failures = 0
-        while True:
+        for attempt in range(1, MAX_CONSECUTIVE_START_FAILURES + 1):
             try:
                 self._live = self._spawn_and_load()
                 return
             except SandboxError:
-                failures += 1
-                if failures >= MAX_CONSECUTIVE_START_FAILURES:
+                if attempt == MAX_CONSECUTIVE_START_FAILURES:
                     raise
 
     def _site_packages(self) -> Path | None:
@@ -273,15 +269,7 @@ class GraderSandbox:
                     "scratch_dir": "/tmp"
                     if self.backend.isolating
                     else (str(process.workdir) if process.workdir else None),
-                    "programs": [
-                        {
-                            "name": p.name,
-                            "source": p.source,
-                            "filename": p.filename,
-                            "entrypoint": p.entrypoint,
-                        }
-                        for p in self.programs
-                    ],
+                    "programs": [asdict(p) for p in self.programs],
                 }
             )
             kind, frame, _ = live.next(
@@ -325,9 +313,7 @@ class GraderSandbox:
         self.close()
 
     def _restart(self) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
+        self.close()
         self.restarts += 1
         self.start()
 
@@ -404,6 +390,7 @@ class GraderSandbox:
                 deadline = mark + timeout + limits.TIMEOUT_GRACE_SECONDS
                 kind, frame, arrived = self._live.next(deadline)
                 failure: Execution | None = None
+                replace = False
                 if kind == "frame":
                     outcome = self._accept(head, frame)
                     if isinstance(outcome, list):
@@ -420,18 +407,12 @@ class GraderSandbox:
                         mark = max(arrived, mark)
                         announced = -1
                         continue
-                    if outcome == "replace":
-                        # the worker could not wipe its scratch directory back to empty and
-                        # free after the last answer it sent: the rest run in a fresh sandbox
-                        leftovers = [i for b in in_flight for i in b.items[b.answered :]]
-                        in_flight.clear()
-                        requeue.extendleft(reversed(leftovers))
-                        announced = -1
-                        self._restart()
-                        fill()
-                        mark = time.monotonic()
-                        continue
-                    failure = self._blame(head, "protocol_error", "ProtocolError", outcome)
+                    # "replace": the worker could not wipe its scratch directory back to empty
+                    # and free after the last answer it sent: the rest run in a fresh sandbox,
+                    # with no one to blame
+                    replace = outcome == "replace"
+                    if not replace:
+                        failure = self._blame(head, "protocol_error", "ProtocolError", outcome)
                 elif kind == "bad":
                     failure = self._blame(head, "protocol_error", "ProtocolError", str(frame))
                 elif kind == "eof":
@@ -447,13 +428,12 @@ class GraderSandbox:
                         "killed and a fresh one continued with the remaining samples",
                     )
                 # The worker is no longer trustworthy: kill it, decide whom to blame, go on.
-                certain = failure is not None and (announced == expected or len(head.items) == 1)
                 leftovers = [item for batch in in_flight for item in batch.items[batch.answered :]]
                 in_flight.clear()
-                if certain and failure is not None:
+                if failure is not None and (announced == expected or len(head.items) == 1):
                     yield failure
                     leftovers = leftovers[1:]
-                elif leftovers:
+                elif leftovers and not replace:
                     probe_left = PROBE_ITEMS
                 requeue.extendleft(reversed(leftovers))
                 announced = -1
