@@ -147,7 +147,7 @@ def _worker_program(program: str):  # type: ignore[no-untyped-def]
     line, container, limits and platform)."""
     from evalkube.sandbox import backends
 
-    modules = (backends,)  # every backend's command line comes from backends.worker_command
+    modules = (backends,)  # every backend's command line comes from backends.worker_argv
     saved = [getattr(m, "WORKER_BOOTSTRAP") for m in modules]  # noqa: B009
     for module in modules:
         setattr(module, "WORKER_BOOTSTRAP", program)  # noqa: B010
