@@ -54,7 +54,7 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
-from collections import defaultdict  # noqa: E402
+from collections import Counter, defaultdict  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -299,12 +299,13 @@ def latency(cp: ControlPlane, client: Client, watcher: Watcher, repeats: int) ->
 
 def burst(
     cp: ControlPlane, client: Client, watcher: Watcher, runs: int, units: int, timeout: float
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """``runs`` EvalRuns of ``units`` units each, created at once (16 concurrent creates)."""
     ns = new_namespace(cp, "burst")
     cp.apply(suite(ns, rows=units * 5))
     time.sleep(0.5)
     objects = [from_dict(run(ns, f"r{i:04d}", shard_size=5)) for i in range(runs)]
+    before = api_requests(cp)
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=CREATE_CONCURRENCY) as pool:
         list(pool.map(client.create, objects))
@@ -316,6 +317,7 @@ def burst(
         f"Jobs of {runs} runs",
         interval=0.2,
     )
+    requests = api_requests(cp) - before
     added = watcher.added(ns)
     per_run = sorted(t - added[r] for r, t in done.items())
     jobs = runs * units
@@ -329,7 +331,23 @@ def burst(
         "p90": per_run[int(len(per_run) * 0.9) - 1],
         "max": per_run[-1],
         "all": max(done.values()) - started,
+        "requests": requests,
     }
+
+
+def api_requests(cp: ControlPlane) -> Counter[str]:
+    """The API server's requests so far that change something or read one object, by verb
+    and resource (``apiserver_request_total``; lists and watches left out): what the burst
+    costs it, the operator's and the Job controller's requests together."""
+    text = cp.kubectl("get", "--raw", "/metrics").stdout
+    counts: Counter[str] = Counter()
+    for found in re.finditer(r"^apiserver_request_total\{([^}]*)\} (\S+)$", text, re.MULTILINE):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1)))
+        if labels.get("verb") in ("LIST", "WATCH"):
+            continue
+        resource = "/".join(filter(None, (labels.get("resource"), labels.get("subresource"))))
+        counts[f"{labels.get('verb')} {resource}"] += int(float(found.group(2)))
+    return counts
 
 
 def _plain_labels(labels: dict[str, str] | None) -> dict[str, str]:
@@ -546,7 +564,7 @@ def main() -> int:
     extra_env = dict(item.split("=", 1) for item in options.operator_env)
     dones: list[dict[str, float]] = []
     seconds: list[float] = []
-    many: dict[str, float] = {}
+    many: dict[str, Any] = {}
 
     cp = ControlPlane(find_bin_dir())
     cp.start()
@@ -636,6 +654,14 @@ def main() -> int:
             f"{'  per run, its ADDED event -> its Jobs p50/p90/max':<52} "
             f"{many['p50']:>5.2f}/{many['p90']:.2f}/{many['max']:.2f} s"
         )
+        requests = many["requests"]
+        print(
+            f"{'  API requests per run (no lists or watches)':<52} "
+            f"{sum(requests.values()) / options.runs:>10.2f}"
+        )
+        for what, count in requests.most_common():
+            if count >= options.runs / 10:
+                print(f"{'    ' + what:<52} {count / options.runs:>10.2f}")
     for key in ("exit_to_next_job", "exit_to_status", "job_complete_to_status"):
         if dones:
             values = [d[key] for d in dones]

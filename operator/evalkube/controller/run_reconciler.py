@@ -110,6 +110,8 @@ class _Setup:
     state it was created in."""
     deadline_warned: set[str] = field(default_factory=set)
     """Tasks whose capped Job deadline this operator has warned about (``DeadlineCapped``)."""
+    recorded_here: bool = False
+    """This pass put the run into the store: no runner can have reported to it yet."""
 
     @property
     def spec(self) -> EvalRunSpec:
@@ -347,17 +349,7 @@ class RunReconciler:
                     "completed_at": now_rfc3339() if failed else old.completed_at,
                 }
             )
-        done = await asyncio.to_thread(self.store.done_units, setup.entry.run_id)
-        # each unit's samples are read once, when it is done (never all of them at the end)
-        await asyncio.to_thread(
-            record_done_units,
-            self.store,
-            setup.entry.run_id,
-            units,
-            done,
-            setup.criteria_of,
-        )
-        reported = await asyncio.to_thread(self.store.failed_units, setup.entry.run_id)
+        done, reported = await self._store_progress(setup, units)
 
         def decided() -> Decision:
             decision = decide(
@@ -394,6 +386,25 @@ class RunReconciler:
             conditions = await self._finish(body, new, setup, decision)
         new.conditions = merge_conditions(old.conditions, conditions)
         return new
+
+    async def _store_progress(
+        self, setup: _Setup, units: list[Unit]
+    ) -> tuple[set[str], dict[str, str]]:
+        """The units done and those whose runner reported them failed, in one trip to the
+        store's thread (a burst of new runs queues on it); none asked for a run this pass
+        recorded."""
+        if setup.recorded_here:
+            setup.recorded_here = False
+            return set(), {}
+        store, run_id = self.store, setup.entry.run_id
+
+        def read() -> tuple[set[str], dict[str, str]]:
+            done = store.done_units(run_id)
+            # each unit's samples are read once, when it is done (never all of them at the end)
+            record_done_units(store, run_id, units, done, setup.criteria_of)
+            return done, store.failed_units(run_id)
+
+        return await asyncio.to_thread(read)
 
     def _observed_jobs(self, setup: _Setup) -> dict[str, JobState]:
         """The run's Jobs as the Job index shows them, plus those created here that it has not
@@ -467,22 +478,18 @@ class RunReconciler:
         entry = RunEntry(namespace, name, run_id, snapshot.suite.name, token_digest)
         self.registry.register(entry)
         await self.kube.create(manifests.network_policy(body, snapshot.run_spec, self.settings))
-        if await asyncio.to_thread(self.store.get_run, run_id) is None:
-            record = RunRecord(
-                run_id,
-                snapshot.suite.name,
-                snapshot.suite.version,
-                snapshot.to_wire(),
-                "pod (gVisor)" if self.settings.runtime_class else "pod",
-            )
-            try:
-                await asyncio.to_thread(self.store.create_run, record)
-            except Exception:  # another replica or an earlier pass created it
-                if await asyncio.to_thread(self.store.get_run, run_id) is None:
-                    raise
+        record = RunRecord(
+            run_id,
+            snapshot.suite.name,
+            snapshot.suite.version,
+            snapshot.to_wire(),
+            "pod (gVisor)" if self.settings.runtime_class else "pod",
+        )
+        recorded = await asyncio.to_thread(_record_run, self.store, record)
         parsed = parse_snapshot(snapshot)
         units = parsed.units() if parsed.pinned else None
         setup = self._setups[meta["uid"]] = _Setup(snapshot, entry, parsed, units)
+        setup.recorded_here = recorded and units is not None  # (a prepare pod reports first)
         return setup
 
     async def _create_snapshot(
@@ -968,6 +975,19 @@ def _pin_shard_size(snapshot: RunSnapshot, settings: OperatorSettings) -> RunSna
         return snapshot
     run_spec = snapshot.run_spec.model_copy(update={"shard_size": settings.shard_size})
     return snapshot.model_copy(update={"run_spec": run_spec})
+
+
+def _record_run(store: ResultStore, record: RunRecord) -> bool:
+    """Put the run into the store unless it is there; whether this call put it there."""
+    if store.get_run(record.run_id) is not None:
+        return False
+    try:
+        store.create_run(record)
+    except Exception:  # another replica or an earlier pass created it
+        if store.get_run(record.run_id) is None:
+            raise
+        return False
+    return True
 
 
 def _spec_entry(body: Mapping[str, Any], token_digest: str) -> RunEntry:
