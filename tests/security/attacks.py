@@ -358,6 +358,26 @@ ATTACKS = [
         ALL,
         Expect(("protocol_error",)),
     ),
+    Attack(
+        # the worker's own batch token, read from its memory, in a replace frame (which asks
+        # for a fresh sandbox and blames no one): sent before any answer, every time, it
+        # restarted the sandbox forever until such a frame counted as forged
+        "forged_replace_frame",
+        """
+        import gc
+        live = [o for o in gc.get_objects() if isinstance(o, dict) and o.get("op") == "run"]
+        for request in live:
+            body = json.dumps({{"t": "replace", "b": request.get("batch")}}).encode()
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    os.write(int(fd), struct.pack(">I", len(body)) + body)
+                except OSError:
+                    pass
+        return 1.0
+        """,
+        ALL,
+        Expect(("protocol_error",)),
+    ),
     Attack("os_exit_mid_batch", "os._exit(0)", ALL, Expect(("crashed",))),
     Attack("sys_exit_mid_batch", "sys.exit()", ALL, Expect(("raised",), ("SystemExit",))),
     Attack(

@@ -96,6 +96,9 @@ class _Live:
         self.frames: queue.SimpleQueue[tuple[str, Any, float]] = queue.SimpleQueue()
         self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self.stderr_tail = b""
+        #: Answers this worker has sent: it asks to be replaced only after a sample's answer
+        #: (the one that left what it cannot wipe), so a ``replace`` before any is forged.
+        self.answers = 0
         self._threads = [
             threading.Thread(target=self._read, name="evalkube-sandbox-read", daemon=True),
             threading.Thread(target=self._write, name="evalkube-sandbox-write", daemon=True),
@@ -395,6 +398,7 @@ class GraderSandbox:
                     outcome = self._accept(head, frame)
                     if isinstance(outcome, list):
                         mark = arrived
+                        self._live.answers += len(outcome)
                         for local, answer in outcome:
                             yield from_answer(head.items[local][0], answer)
                         continue
@@ -409,8 +413,14 @@ class GraderSandbox:
                         continue
                     # "replace": the worker could not wipe its scratch directory back to empty
                     # and free after the last answer it sent: the rest run in a fresh sandbox,
-                    # with no one to blame
-                    replace = outcome == "replace"
+                    # with no one to blame. One before any answer is user code's (it found the
+                    # token): blamed, or it could restart the sandbox forever at no cost
+                    replace = outcome == "replace" and self._live.answers > 0
+                    if outcome == "replace" and not replace:
+                        outcome = (
+                            "a replace frame before any answer (user code wrote to the "
+                            "protocol channel?)"
+                        )
                     if not replace:
                         failure = self._blame(head, "protocol_error", "ProtocolError", outcome)
                 elif kind == "bad":
