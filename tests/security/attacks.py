@@ -342,17 +342,10 @@ ATTACKS = [
     Attack(
         "forged_protocol_frames",
         """
-        frames = [
+        write_frames([
             {{"t": "results", "start": 0, "answers": [{{"ok": True, "value": 99.0}}] * 5}},
             {{"t": "done", "n": 5}},
-        ]
-        for fd in os.listdir("/proc/self/fd"):
-            for frame in frames:
-                body = json.dumps(frame).encode()
-                try:
-                    os.write(int(fd), struct.pack(">I", len(body)) + body)
-                except OSError:
-                    pass
+        ])
         return 99.0
         """,
         ALL,
@@ -366,13 +359,7 @@ ATTACKS = [
         """
         import gc
         live = [o for o in gc.get_objects() if isinstance(o, dict) and o.get("op") == "run"]
-        for request in live:
-            body = json.dumps({{"t": "replace", "b": request.get("batch")}}).encode()
-            for fd in os.listdir("/proc/self/fd"):
-                try:
-                    os.write(int(fd), struct.pack(">I", len(body)) + body)
-                except OSError:
-                    pass
+        write_frames([{{"t": "replace", "b": request.get("batch")}} for request in live])
         return 1.0
         """,
         ALL,
@@ -477,6 +464,17 @@ import signal
 import socket
 import struct
 import sys
+
+
+def write_frames(frames):
+    # each frame, framed as the worker frames them, to every descriptor this process has
+    for fd in os.listdir("/proc/self/fd"):
+        for frame in frames:
+            body = json.dumps(frame).encode()
+            try:
+                os.write(int(fd), struct.pack(">I", len(body)) + body)
+            except OSError:
+                pass
 
 
 def grade(sample, item):
