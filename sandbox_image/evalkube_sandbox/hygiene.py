@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import stat
 import sys
@@ -24,6 +25,7 @@ import time
 
 TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 #: Audit events after which processes may outlive the sample.
@@ -76,6 +78,15 @@ class Hygiene:
         self.unclean: str | None = None
         #: Processes the sweep leaves alive (the sample zygote; what they start is swept).
         self.keep: frozenset[int] = frozenset()
+        #: The last sample's process and a pidfd of it (``None``: none): once its whole
+        #: thread group has exited, the sweep need not read its /proc entry
+        #: (:func:`kill_descendants`). Only the last one: its parent, the zygote, reaps it
+        #: no earlier than the next fork, so its pid cannot be another process's yet.
+        self.ended: tuple[int, int] | None = None
+        #: The pid of a process forked for the next sample while the sweep runs, once it is
+        #: forked (``None``: none): called, and kept, when /proc shows a process the sweep
+        #: does not know (the sample zygote's :meth:`~evalkube_sandbox.zygote.Zygote._newborn`).
+        self.newborn: Callable[[], int | None] | None = None
         self._installed = False
 
     def install(self) -> None:
@@ -133,7 +144,7 @@ class Hygiene:
         """Kill what the sample started, empty the scratch directory and check that it is
         empty and free again (:attr:`unclean` says why not)."""
         try:
-            self.keep -= kill_descendants(self.keep)
+            self.keep -= kill_descendants(self.keep, ended=self.ended, newborn=self.newborn)
         except ProcessesSurvived as exc:
             self.unclean = str(exc)  # the worker has the host replace the sandbox
             self.dirty = False
@@ -194,9 +205,21 @@ def live_descendants(root: int, keep: frozenset[int] = frozenset()) -> list[int]
     return found
 
 
-def kill_descendants(keep: frozenset[int] = frozenset(), rounds: int = 200) -> set[int]:
+def kill_descendants(
+    keep: frozenset[int] = frozenset(),
+    rounds: int = 200,
+    ended: tuple[int, int] | None = None,
+    newborn: Callable[[], int | None] | None = None,
+) -> set[int]:
     """SIGKILL every process below this one but ``keep`` (our children), until none is left
     alive, reaping our own children; the pids reaped.
+
+    When /proc lists no process but this one, its parent, the kept ones and ``ended`` (a pid
+    and a pidfd of it) whose whole thread group has exited, there is nothing to kill and the
+    scan that reads every process's /proc entry (about a millisecond each under gVisor) is
+    skipped: in a sandbox of its own (a PID namespace), the common case after a sample.
+    A process it does not know may be one being forked for the next sample: ``newborn()``
+    says its pid (waiting for the fork), and it is kept.
 
     Killing a child re-parents its own children to us (subreaper); a process below a kept one
     is not ours to reap: each round looks again until only exited processes remain. A kept
@@ -206,6 +229,12 @@ def kill_descendants(keep: frozenset[int] = frozenset(), rounds: int = 200) -> s
     me = os.getpid()
     reaped = reap()
     keep = keep - reaped
+    strangers = _strangers(me, keep, ended)
+    if strangers and newborn is not None and (born := newborn()) is not None:
+        keep = keep | {born}
+        strangers = [pid for pid in strangers if pid != born]
+    if strangers == []:
+        return reaped
     for _ in range(rounds):
         alive = live_descendants(me, keep)
         if not alive:
@@ -229,6 +258,38 @@ def kill_descendants(keep: frozenset[int] = frozenset(), rounds: int = 200) -> s
         if live_descendants(me, keep):
             raise ProcessesSurvived("processes a sample started survived every kill")
     return reaped | reap()
+
+
+def _strangers(me: int, keep: frozenset[int], ended: tuple[int, int] | None) -> list[int] | None:
+    """The processes /proc lists but this one, its parent, the kept ones and ``ended`` once
+    its whole thread group has exited; ``None``: /proc cannot be listed. None of them: no
+    process of a sample runs.
+
+    ``ended`` was killed: its exit is awaited (up to :data:`ENDED_EXIT_SECONDS`) *before*
+    /proc is listed, since a fork it was in when killed may still complete (gVisor lets it):
+    once it has exited, every process it made is in the listing, a stranger."""
+    gone = ended is not None and _exited(ended[1], ENDED_EXIT_SECONDS)
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    known = {me, os.getppid(), *keep}
+    if gone and ended is not None:
+        known.add(ended[0])
+    return [int(name) for name in names if name.isdigit() and int(name) not in known]
+
+
+#: Seconds the sweep waits for the last sample's process (killed) to exit before it scans.
+ENDED_EXIT_SECONDS = 0.5
+
+
+def _exited(pidfd: int, timeout: float = 0.0) -> bool:
+    """Whether the process of ``pidfd`` and all its threads have exited (it polls readable
+    then, on Linux and gVisor alike), waiting up to ``timeout`` seconds."""
+    try:
+        return bool(select.select([pidfd], [], [], timeout)[0])
+    except (OSError, ValueError):
+        return False
 
 
 class ProcessesSurvived(RuntimeError):
@@ -269,7 +330,12 @@ def wipe(directory: str) -> None:
     one exists) and directories are moved into it under names only the wipe gives there.
     When it cannot be made (a full filesystem), directories are moved up into ``directory``
     under random names checked to be free.
+
+    An empty directory (what a sample that wrote nothing leaves) costs one listing.
     """
+    with contextlib.suppress(OSError):
+        if not os.listdir(directory):
+            return
     try:
         root = os.open(directory, _DIR_FLAGS)
     except OSError:

@@ -81,12 +81,15 @@ class Zygote:
         self._hygiene = hygiene
         self._ask, self._born, self._request, self._answer = ask, born, request, answer
         self._asked = False
-        #: The process forked for the next sample, taken from the zygote.
-        self._next: int | None = None
+        #: The process forked for the next sample, taken from the zygote, and a pidfd of it.
+        self._next: tuple[int, int | None] | None = None
         #: The worker's own limits and scheduling, as before any sample (a sample may change
         #: them from outside: the worker then handles no other sample).
         self._worker_state: tuple[Any, ...] = ()
+        #: What the last sample left was swept (after it, while the next fork went on).
+        self._swept = False
         self.alive = True
+        hygiene.newborn = self._newborn
 
     @classmethod
     def start(
@@ -122,24 +125,30 @@ class Zygote:
         try:
             os.write(self._ask, b"f")
             self._asked = True
-        except OSError:
-            self.close()
+        except OSError:  # the zygote is gone; a sample may be running: its pipes stay open
+            self.alive = False
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
 
     def run(
         self, program: str, args: list[Any], ctx: list[Any] | None, *, payload_bytes: int
     ) -> dict[str, Any] | None:
         """One sample in the process forked for it; ``None`` when that cannot be: the zygote
         or the process is gone or was changed, or the scratch directory is not clean
-        (:attr:`Hygiene.unclean`). The next sample's process is forked while this one runs."""
-        pid = self._next if self._next is not None else self._take()
+        (:attr:`Hygiene.unclean`). The next sample's process is forked while this one runs,
+        and what this one left is swept while that fork goes on (:meth:`_sweep`)."""
+        taken = self._next if self._next is not None else self._take()
         self._next = None
-        if pid is None:
+        if taken is None:
             return None
+        pid, pidfd = taken
         size: int | None = None
         hygiene = self._hygiene
-        hygiene.keep = frozenset({self.pid, pid})
         try:
-            hygiene.clean()  # every process of the last sample has exited; its files: gone
+            if not self._swept:  # the first sample: what loading the programs left
+                hygiene.keep = frozenset({self.pid, pid})
+                hygiene.clean()
+            self._swept = False
             if hygiene.unclean is not None or inherited(_MOVED_BY_WORKER) != self._worker_state:
                 return None
             for woken in (self.pid, pid):
@@ -155,26 +164,63 @@ class Zygote:
             data, size = _receive(self._answer, pid, payload_bytes)
         finally:
             end_group(pid)
+            self._ended(pid, pidfd)
             with contextlib.suppress(OSError):  # a zygote the sample stopped forks on
                 os.kill(self.pid, signal.SIGCONT)
-            self._next = self._take()  # what the sample started is swept before the next one
+            self._sweep()
+            if self._next is None:
+                self._next = self._take()
         return decode(data, size is None, payload_bytes, size)
+
+    def _sweep(self) -> None:
+        """Kill what the sample started and wipe its files (:meth:`Hygiene.clean`) while the
+        zygote forks the next sample's process: the sweep keeps the zygote and that process,
+        and waits for the fork (:meth:`_newborn`) only when /proc shows a process it does
+        not know, which may be the one being forked."""
+        hygiene = self._hygiene
+        hygiene.keep = frozenset({self.pid} if self._next is None else {self.pid, self._next[0]})
+        hygiene.clean()
+        self._swept = True
+
+    def _newborn(self) -> int | None:
+        """The pid of the process being forked for the next sample, once forked; ``None``
+        when no fork was asked for (or the zygote is gone)."""
+        if self._next is None and self._asked:
+            self._next = self._take()
+        return None if self._next is None else self._next[0]
 
     def settle(self) -> str | None:
         """Wait for every process of the samples so far to be gone and wipe their files; why
         this worker must not read another request (``None``: it may). Between batches: a
         sample may have changed the worker's own limits, and a request is decoded here."""
         hygiene = self._hygiene
-        hygiene.keep = frozenset({self.pid} if self._next is None else {self.pid, self._next})
-        hygiene.clean()
+        if not self._swept:
+            hygiene.keep = frozenset(
+                {self.pid} if self._next is None else {self.pid, self._next[0]}
+            )
+            hygiene.clean()
         if hygiene.unclean is not None:
             return hygiene.unclean
         if inherited(_MOVED_BY_WORKER) != self._worker_state:
             return "a sample changed the worker's limits or scheduling from outside"
         return None
 
-    def _take(self) -> int | None:
-        """The pid of the process forked for the next sample (asking for it if need be)."""
+    def _ended(self, pid: int, pidfd: int | None) -> None:
+        """``pid`` ran the last sample: killed through its pidfd too (it may have left the
+        process group :func:`end_group` killed), so the sweep may skip it once it has exited
+        (:attr:`Hygiene.ended`); the pidfd of the sample before it is closed."""
+        if pidfd is not None:
+            with contextlib.suppress(OSError, AttributeError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        hygiene = self._hygiene
+        if hygiene.ended is not None:
+            with contextlib.suppress(OSError):
+                os.close(hygiene.ended[1])
+        hygiene.ended = None if pidfd is None else (pid, pidfd)
+
+    def _take(self) -> tuple[int, int | None] | None:
+        """The process forked for the next sample and a pidfd of it (``None`` where pidfds
+        are not supported), asking for it if need be."""
         self.ask()
         if not self.alive:
             return None
@@ -185,12 +231,20 @@ class Zygote:
         if len(data) != HEADER_BYTES:  # it exited: killed, or changed by a sample
             self.close()
             return None
-        return int.from_bytes(data, "little", signed=True)
+        pid = int.from_bytes(data, "little", signed=True)
+        # the zygote reaps a process of its own only when asked for the next one: until
+        # then this pid is this process's, alive or not (opened now, before it runs anything)
+        try:
+            return pid, os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return pid, None
 
     def close(self) -> None:
         if self.alive:
             self.alive = False
             close_all((self._ask, self._born, self._request, self._answer))
+            if self._next is not None and self._next[1] is not None:
+                close_all((self._next[1],))
         with contextlib.suppress(OSError):
             os.kill(self.pid, signal.SIGKILL)
 

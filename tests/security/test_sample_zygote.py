@@ -254,6 +254,114 @@ def test_a_process_that_looks_exited_is_swept_before_the_next_sample(name: str) 
     assert [e.value for e in executions] == samples
 
 
+# The sweep after a sample runs while the zygote forks the next sample's process, and keeps
+# that one process (whose pid it learns from the zygote). A sample that makes a process the
+# zygote's child itself (``clone(CLONE_PARENT)``) must not pass for it: the lurker below is
+# a sibling of the sample, a child of the zygote like the process forked for the next sample.
+SIBLING = SURVIVOR.replace(
+    """        if os.fork() == 0:
+            os.setsid()""",
+    """        CLONE_PARENT, SIGCHLD = 0x8000, 17
+        if ctypes.CDLL(None, use_errno=True).syscall(56, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0) == 0:
+            os.setsid()""",
+)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the sibling calls SYS_clone by number")
+@pytest.mark.parametrize("name", ISOLATING)
+def test_a_process_made_the_zygotes_child_is_swept_before_the_next_sample(name: str) -> None:
+    assert SIBLING != SURVIVOR
+    samples = ["first", "lurk", "victim-row", "after", "last"]
+    executions, _ = run(backend(name), SIBLING, samples, timeout=20, isolation="sample")
+    assert [e.status for e in executions] == ["returned"] * len(samples), [
+        e.error for e in executions if e.error
+    ]
+    assert [e.value for e in executions] == samples
+
+
+# Found by an attacker review of the concurrent sweep: under gVisor a fork that is under way
+# when its process is killed still completes. A sample wrote its own answer and forked a
+# process slow to fork (thousands of mappings); the worker listed /proc before the killed
+# sample had exited, so the child was not there yet, and the sweep skipped its scan. The child
+# lived into the next sample, stopped its process, read its request and forged its answer.
+# The sweep now waits for the killed sample to exit before it lists /proc.
+FORK_AT_EXIT = (
+    SURVIVOR
+    + r"""
+import mmap
+
+KEEP = []
+
+def grade(sample, item):
+    if sample.startswith("fork-at-exit"):
+        zygote, me = parent(os.getpid()), os.getpid()
+        _, answer = pipe_ends()
+        KEEP.extend(mmap.mmap(-1, 4096) for _ in range(15000))
+        for page in KEEP:
+            page[0] = 1  # each a mapping of its own: the fork below takes tens of ms
+        body = json.dumps({"ok": True, "value": sample}).encode()
+        os.write(answer, len(body).to_bytes(8, "little") + body)  # the worker kills it now
+        if os.fork() == 0:
+            os.setsid()
+            lurk(zygote, me)
+            os._exit(0)
+        time.sleep(5)
+    return sample
+"""
+)
+
+
+@pytest.mark.parametrize("name", ISOLATING)
+def test_a_fork_under_way_when_the_sample_is_killed_is_swept(name: str) -> None:
+    samples = ["first"]
+    for round_ in range(4):  # each round is a race the attacker won most times on gVisor
+        samples += [f"fork-at-exit-{round_}", f"victim-row-{round_}"]
+    samples.append("last")
+    executions, _ = run(backend(name), FORK_AT_EXIT, samples, timeout=20, isolation="sample")
+    assert [e.status for e in executions] == ["returned"] * len(samples), [
+        e.error for e in executions if e.error
+    ]
+    assert [e.value for e in executions] == samples
+
+
+# Found by the same review (and older than the concurrent sweep): a sample that killed only
+# the zygote, once it had forked the next sample's process, made the worker close the pipes
+# of the sample running in that process and crash; the next sample was blamed.
+ZYGOTE_KILLER = r"""
+import os, signal, time
+
+def parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rpartition(b")")[2].split()[1])
+    except OSError:
+        return -1
+
+def grade(sample, item):
+    if sample == "kill-zygote":
+        zygote, me = parent(os.getpid()), os.getpid()
+        for _ in range(500):
+            if any(n.isdigit() and int(n) != me and parent(int(n)) == zygote
+                   for n in os.listdir("/proc")):
+                break
+            time.sleep(0.002)
+        time.sleep(0.1)  # the zygote has told the worker the next process's pid
+        os.kill(zygote, signal.SIGKILL)
+        time.sleep(0.05)
+    return sample
+"""
+
+
+@pytest.mark.parametrize("name", ISOLATING)
+def test_a_sample_that_kills_only_the_zygote_fails_no_other_sample(name: str) -> None:
+    samples = ["first", "kill-zygote", "victim", "after", "kill-zygote", "victim", "last"]
+    executions, _ = run(backend(name), ZYGOTE_KILLER, samples, timeout=20, isolation="sample")
+    assert [e.status for e in executions] == ["returned"] * len(samples), [
+        e.error for e in executions if e.error
+    ]
+    assert [e.value for e in executions] == samples
+
+
 # Found by an attacker review: the worker is the same user as its samples; a sample lowered
 # the worker's address-space limit, and the worker then failed on the next large sample,
 # which was blamed for the crash.
