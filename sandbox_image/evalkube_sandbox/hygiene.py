@@ -87,6 +87,9 @@ class Hygiene:
         #: forked (``None``: none): called, and kept, when /proc shows a process the sweep
         #: does not know (the sample zygote's :meth:`~evalkube_sandbox.zygote.Zygote._newborn`).
         self.newborn: Callable[[], int | None] | None = None
+        #: The scratch directory's permission bits before any user code ran (``None``: not
+        #: read): a sample may own the directory itself (bwrap, nsjail) and change them.
+        self.scratch_mode: int | None = None
         self._installed = False
 
     def install(self) -> None:
@@ -94,6 +97,8 @@ class Hygiene:
         if self._installed:
             return
         self._installed = True
+        if self.scratch:
+            self.scratch_mode = scratch_mode(self.scratch)
         become_subreaper()
         sys.addaudithook(self._audit)
         self._flag_unaudited()
@@ -150,8 +155,9 @@ class Hygiene:
             self.dirty = False
             return
         if self.scratch:
+            restore_mode(self.scratch, self.scratch_mode)
             wipe(self.scratch)
-            self.unclean = verify(self.scratch)
+            self.unclean = verify(self.scratch, self.scratch_mode)
         self.dirty = False
 
 
@@ -466,10 +472,31 @@ def _empty_into(parent: int, name: str, stage: _Stage) -> None:
         os.close(fd)
 
 
-def verify(directory: str) -> str | None:
-    """Why ``directory`` is not as a fresh sandbox has it (``None``: it is): an entry left,
-    space still in use on its own filesystem (a file deleted but held open by this
-    process), or a descriptor of this process still open inside it."""
+def scratch_mode(directory: str) -> int | None:
+    """The permission bits of ``directory`` (``None``: it cannot be read)."""
+    try:
+        return stat.S_IMODE(os.stat(directory).st_mode)
+    except OSError:
+        return None
+
+
+def restore_mode(directory: str, mode: int | None) -> None:
+    """Give ``directory`` its permission bits ``mode`` back if a sample changed them (one
+    ``stat`` when it did not): a scratch directory made read-only stops every later sample
+    from writing there, and a pod's ``/tmp`` outlives a replaced worker."""
+    if mode is not None and scratch_mode(directory) not in (mode, None):
+        with contextlib.suppress(OSError):
+            os.chmod(directory, mode)
+
+
+def verify(directory: str, mode: int | None = None) -> str | None:
+    """Why ``directory`` is not as a fresh sandbox has it (``None``: it is): permission bits
+    other than ``mode`` (when given), an entry left, space still in use on its own
+    filesystem (a file deleted but held open by this process), or a descriptor of this
+    process still open inside it."""
+    if mode is not None and (found := scratch_mode(directory)) != mode:
+        shown = "unreadable" if found is None else oct(found)
+        return f"the scratch directory's permissions are {shown}, not {oct(mode)}"
     try:
         left = os.listdir(directory)
     except OSError as exc:

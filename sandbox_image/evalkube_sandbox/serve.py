@@ -239,6 +239,12 @@ class Supervisor:
         #: The grader's scratch directory (the container's ``/tmp``), wiped and checked before
         #: every worker starts; ``None``: none.
         self.scratch = scratch
+        #: Its permission bits before any worker ran (restored before each one).
+        self.scratch_mode: int | None = None
+        if scratch:
+            from evalkube_sandbox.hygiene import scratch_mode
+
+            self.scratch_mode = scratch_mode(scratch)
         self.memory_bytes = memory_bytes
         #: Where the grader's memory is read: a cgroup's usage, else resident sizes summed.
         self.memory_file = memory_file
@@ -289,11 +295,12 @@ class Supervisor:
         it could not be (``None``: it is empty and free)."""
         if not self.scratch:
             return None
-        from evalkube_sandbox.hygiene import verify, wipe
+        from evalkube_sandbox.hygiene import restore_mode, verify, wipe
 
         end_everything(self.me)  # nothing may write there while it is wiped
+        restore_mode(self.scratch, self.scratch_mode)
         wipe(self.scratch)
-        return verify(self.scratch)
+        return verify(self.scratch, self.scratch_mode)
 
     def _refuse(self, worker_id: int, channel: int, unclean: str) -> None:
         """Tell the runner the worker ended before it started, and why."""

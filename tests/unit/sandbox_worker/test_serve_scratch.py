@@ -128,3 +128,29 @@ def test_without_a_scratch_directory_nothing_is_wiped(
         runner.close()
         control.close()
     assert sorted(os.listdir(scratch)) == sorted({p.split("/")[0] for p in LEFTOVERS})
+
+
+def test_the_next_worker_finds_the_scratch_directory_writable_again(
+    supervisor: tuple[Supervisor, socket.socket], scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grader that owns the pod's ``/tmp`` made it read-only: the next worker would find it
+    unwritable for the rest of the unit; the supervisor gives it its mode back first."""
+    sup, _runner = supervisor
+    before = scratch.stat().st_mode & 0o7777
+    scratch.chmod(0o500)
+    modes: list[int] = []
+
+    def fork() -> int:
+        modes.append(scratch.stat().st_mode & 0o7777)
+        raise _Forked
+
+    monkeypatch.setattr(os, "fork", fork)
+    mine, theirs = socket.socketpair()
+    sup._fds.append(theirs.detach())
+    try:
+        with pytest.raises(_Forked):
+            sup._spawn(2)
+    finally:
+        mine.close()
+        scratch.chmod(before)
+    assert modes == [before]
