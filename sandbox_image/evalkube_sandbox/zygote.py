@@ -195,10 +195,7 @@ class Zygote:
         sample may have changed the worker's own limits, and a request is decoded here."""
         hygiene = self._hygiene
         if not self._swept:
-            hygiene.keep = frozenset(
-                {self.pid} if self._next is None else {self.pid, self._next[0]}
-            )
-            hygiene.clean()
+            self._sweep()
         if hygiene.unclean is not None:
             return hygiene.unclean
         if inherited(_MOVED_BY_WORKER) != self._worker_state:

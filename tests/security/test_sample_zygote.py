@@ -113,6 +113,15 @@ def grade(sample, item):
 ATTACKS = ["stop", "signals", "limits", "nice", "pin", "schedule", "kill"]
 
 
+def _each_answers_itself(name: str, source: str, samples: list[str]) -> None:
+    """Every sample returns, each with its own value (the graders answer the sample)."""
+    executions, _ = run(backend(name), source, samples, timeout=20, isolation="sample")
+    assert [e.status for e in executions] == ["returned"] * len(samples), [
+        e.error for e in executions if e.error
+    ]
+    assert [e.value for e in executions] == samples
+
+
 @pytest.mark.parametrize("attack", ATTACKS)
 @pytest.mark.parametrize("name", ISOLATING)
 def test_what_a_sample_does_to_the_processes_beside_it_never_reaches_the_next(
@@ -247,11 +256,7 @@ def grade(sample, item):
 @pytest.mark.parametrize("name", ISOLATING)
 def test_a_process_that_looks_exited_is_swept_before_the_next_sample(name: str) -> None:
     samples = ["first", "lurk", "victim-row", "after", "last"]
-    executions, _ = run(backend(name), SURVIVOR, samples, timeout=20, isolation="sample")
-    assert [e.status for e in executions] == ["returned"] * len(samples), [
-        e.error for e in executions if e.error
-    ]
-    assert [e.value for e in executions] == samples
+    _each_answers_itself(name, SURVIVOR, samples)
 
 
 # The sweep after a sample runs while the zygote forks the next sample's process, and keeps
@@ -272,11 +277,7 @@ SIBLING = SURVIVOR.replace(
 def test_a_process_made_the_zygotes_child_is_swept_before_the_next_sample(name: str) -> None:
     assert SIBLING != SURVIVOR
     samples = ["first", "lurk", "victim-row", "after", "last"]
-    executions, _ = run(backend(name), SIBLING, samples, timeout=20, isolation="sample")
-    assert [e.status for e in executions] == ["returned"] * len(samples), [
-        e.error for e in executions if e.error
-    ]
-    assert [e.value for e in executions] == samples
+    _each_answers_itself(name, SIBLING, samples)
 
 
 # Found by an attacker review of the concurrent sweep: under gVisor a fork that is under way
@@ -317,11 +318,7 @@ def test_a_fork_under_way_when_the_sample_is_killed_is_swept(name: str) -> None:
     for round_ in range(4):  # each round is a race the attacker won most times on gVisor
         samples += [f"fork-at-exit-{round_}", f"victim-row-{round_}"]
     samples.append("last")
-    executions, _ = run(backend(name), FORK_AT_EXIT, samples, timeout=20, isolation="sample")
-    assert [e.status for e in executions] == ["returned"] * len(samples), [
-        e.error for e in executions if e.error
-    ]
-    assert [e.value for e in executions] == samples
+    _each_answers_itself(name, FORK_AT_EXIT, samples)
 
 
 # Found by the same review (and older than the concurrent sweep): a sample that killed only
@@ -355,11 +352,7 @@ def grade(sample, item):
 @pytest.mark.parametrize("name", ISOLATING)
 def test_a_sample_that_kills_only_the_zygote_fails_no_other_sample(name: str) -> None:
     samples = ["first", "kill-zygote", "victim", "after", "kill-zygote", "victim", "last"]
-    executions, _ = run(backend(name), ZYGOTE_KILLER, samples, timeout=20, isolation="sample")
-    assert [e.status for e in executions] == ["returned"] * len(samples), [
-        e.error for e in executions if e.error
-    ]
-    assert [e.value for e in executions] == samples
+    _each_answers_itself(name, ZYGOTE_KILLER, samples)
 
 
 # Found by an attacker review: the worker is the same user as its samples; a sample lowered

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,27 @@ def supervisor(
         control.close()
 
 
+def _at_fork(sup: Supervisor, monkeypatch: pytest.MonkeyPatch, look: Callable[[], Any]) -> Any:
+    """What ``look()`` finds at the moment the supervisor forks the next worker (the fork
+    itself is stopped there)."""
+    seen: list[Any] = []
+
+    def fork() -> int:
+        seen.append(look())
+        raise _Forked
+
+    monkeypatch.setattr(os, "fork", fork)
+    mine, theirs = socket.socketpair()
+    sup._fds.append(theirs.detach())
+    try:
+        with pytest.raises(_Forked):
+            sup._spawn(1)
+    finally:
+        mine.close()
+    assert len(seen) == 1
+    return seen[0]
+
+
 def _messages(runner: socket.socket) -> list[dict[str, Any]]:
     runner.settimeout(5)
     data = b""
@@ -71,21 +92,7 @@ def test_the_next_worker_starts_on_an_empty_scratch_directory(
     supervisor: tuple[Supervisor, socket.socket], scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sup, _runner = supervisor
-    seen: list[list[str]] = []
-
-    def fork() -> int:
-        seen.append(os.listdir(scratch))
-        raise _Forked
-
-    monkeypatch.setattr(os, "fork", fork)
-    mine, theirs = socket.socketpair()
-    sup._fds.append(theirs.detach())
-    try:
-        with pytest.raises(_Forked):
-            sup._spawn(1)
-    finally:
-        mine.close()
-    assert seen == [[]]
+    assert _at_fork(sup, monkeypatch, lambda: os.listdir(scratch)) == []
 
 
 def test_a_scratch_directory_that_cannot_be_emptied_refuses_the_worker(
@@ -138,19 +145,7 @@ def test_the_next_worker_finds_the_scratch_directory_writable_again(
     sup, _runner = supervisor
     before = scratch.stat().st_mode & 0o7777
     scratch.chmod(0o500)
-    modes: list[int] = []
-
-    def fork() -> int:
-        modes.append(scratch.stat().st_mode & 0o7777)
-        raise _Forked
-
-    monkeypatch.setattr(os, "fork", fork)
-    mine, theirs = socket.socketpair()
-    sup._fds.append(theirs.detach())
     try:
-        with pytest.raises(_Forked):
-            sup._spawn(2)
+        assert _at_fork(sup, monkeypatch, lambda: scratch.stat().st_mode & 0o7777) == before
     finally:
-        mine.close()
         scratch.chmod(before)
-    assert modes == [before]
