@@ -388,6 +388,10 @@ class SandboxBackend(ABC):
     def spawn(self, request: SpawnRequest | None = None) -> WorkerProcess:
         """Start one worker process."""
 
+    def worker_did_not_start(self) -> None:  # noqa: B027 (a hook most backends need not take)
+        """A worker this backend spawned died before its first frame (a hook: what the
+        backend learned about this machine may be stale)."""
+
     #: Stronger backends ``auto`` passed over, with why: shown beside the chosen one, so an
     #: outdated or broken runsc is never a silent downgrade to a weaker sandbox.
     passed_over: tuple[tuple[str, str], ...] = ()

@@ -24,7 +24,7 @@ import tempfile
 from functools import cache, partial
 from pathlib import Path
 
-from evalkube.sandbox import cgroups, hostfs, oci
+from evalkube.sandbox import cgroups, hostfs, oci, probe_cache
 from evalkube.sandbox.backends import (
     ChildSetup,
     SandboxBackend,
@@ -65,6 +65,11 @@ class GVisorBackend(SandboxBackend):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         return _probe()[1]
+
+    def worker_did_not_start(self) -> None:
+        """Probe again at the next start: the platform kept from an earlier run may be why."""
+        probe_cache.forget()
+        _probe.cache_clear()
 
     def describe(self) -> str:
         """``gvisor (runsc VERSION, PLATFORM)``: what the run record and the footer show."""
@@ -211,7 +216,9 @@ def _probe() -> tuple[str | None, str | None]:
     """The platform a real container starts on here, or why none does (once per process).
 
     ``EVALKUBE_GVISOR_PLATFORM`` names the one platform to try; otherwise systrap first,
-    ptrace when systrap cannot start.
+    ptrace when systrap cannot start. The checks run each time; the container is started
+    only when no earlier run on this machine, runsc and kernel kept the answer
+    (:mod:`evalkube.sandbox.probe_cache`).
     """
     runsc = runsc_path()
     if runsc is None:
@@ -231,10 +238,17 @@ def _probe() -> tuple[str | None, str | None]:
         asked = requested_platform()
     except ValueError as exc:
         return None, str(exc)
+    tried = (asked,) if asked else PLATFORMS
+    key = probe_cache.probe_key(runsc, asked)
+    kept = probe_cache.recall(key, tried) if key is not None else None
+    if kept is not None:
+        return kept, None
     failures = []
-    for candidate in (asked,) if asked else PLATFORMS:
+    for candidate in tried:
         reason = _start_worker(candidate)
         if reason is None:
+            if key is not None:
+                probe_cache.remember(key, candidate)
             return candidate, None
         failures.append(f"{candidate}: {reason}")
     return None, "; ".join(failures)

@@ -254,6 +254,7 @@ class GraderSandbox:
         try:
             kind, frame, _ = live.next(time.monotonic() + STARTUP_TIMEOUT)
             if kind != "frame" or not isinstance(frame, dict) or frame.get("t") != "hello":
+                self.backend.worker_did_not_start()
                 raise SandboxError(
                     f"worker did not start ({self.backend.name}): {live.crash_detail()}"
                 )
