@@ -416,6 +416,12 @@ def test_a_hostile_grader_is_contained_while_its_honest_neighbour_calls_models(
     assert "dns reachable" in control, control
     assert status["phase"] == "Succeeded", evidence
     results = {r["task"]: r for r in status["results"]}
+    escaped = sorted(
+        f"{s['task']}/{judge.get('target')}: {judge.get('got') or judge.get('answer')!r}"
+        for s in samples.values()
+        if (s["scores"] or {}).get("escaped") and isinstance(judge := s["judge"], dict)
+    )
+    assert not escaped, f"got through: {escaped}\n{evidence}"
     for task_id, rows in (("network", 9), ("refused", 3), ("pod", 6)):
         assert results[task_id]["counts"] == {
             "samples": rows, "valid": rows, "invalid": 0, "errored": 0
