@@ -24,7 +24,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import re
 import resource
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -222,6 +225,65 @@ def fork_per_sample(sandbox: str, rows: Path, size: int) -> float:
         worker.close()
 
 
+def host_floor(rows: Path) -> float:
+    """Samples per CPU second of the least a CPython host must do per sample in the default
+    mode, in one thread, with no sandbox at all: parse the row, render prompt and target,
+    extract, encode the worker's batch, decode its answers (scored here by a comparison),
+    check each score, encode the stored row and upsert it into SQLite (a ``json_each`` chunk,
+    as the store does), and sum the metric. A bound on the engine's host side: what no
+    object, validation detail or bookkeeping of the engine adds."""
+    import orjson
+
+    lines = rows.read_bytes().splitlines()
+    extract = re.compile(r"(\d+)").search
+    with tempfile.TemporaryDirectory(prefix="evalkube-floor-") as tmp:
+        db = sqlite3.connect(Path(tmp) / "floor.db")
+        db.execute("CREATE TABLE s (id TEXT PRIMARY KEY, status TEXT, scores TEXT, detail TEXT)")
+        upsert = (
+            "INSERT INTO s SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3 "
+            "FROM json_each(?) WHERE true ON CONFLICT (id) DO UPDATE SET status = excluded.status"
+        )
+        started = time.process_time()
+        total = 0.0
+        for start in range(0, len(lines), RAW_BATCH):
+            kept, requests = [], []
+            for seq, line in enumerate(lines[start : start + RAW_BATCH], start):
+                row = orjson.loads(line)
+                prompt, target, output = f"Q: {row['q']}", str(row["a"]), row["out"]
+                found = extract(output)
+                extracted = found.group(1).strip() if found else None
+                sample_id = f"s_0123456789_{seq:013x}"
+                requests.append(
+                    [{"output_text": output, "extracted_output": extracted, "sample_id": sample_id},
+                     {"prompt": prompt, "target": target, **row}]
+                )  # fmt: skip
+                kept.append((sample_id, prompt, target, output, extracted, row))
+            batch = orjson.loads(orjson.dumps(requests))
+            answers = orjson.loads(
+                orjson.dumps([{"ok": True, "value": float(s["extracted_output"] == i["target"]),
+                               "ms": 0.01} for s, i in batch])
+            )  # fmt: skip
+            stored = []
+            for (sample_id, prompt, target, output, extracted, row), answer in zip(
+                kept, answers, strict=True
+            ):
+                value = answer["value"]
+                if type(value) is not float or value != value:
+                    raise AssertionError(value)
+                total += value
+                detail = {"prompt": prompt, "target": target, "output_text": output,
+                          "extracted_output": extracted, "dataset_row": row}  # fmt: skip
+                stored.append(
+                    (sample_id, "valid", orjson.dumps({"m": value}).decode(),
+                     orjson.dumps(detail).decode())
+                )  # fmt: skip
+            with db:
+                db.execute(upsert, (orjson.dumps(stored).decode(),))
+        seconds = time.process_time() - started
+        db.close()
+    return len(lines) / seconds
+
+
 def bare_loop(grader: str, size: int) -> float:
     """Samples/s of a bare loop calling grade() on prebuilt dicts (the ceiling)."""
     namespace: dict[str, object] = {}
@@ -323,6 +385,7 @@ def main() -> None:
     )
     per_second: dict[tuple[str, int, str], float] = {}
     ratios: list[str] = []
+    floors: list[tuple[str, int, float, float]] = []
     for grader, size, isolation in (
         (g, n, i) for g in args.graders for n in args.sizes for i in args.isolation
     ):
@@ -348,6 +411,7 @@ def main() -> None:
             # the sandbox's own limit, measured now, on the same rows, beside the engine
             if isolation == "unit":
                 limit, what = raw_pipe(args.sandbox, folder / "rows.jsonl"), "raw pipe"
+                floors.append((grader, size, host_floor(folder / "rows.jsonl"), limit))
             else:
                 limit = fork_per_sample(args.sandbox, folder / "rows.jsonl", size)
                 what = "fork per sample"
@@ -362,6 +426,15 @@ def main() -> None:
         per_second[grader, size, isolation] = result["per_second"]
     for line in ratios:
         print(line)
+    cores = os.cpu_count() or 1
+    for grader, size, floor, limit in floors:
+        # at 0.5 of the raw pipe the run has 2 * size / limit seconds on `cores` cores
+        share = (size / floor) / (2 * size / limit * cores)
+        print(
+            f"host floor at {size:,} ({grader}, one thread, no sandbox): {floor:,.0f} samples "
+            f"per CPU second; it alone takes {share:.0%} of the CPU time that 0.5 of the raw "
+            f"pipe leaves on {cores} cores (the sandbox and the engine's own work share the rest)"
+        )
     for (grader, size, isolation), rate in per_second.items():
         unit = per_second.get((grader, size, "unit"))
         if isolation == "sample" and unit:

@@ -3,6 +3,7 @@ real S3-compatible object store, example paths."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 from collections.abc import Iterator
@@ -25,6 +26,27 @@ ROOT = Path(__file__).resolve().parent.parent
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 EXAMPLES = ROOT / "examples"
+
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _subreaper() -> int:
+    flag = ctypes.c_int(0)
+    _libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    return flag.value
+
+
+@pytest.fixture(autouse=True)
+def _no_subreaper_left_behind() -> Iterator[None]:
+    """A worker driven in this process (the worker's unit tests) makes it a child subreaper,
+    as the real worker is: every orphan after that (a killed test child's runsc sandbox) would
+    become a zombie of pytest's, which no one reaps, and ``runsc delete --force`` waits for
+    that pid to go (30 s, then a failed start). Each test gets back the flag it started with."""
+    before = _subreaper()
+    yield
+    if _subreaper() != before:
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, before, 0, 0, 0)
 
 
 def require(reason: str) -> None:
