@@ -16,6 +16,7 @@ process left (containers, state, runsc's cgroups).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import shutil
@@ -54,6 +55,11 @@ RUNSC_COMMAND_TIMEOUT = 30.0
 GVISOR_HOST_PIDS = 4096
 #: Seconds the availability probe waits for a container's first answer.
 PROBE_TIMEOUT = 30.0
+#: Temp dirs of dead processes whose container runsc could not delete in this process: each
+#: start would wait for it again (a sandbox pid that stays a zombie under a parent that never
+#: reaps it makes ``runsc delete --force`` wait); a later process tries once more.
+_undeletable: set[Path] = set()
+log = logging.getLogger(__name__)
 
 
 class GVisorBackend(SandboxBackend):
@@ -193,10 +199,25 @@ def sweep_stale() -> list[str]:
     removed: list[str] = []
     runsc = runsc_path()
     for workdir in stale_temp_dirs(KIND):
+        if workdir in _undeletable:
+            continue
         state = workdir / "state"
-        if runsc is not None:
-            for container in containers(state):
-                _destroy(runsc, state, container, None)
+        try:
+            if runsc is not None:
+                for container in containers(state):
+                    _destroy(runsc, state, container, None)
+        except subprocess.TimeoutExpired as exc:
+            # kept (runsc's record of a sandbox that may still hold resources) for a later
+            # sweep: one stuck leftover must not stop this start
+            _undeletable.add(workdir)
+            log.warning(
+                "gVisor: a dead process's container in %s could not be removed (%s timed out "
+                "after %g s); left for a later run to remove",
+                workdir,
+                " ".join(str(a) for a in exc.cmd[2:4]),
+                exc.timeout,
+            )
+            continue
         shutil.rmtree(workdir, ignore_errors=True)
         removed.append(workdir.name)
     removed += cgroups.sweep_stale((KIND,))

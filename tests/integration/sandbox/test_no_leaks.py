@@ -8,6 +8,9 @@ signals it, then looks at the process table (every descendant the child had), ``
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from evalkube.sandbox import GraderSandbox, SandboxBackend
+from evalkube.sandbox import GraderSandbox, SandboxBackend, gvisor
 from evalkube.sandbox.gvisor import containers
 from tests.integration.sandbox.support import (
     BACKENDS,
@@ -120,6 +123,44 @@ def test_sigkill_of_the_parent_leaves_nothing_after_the_next_start(name: str) ->
         pass
     assert leftovers(child.pid).empty, leftovers(child.pid)
     assert _state_dirs(child.pid) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_leftover_runsc_cannot_delete_does_not_stop_the_next_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dead process's sandbox that stays a zombie (its new parent, a child subreaper, never
+    reaps it) makes ``runsc delete --force`` wait for its pid: the next start warns, keeps the
+    leftover for later and runs; once the zombie is reaped, a later sweep removes it all."""
+    sandbox_backend = backend("gvisor")
+    monkeypatch.setattr(gvisor, "RUNSC_COMMAND_TIMEOUT", 3.0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER (the conftest restores it)
+    child = _start_child("gvisor", "busy")
+    processes = descendants(child.pid)
+    try:
+        child.kill()
+        _finish(child)
+        assert _wait_gone(processes) == set()  # dead, and unreaped: zombies of this process
+        with (
+            caplog.at_level(logging.WARNING, logger=gvisor.__name__),
+            GraderSandbox(
+                sandbox_backend, grader("def grade(s, i):\n    return 1.0\n"), task_id="t"
+            ) as sandbox,
+        ):
+            outcomes = list(sandbox.execute("grader", [(["x", 1], None)], timeout=30))
+        assert [o.status for o in outcomes] == ["returned"]
+        (stuck,) = _state_dirs(child.pid)
+        assert f"container in {stuck.parent} could not be removed" in caplog.text, caplog.text
+        assert "delete --force timed out after 3 s" in caplog.text, caplog.text
+    finally:
+        for pid, _start in processes:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        gvisor._undeletable.clear()
+    gvisor.sweep_stale()
+    assert _state_dirs(child.pid) == []
+    assert leftovers(child.pid).empty, leftovers(child.pid)
 
 
 @pytest.mark.timeout(60)
