@@ -21,6 +21,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from evalkube.util.cache_home import user_cache_home
+
 #: Where Debian's wordnet-base puts the database.
 SYSTEM_DIR = Path("/usr/share/wordnet")
 #: The nltk data directory an image prepares at build time (``python -m
@@ -123,8 +125,7 @@ def data_root(directory: Path) -> Path:
     if _ready(PREPARED):
         return PREPARED
     key = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return prepare(directory, cache_home / "evalkube" / f"nltk_data-{key}")
+    return prepare(directory, user_cache_home() / "evalkube" / f"nltk_data-{key}")
 
 
 def prepare(directory: Path, root: Path) -> Path:

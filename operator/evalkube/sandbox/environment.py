@@ -30,6 +30,7 @@ from functools import cache
 from pathlib import Path
 
 import evalkube_sandbox
+from evalkube.util.cache_home import user_cache_home
 
 #: The lock file, shipped inside the worker package (so the image build and a wheel have it).
 LOCK_FILE = Path(evalkube_sandbox.__file__).resolve().parent / "grader-env.lock.txt"
@@ -61,8 +62,7 @@ def cache_root() -> Path:
         return Path(explicit)
     if os.geteuid() == 0:
         return Path("/var/cache/evalkube-grader-env")
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "evalkube-grader-env"
+    return user_cache_home() / "evalkube-grader-env"
 
 
 def default_dir() -> Path:

@@ -22,13 +22,13 @@ import tempfile
 from pathlib import Path
 
 from evalkube.sandbox.runsc import MIN_RUNSC_DATE
+from evalkube.util.cache_home import user_cache_home
 
 FILE_NAME = "gvisor-platform.json"
 
 
 def cache_file() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "evalkube" / FILE_NAME
+    return user_cache_home() / "evalkube" / FILE_NAME
 
 
 def probe_key(runsc: str, asked: str | None) -> str | None:

@@ -9,7 +9,6 @@ signals it, then looks at the process table (every descendant the child had), ``
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ import pytest
 
 from evalkube.sandbox import GraderSandbox, SandboxBackend, gvisor
 from evalkube.sandbox.gvisor import containers
+from evalkube_sandbox.hygiene import become_subreaper
 from tests.integration.sandbox.support import (
     BACKENDS,
     alive,
@@ -134,8 +134,7 @@ def test_a_leftover_runsc_cannot_delete_does_not_stop_the_next_start(
     leftover for later and runs; once the zombie is reaped, a later sweep removes it all."""
     sandbox_backend = backend("gvisor")
     monkeypatch.setattr(gvisor, "RUNSC_COMMAND_TIMEOUT", 3.0)
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER (the conftest restores it)
+    assert become_subreaper()  # as the worker does (the conftest gives the flag back)
     child = _start_child("gvisor", "busy")
     processes = descendants(child.pid)
     try:
