@@ -13,7 +13,8 @@ worker's encoder or reach the protocol channel (neither process has it).
 Afterwards the worker kills every process the sample started (its process group, then every
 process below the worker but the zygote: the worker is a subreaper) and wipes the scratch
 directory. Only then, with no process of the sample left, does it wake the zygote (``SIGCONT``)
-and ask for the next sample's process. What a sample could do to the zygote while it ran is
+and, as the next sample starts, ask for the process after it (the next process to read the
+request pipe this sample read). What a sample could do to the zygote while it ran is
 checked or undone before that fork: the zygote blocks every signal it can, is not dumpable (no
 ptrace, no ``/proc/PID/mem``), and compares its rlimits, nice value and CPU affinity (which
 its children inherit, and which ``prlimit``/``setpriority``/``sched_setaffinity`` can change

@@ -9,12 +9,15 @@ what earlier requests left in the worker's heap:
 ``tests/security/test_sample_zygote.py::test_no_sample_finds_the_bytes_of_the_samples_before_it_in_its_memory``).
 The worker never forks a sample then, so the host may send many samples a request.
 
-Four pipes, made before the fork, connect them; a sample's process keeps only its two:
+Five pipes, made before the fork, connect them; a sample's process keeps only its two:
 
 - ``ask`` (worker -> zygote): one byte per process to fork;
 - ``born`` (zygote -> worker): that process's pid;
-- ``request`` (worker -> sample): its one sample, length-prefixed; the next process is asked
-  for only once this one has read all of its own;
+- two ``request`` pipes (worker -> sample), taken in turn: its one sample, length-prefixed.
+  Each process closes the other one before anything else, and the process after next (the
+  next one to read this one's pipe) is asked for only once every process of this sample is
+  gone, so no process reads another's request; and the next process is forked and warmed up
+  while this one runs, its whole start off the samples' path;
 - ``answer`` (sample -> worker): one byte written before any code of the sample runs (what
   it inherited is intact), then its answer, length-prefixed.
 
@@ -76,13 +79,24 @@ _MOVED_BY_WORKER = frozenset({resource.RLIMIT_CPU})
 class Zygote:
     """The worker's end: ask for the next sample's process, run a sample in it."""
 
-    def __init__(self, pid: int, hygiene: Hygiene, ask: int, born: int, request: int, answer: int):
+    def __init__(
+        self,
+        pid: int,
+        hygiene: Hygiene,
+        ask: int,
+        born: int,
+        requests: tuple[int, int],
+        answer: int,
+    ):
         self.pid = pid
         self._hygiene = hygiene
-        self._ask, self._born, self._request, self._answer = ask, born, request, answer
+        self._ask, self._born, self._requests, self._answer = ask, born, requests, answer
         self._asked = False
-        #: The process forked for the next sample, taken from the zygote, and a pidfd of it.
-        self._next: tuple[int, int | None] | None = None
+        #: Processes taken from the zygote so far: the n-th reads ``requests[n % 2]``.
+        self._taken = 0
+        #: The process forked for the next sample, taken from the zygote: its pid, a pidfd
+        #: of it, and the request pipe it reads.
+        self._next: tuple[int, int | None, int] | None = None
         #: The worker's own limits and scheduling, as before any sample (a sample may change
         #: them from outside: the worker then handles no other sample).
         self._worker_state: tuple[Any, ...] = ()
@@ -101,25 +115,31 @@ class Zygote:
         capture_chars: int,
     ) -> Zygote | None:
         """Fork the zygote and have it fork the first sample's process; ``None``: no fork."""
-        ask, born, request, answer = os.pipe(), os.pipe(), os.pipe(), os.pipe()
+        ask, born, answer = os.pipe(), os.pipe(), os.pipe()
+        requests = (os.pipe(), os.pipe())
+        everything = (*ask, *born, *answer, *requests[0], *requests[1])
         try:
             pid = os.fork()
         except OSError:
-            close_all((*ask, *born, *request, *answer))
+            close_all(everything)
             return None
         if pid == 0:  # never returns
-            close_all((*channel_fds, ask[1], born[0], request[1], answer[0]))
-            _zygote(ask[0], born[1], request[0], answer[1], programs, hygiene, capture_chars)
-        close_all((ask[0], born[1], request[0], answer[1]))
-        os.set_blocking(request[1], False)
-        zygote = cls(pid, hygiene, ask[1], born[0], request[1], answer[0])
+            close_all((*channel_fds, ask[1], born[0], answer[0], requests[0][1], requests[1][1]))
+            read_ends = (requests[0][0], requests[1][0])
+            _zygote(ask[0], born[1], read_ends, answer[1], programs, hygiene, capture_chars)
+        close_all((ask[0], born[1], answer[1], requests[0][0], requests[1][0]))
+        for _, write_end in requests:
+            os.set_blocking(write_end, False)
+        write_ends = (requests[0][1], requests[1][1])
+        zygote = cls(pid, hygiene, ask[1], born[0], write_ends, answer[0])
         zygote._worker_state = inherited(_MOVED_BY_WORKER)
         hygiene.keep = frozenset({pid})
         zygote.ask()
         return zygote
 
     def ask(self) -> None:
-        """Have the process for the next sample forked now."""
+        """Have the process after the one taken last forked now: only once every process of
+        the sample before that one, which read the same request pipe, is gone."""
         if not self.alive or self._asked:
             return
         try:
@@ -135,13 +155,14 @@ class Zygote:
     ) -> dict[str, Any] | None:
         """One sample in the process forked for it; ``None`` when that cannot be: the zygote
         or the process is gone or was changed, or the scratch directory is not clean
-        (:attr:`Hygiene.unclean`). The next sample's process is forked while this one runs,
-        and what this one left is swept while that fork goes on (:meth:`_sweep`)."""
+        (:attr:`Hygiene.unclean`). The next sample's process is forked while this one runs
+        (asked for once the sample before this one was swept), and what this one left is
+        swept while the next one starts (:meth:`_sweep`)."""
         taken = self._next if self._next is not None else self._take()
         self._next = None
         if taken is None:
             return None
-        pid, pidfd = taken
+        pid, pidfd, request_pipe = taken
         size: int | None = None
         hygiene = self._hygiene
         try:
@@ -156,11 +177,15 @@ class Zygote:
                     os.kill(woken, signal.SIGCONT)
             _drain(self._answer)
             request = json.dumps([program, args, ctx]).encode("utf-8", "surrogatepass")
-            if not _send(self._request, _framed(request), pid):
+            if _gone(pid, pidfd):
+                return None  # killed before its sample (the zygote reaps it on the next ask)
+            # every process of the sample before, the last reader of the next process's
+            # request pipe, is gone, and no process of a sample runs: ask for it now
+            self.ask()
+            if not _send(request_pipe, _framed(request), pid):
                 return None  # it died first: what it read of the pipe is unknown
             if _receive_exactly(self._answer, pid, 1) != INTACT:
                 return None  # what it inherited was changed before its sample ran (or it died)
-            self.ask()  # it has read its whole request: the next process may read the pipe
             data, size = _receive(self._answer, pid, payload_bytes)
         finally:
             end_group(pid)
@@ -215,9 +240,9 @@ class Zygote:
                 os.close(hygiene.ended[1])
         hygiene.ended = None if pidfd is None else (pid, pidfd)
 
-    def _take(self) -> tuple[int, int | None] | None:
-        """The process forked for the next sample and a pidfd of it (``None`` where pidfds
-        are not supported), asking for it if need be."""
+    def _take(self) -> tuple[int, int | None, int] | None:
+        """The process forked for the next sample, a pidfd of it (``None`` where pidfds
+        are not supported) and the request pipe it reads, asking for it if need be."""
         self.ask()
         if not self.alive:
             return None
@@ -229,21 +254,30 @@ class Zygote:
             self.close()
             return None
         pid = int.from_bytes(data, "little", signed=True)
+        request_pipe = self._requests[self._taken % 2]
+        self._taken += 1
         # the zygote reaps a process of its own only when asked for the next one: until
         # then this pid is this process's, alive or not (opened now, before it runs anything)
         try:
-            return pid, os.pidfd_open(pid)
+            return pid, os.pidfd_open(pid), request_pipe
         except (AttributeError, OSError):
-            return pid, None
+            return pid, None, request_pipe
 
     def close(self) -> None:
         if self.alive:
             self.alive = False
-            close_all((self._ask, self._born, self._request, self._answer))
+            close_all((self._ask, self._born, *self._requests, self._answer))
             if self._next is not None and self._next[1] is not None:
                 close_all((self._next[1],))
         with contextlib.suppress(OSError):
             os.kill(self.pid, signal.SIGKILL)
+
+
+def _gone(pid: int, pidfd: int | None) -> bool:
+    """Whether a process of the zygote's has exited (a pidfd reads ready once it has)."""
+    if pidfd is None:
+        return has_exited(pid)
+    return bool(select.select([pidfd], [], [], 0)[0])
 
 
 def _framed(data: bytes) -> bytes:
@@ -303,15 +337,16 @@ def _receive(fd: int, pid: int, payload_bytes: int) -> tuple[bytes, int | None]:
 def _zygote(
     ask: int,
     born: int,
-    request: int,
+    requests: tuple[int, int],
     answer: int,
     programs: Mapping[str, Callable[..., Any]],
     hygiene: Hygiene,
     capture_chars: int,
 ) -> None:
-    """Fork a sample's process per byte asked (once the last one is gone), until the worker
-    hangs up or something changed what the processes would inherit."""
+    """Fork a sample's process per byte asked, each reading the request pipes in turn, until
+    the worker hangs up or something changed what the processes would inherit."""
     status = 0
+    forked = 0
     try:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         _set_dumpable(False)
@@ -323,10 +358,12 @@ def _zygote(
             if inherited() != started:
                 status = 3  # a sample changed it from outside
                 break
+            request, other = requests if forked % 2 == 0 else requests[::-1]
             pid = os.fork()
             if pid == 0:  # never returns
-                close_all((ask, born))
+                close_all((ask, born, other))
                 _sample(request, answer, programs, hygiene, capture_chars, mask, started)
+            forked += 1
             os.write(born, pid.to_bytes(HEADER_BYTES, "little", signed=True))
     except BaseException:
         status = 1

@@ -15,11 +15,14 @@ namespace, so every process a sample sees is the sandbox's own):
 - plant files or symlinks in ``/dev``: refused;
 - kill them: the next samples still answer correctly (in a fresh sandbox);
 - read or write their memory through ``/proc/PID/mem``: refused;
-- look through its own memory for the bytes of the samples before it: none are there.
+- look through its own memory for the bytes of the samples before it: none are there;
+- read the request of the next sample, whose process is forked while it runs: it holds no
+  end of that request's pipe.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 from typing import Any
@@ -192,6 +195,39 @@ def test_no_sample_finds_the_bytes_of_the_samples_before_it_in_its_memory(name: 
     ]
     scans = [e.value for s, e in zip(samples, executions, strict=True) if s == "scan"]
     assert scans == [{"scores": {"found": 0.0}}] * 2
+
+
+# The process for the next sample is forked and warms up while this sample runs, so each
+# reads its request from a pipe of its own (two, taken in turn) and closes the other one
+# before anything else: a running sample holds no read end of the pipe the next sample's
+# request goes through (it can reach the next process's only through /proc, refused above).
+PIPES = r"""
+import fcntl, os
+
+def grade(sample, item):
+    ends = {"read": [], "write": []}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+            mode = fcntl.fcntl(int(name), fcntl.F_GETFL) & 3
+        except OSError:
+            continue
+        if int(name) > 2 and target.startswith("pipe:"):  # not the worker's own streams
+            ends["read" if mode == os.O_RDONLY else "write"].append(target)
+    return ends
+"""
+
+
+@pytest.mark.parametrize("name", ISOLATING)
+def test_a_sample_holds_no_end_of_the_pipe_the_next_request_goes_through(name: str) -> None:
+    executions, _ = run(backend(name), PIPES, list("abcdef"), timeout=20, isolation="sample")
+    assert [e.status for e in executions] == ["returned"] * 6, [e.error for e in executions]
+    held = [e.value for e in executions]
+    for ends in held:  # its request pipe's read end; the answer pipe's write end
+        assert (len(ends["read"]), len(ends["write"])) == (1, 1), held
+    for this, following in itertools.pairwise(held):
+        assert following["read"][0] not in this["read"], held
+        assert following["write"] == this["write"], held  # one answer pipe, drained between
 
 
 # Found by an attacker review: a process whose first thread exits shows as a zombie while
