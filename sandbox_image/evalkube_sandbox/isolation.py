@@ -18,9 +18,10 @@ request pipe this sample read). What a sample could do to the zygote while it ra
 checked or undone before that fork: the zygote blocks every signal it can, is not dumpable (no
 ptrace, no ``/proc/PID/mem``), and compares its rlimits, nice value and CPU affinity (which
 its children inherit, and which ``prlimit``/``setpriority``/``sched_setaffinity`` can change
-from outside) with those it started with. A zygote that was killed or changed is gone for
-good: the worker asks the host for a fresh sandbox (the ``replace`` frame) rather than fork
-the next sample from its own memory.
+from outside) with those it started with; the worker reads the same of the process forked
+for the next sample, from outside it, before it sends that process its sample. A zygote (or
+a process) that was killed or changed is gone for good: the worker asks the host for a fresh
+sandbox (the ``replace`` frame) rather than fork the next sample from its own memory.
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ Five pipes, made before the fork, connect them; a sample's process keeps only it
   next one to read this one's pipe) is asked for only once every process of this sample is
   gone, so no process reads another's request; and the next process is forked and warmed up
   while this one runs, its whole start off the samples' path;
-- ``answer`` (sample -> worker): one byte written before any code of the sample runs (what
-  it inherited is intact), then its answer, length-prefixed.
+- ``answer`` (sample -> worker): its answer, length-prefixed.
 
 Before the next sample is sent, the worker makes sure every process of the last one has
 exited (a killed process may run on until the kill lands), wipes the scratch directory, wakes
@@ -32,7 +31,8 @@ sample did reaches the next one. What a running sample can do to the two process
 - ptrace, ``/proc/PID/mem``, ``/proc/PID/fd``: neither is dumpable;
 - what children inherit and another process can change (``prlimit``, ``setpriority``,
   ``sched_setaffinity``): the zygote compares it with what it started with before every
-  fork, and the next process again once its sample arrives;
+  fork, and the worker reads it from outside the next process, once no process of a sample
+  is left, before it sends that process its sample (the same as the first process had);
 - killing either, or changing what they inherit: the worker asks the host for a fresh
   sandbox (its ``replace`` frame) rather than fork a sample from its own memory.
 """
@@ -65,8 +65,6 @@ if TYPE_CHECKING:
 
 PR_SET_DUMPABLE = 4
 HEADER_BYTES = 8
-#: A sample's process found what it inherited as the zygote started with.
-INTACT = b"="
 #: The inherited limits a process of the same user can change from outside.
 _RLIMITS = tuple(
     getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_")
@@ -100,6 +98,9 @@ class Zygote:
         #: The worker's own limits and scheduling, as before any sample (a sample may change
         #: them from outside: the worker then handles no other sample).
         self._worker_state: tuple[Any, ...] = ()
+        #: What each sample's process inherits (read from the first one, before any sample
+        #: ran; a sample may change the next process's from outside while it runs).
+        self._inherited: tuple[Any, ...] | None = None
         #: What the last sample left was swept (after it, while the next fork went on).
         self._swept = False
         self.alive = True
@@ -172,6 +173,12 @@ class Zygote:
             self._swept = False
             if hygiene.unclean is not None or inherited(_MOVED_BY_WORKER) != self._worker_state:
                 return None
+            # no process of a sample is left (swept): what this one inherits stays as read
+            state = _inherited_by(pid)
+            if self._inherited is None:
+                self._inherited = state
+            if state is None or state != self._inherited:
+                return None  # gone, or changed by the sample before it
             for woken in (self.pid, pid):
                 with contextlib.suppress(OSError):
                     os.kill(woken, signal.SIGCONT)
@@ -184,8 +191,6 @@ class Zygote:
             self.ask()
             if not _send(request_pipe, _framed(request), pid):
                 return None  # it died first: what it read of the pipe is unknown
-            if _receive_exactly(self._answer, pid, 1) != INTACT:
-                return None  # what it inherited was changed before its sample ran (or it died)
             data, size = _receive(self._answer, pid, payload_bytes)
         finally:
             end_group(pid)
@@ -362,7 +367,7 @@ def _zygote(
             pid = os.fork()
             if pid == 0:  # never returns
                 close_all((ask, born, other))
-                _sample(request, answer, programs, hygiene, capture_chars, mask, started)
+                _sample(request, answer, programs, hygiene, capture_chars, mask)
             forked += 1
             os.write(born, pid.to_bytes(HEADER_BYTES, "little", signed=True))
     except BaseException:
@@ -378,24 +383,18 @@ def _sample(
     hygiene: Hygiene,
     capture_chars: int,
     mask: set[int | signal.Signals],
-    started: tuple[Any, ...],
 ) -> None:
-    """A sample's process: waits, signals blocked, for its one sample; checks that nothing
-    changed what it inherited; runs the sample; answers."""
+    """A sample's process: waits, signals blocked, for its one sample (what it inherited is
+    checked from outside, by the worker, before that is sent); runs the sample; answers."""
     status = 1
     try:
         enter(hygiene)
-        _warm_up(capture_chars, started)
+        _warm_up(capture_chars)
         header = _read_exactly(request, HEADER_BYTES)
         if len(header) < HEADER_BYTES:  # the worker went away first
             status = 0
             return
         body = _read_exactly(request, int.from_bytes(header, "little"))
-        # written before any code of the sample runs: the sample cannot take it back
-        intact = inherited() == started
-        os.write(answer, INTACT if intact else b"!")
-        if not intact:
-            return
         program, args, ctx = json.loads(body.decode("utf-8", "surrogatepass"))
         del header, body
         if ctx is not None:
@@ -410,12 +409,11 @@ def _sample(
         os._exit(status)
 
 
-def _warm_up(capture_chars: int, started: tuple[Any, ...]) -> None:
+def _warm_up(capture_chars: int) -> None:
     """Take the first-write faults of a fresh fork on the pages a sample's run touches, while
     it waits for its sample (off the sample's path): under gVisor each costs microseconds."""
     json.loads(json.dumps(["program", [[""], {"": 0.0}], None]))
     run_captured(lambda: {"scores": {"": 0.0}}, [], capture_chars)
-    inherited() == started  # noqa: B015 - for its faults only
     signal.sigpending()
 
 
@@ -427,18 +425,27 @@ def _read_exactly(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def inherited(skip: frozenset[int] = frozenset()) -> tuple[Any, ...]:
+def inherited(skip: frozenset[int] = frozenset(), pid: int = 0) -> tuple[Any, ...]:
     """What a forked child inherits and a process of the same user can change from outside:
     rlimits (but ``skip``), nice value, CPU affinity, scheduling policy and priority, I/O
-    priority."""
+    priority; of process ``pid`` (0: this one)."""
     return (
-        [resource.getrlimit(which) for which in _RLIMITS if which not in skip],
-        os.getpriority(os.PRIO_PROCESS, 0),
-        sorted(os.sched_getaffinity(0)),
-        os.sched_getscheduler(0),
-        os.sched_getparam(0).sched_priority,
-        _io_priority(),
+        [resource.prlimit(pid, which) for which in _RLIMITS if which not in skip],
+        os.getpriority(os.PRIO_PROCESS, pid),
+        sorted(os.sched_getaffinity(pid)),
+        os.sched_getscheduler(pid),
+        os.sched_getparam(pid).sched_priority,
+        _io_priority(pid),
     )
+
+
+def _inherited_by(pid: int) -> tuple[Any, ...] | None:
+    """:func:`inherited` of another process, read from outside (it need not run, and so
+    takes no page faults for it); ``None`` when it is gone."""
+    try:
+        return inherited(pid=pid)
+    except OSError:
+        return None
 
 
 #: ``ioprio_get`` by machine (no Python wrapper; ``None``: not read).
@@ -448,7 +455,7 @@ _IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(os.uname().machine)
 _libc: Any = None
 
 
-def _io_priority() -> int | None:
+def _io_priority(pid: int = 0) -> int | None:
     global _libc
     if _IOPRIO_GET is None:
         return None
@@ -456,7 +463,7 @@ def _io_priority() -> int | None:
         import ctypes  # already loaded: the worker made itself a subreaper with it
 
         _libc = ctypes.CDLL(None, use_errno=True)
-    return int(_libc.syscall(_IOPRIO_GET, 1, 0))
+    return int(_libc.syscall(_IOPRIO_GET, 1, pid))
 
 
 def _set_dumpable(dumpable: bool) -> None:

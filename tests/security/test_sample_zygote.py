@@ -271,7 +271,7 @@ def lurk(zygote, sample):
             size = int.from_bytes(os.read(request, 8), "little")
             stolen = os.read(request, size)
             forged = json.dumps({"ok": True, "value": {"forged": stolen.decode()}}).encode()
-            os.write(answer, b"=" + len(forged).to_bytes(8, "little") + forged)
+            os.write(answer, len(forged).to_bytes(8, "little") + forged)
             return
         time.sleep(0.001)
 
