@@ -45,7 +45,7 @@ from evalkube_sandbox.isolation import run_isolated
 from evalkube_sandbox.loader import LoadError, load
 from evalkube_sandbox.protocol import encode, read_frame
 from evalkube_sandbox.rlimits import CpuBudget, apply_fixed
-from evalkube_sandbox.zygote import Zygote
+from evalkube_sandbox.zygote import Zygote, set_dumpable
 
 TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
 if TYPE_CHECKING:
@@ -110,6 +110,8 @@ class Worker:
         self._zygote: Zygote | None = None
         #: Samples run with ``isolation: sample`` so far (their requests passed through here).
         self._held = 0
+        #: The zygote failed a sample: the next one runs in a fresh sandbox.
+        self._zygote_lost = False
 
     # -- channel ---------------------------------------------------------------------------
     def _write(self, message: Any) -> None:
@@ -270,6 +272,9 @@ class Worker:
             self._programs[name] = _Program(function, ctx)
             loaded[name] = {"ctx": ctx}
         if request.get("isolation") == "sample":  # before any sample reaches this process
+            # no sample may open this process's /proc entries (fd, mem): it holds the batch's
+            # requests and the write ends of the next processes' request pipes
+            set_dumpable(False)
             self._zygote = Zygote.start(
                 {name: p.function for name, p in self._programs.items()},
                 hygiene=self._hygiene,
@@ -296,10 +301,15 @@ class Worker:
         worker has held no other sample (the zygote could not start)."""
         zygote = self._zygote
         self._held += 1
-        if zygote is not None:
-            answer = zygote.run(name, args, ctx, payload_bytes=self._payload_bytes)
-            if answer is not None:
-                return answer
+        if zygote is not None or self._zygote_lost:
+            answer = None
+            if zygote is not None:
+                answer = zygote.run(name, args, ctx, payload_bytes=self._payload_bytes)
+                if answer is not None:
+                    return answer
+                # its pipes are no fork's of this process to inherit, nor is it used again
+                zygote.close()
+                self._zygote, self._zygote_lost = None, True
             if self._held > 1:
                 self._replace_me(
                     self._hygiene.unclean

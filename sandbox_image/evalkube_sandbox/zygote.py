@@ -40,6 +40,7 @@ sample did reaches the next one. What a running sample can do to the two process
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import resource
@@ -58,6 +59,7 @@ from evalkube_sandbox.isolation import (
     run_captured,
     write_all,
 )
+from evalkube_sandbox.shared_files import SharedFiles
 
 TYPE_CHECKING = False  # typing is not imported at run time: a module costs each fork
 if TYPE_CHECKING:
@@ -85,10 +87,16 @@ class Zygote:
         born: int,
         requests: tuple[int, int],
         answer: int,
+        shared: tuple[int, ...],
     ):
         self.pid = pid
         self._hygiene = hygiene
         self._ask, self._born, self._requests, self._answer = ask, born, requests, answer
+        #: The ends the samples' processes hold too (the request pipes' read ends, the answer
+        #: pipe's write end), kept open here only to set them back after each sample, and
+        #: this process's standard streams, which they inherit.
+        self._shared_fds = shared
+        self._shared = SharedFiles((*shared, 0, 1, 2))
         self._asked = False
         #: Processes taken from the zygote so far: the n-th reads ``requests[n % 2]``.
         self._taken = 0
@@ -128,11 +136,12 @@ class Zygote:
             close_all((*channel_fds, ask[1], born[0], answer[0], requests[0][1], requests[1][1]))
             read_ends = (requests[0][0], requests[1][0])
             _zygote(ask[0], born[1], read_ends, answer[1], programs, hygiene, capture_chars)
-        close_all((ask[0], born[1], answer[1], requests[0][0], requests[1][0]))
+        close_all((ask[0], born[1]))
         for _, write_end in requests:
             os.set_blocking(write_end, False)
         write_ends = (requests[0][1], requests[1][1])
-        zygote = cls(pid, hygiene, ask[1], born[0], write_ends, answer[0])
+        shared = (requests[0][0], requests[1][0], answer[1])
+        zygote = cls(pid, hygiene, ask[1], born[0], write_ends, answer[0], shared)
         zygote._worker_state = inherited(_MOVED_BY_WORKER)
         hygiene.keep = frozenset({pid})
         zygote.ask()
@@ -164,6 +173,7 @@ class Zygote:
         if taken is None:
             return None
         pid, pidfd, request_pipe = taken
+        request_pipe_index = self._requests.index(request_pipe)
         size: int | None = None
         hygiene = self._hygiene
         try:
@@ -192,6 +202,10 @@ class Zygote:
             if not _send(request_pipe, _framed(request), pid):
                 return None  # it died first: what it read of the pipe is unknown
             data, size = _receive(self._answer, pid, payload_bytes)
+            if not data and size is None and _unread(self._shared_fds[request_pipe_index]):
+                # it died before it read its sample (a kill the sample before it had the
+                # kernel send, landing late): not this sample's doing
+                return None
         finally:
             end_group(pid)
             self._ended(pid, pidfd)
@@ -210,6 +224,8 @@ class Zygote:
         hygiene = self._hygiene
         hygiene.keep = frozenset({self.pid} if self._next is None else {self.pid, self._next[0]})
         hygiene.clean()
+        if hygiene.unclean is None:  # no process of the sample is left to arm them again
+            hygiene.unclean = self._shared.restore()
         self._swept = True
 
     def _newborn(self) -> int | None:
@@ -271,11 +287,26 @@ class Zygote:
     def close(self) -> None:
         if self.alive:
             self.alive = False
-            close_all((self._ask, self._born, *self._requests, self._answer))
+            close_all((self._ask, self._born, *self._requests, self._answer, *self._shared_fds))
+            self._hygiene.keep = frozenset()  # what it forked is swept like any process
+            self._hygiene.newborn = None
             if self._next is not None and self._next[1] is not None:
                 close_all((self._next[1],))
         with contextlib.suppress(OSError):
             os.kill(self.pid, signal.SIGKILL)
+
+
+def _unread(read_end: int) -> int:
+    """Bytes waiting in a pipe (``FIONREAD`` on a read end)."""
+    count = bytearray(4)
+    try:
+        fcntl.ioctl(read_end, FIONREAD, count)
+    except OSError:
+        return 0
+    return int.from_bytes(count, "little", signed=True)
+
+
+FIONREAD = 0x541B
 
 
 def _gone(pid: int, pidfd: int | None) -> bool:
@@ -354,7 +385,7 @@ def _zygote(
     forked = 0
     try:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-        _set_dumpable(False)
+        set_dumpable(False)
         with contextlib.suppress(OSError, ValueError):  # its own CPU time is no sample's
             resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY,) * 2)
         started = inherited()
@@ -466,7 +497,9 @@ def _io_priority(pid: int = 0) -> int | None:
     return int(_libc.syscall(_IOPRIO_GET, 1, pid))
 
 
-def _set_dumpable(dumpable: bool) -> None:
+def set_dumpable(dumpable: bool) -> None:
+    """Whether processes of the same user may ptrace this one or open its /proc files
+    (``fd``, ``mem``, ...); forked children inherit it."""
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)

@@ -452,3 +452,154 @@ def grade(sample, item):
 def test_a_sample_plants_nothing_in_dev(name: str) -> None:
     executions, _ = run(backend(name), PLANTER, ["plant", "look"], timeout=20, isolation="sample")
     assert [e.value for e in executions] == [0, []], [e.error for e in executions if e.error]
+
+
+# Found by an attacker review (2026-12-07): the worker was dumpable, so a sample (same user)
+# could open /proc/<worker>/fd/N and write a forged request into the pipe of the process
+# forked for the next sample, which then ran the attacker's code, read the next sample's real
+# request and forged its answer; on bwrap and nsjail it could also read the worker's memory,
+# which holds the batch. The worker is no longer dumpable once it runs samples in processes
+# of their own.
+WORKER_PROCESS = r"""
+import json, os, re
+
+SECRET = re.compile(rb"evalkube-row-secret-[0-9a-f]{32}")
+
+def parent(pid):
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rpartition(b")")[2].split()[1])
+
+def grade(sample, item):
+    worker = parent(parent(os.getpid()))  # sample -> zygote -> worker
+    if sample == "pipes":
+        opened = 0
+        try:
+            names = os.listdir(f"/proc/{worker}/fd")
+        except OSError:
+            names = []
+        for name in names:
+            try:
+                if os.readlink(f"/proc/{worker}/fd/{name}").startswith("pipe:"):
+                    fd = os.open(f"/proc/{worker}/fd/{name}", os.O_WRONLY | os.O_NONBLOCK)
+                    body = json.dumps(["grader", ["hijack", -1], None]).encode()
+                    try:
+                        os.write(fd, len(body).to_bytes(8, "little") + body)
+                    finally:
+                        os.close(fd)
+                    opened += 1
+            except OSError:
+                pass
+        return {"scores": {"opened": float(opened)}}
+    if sample == "memory":
+        found = set()
+        try:
+            mem = os.open(f"/proc/{worker}/mem", os.O_RDONLY)
+            with open(f"/proc/{worker}/maps") as maps:
+                for line in maps:
+                    fields = line.split()
+                    start, end = (int(x, 16) for x in fields[0].split("-"))
+                    if fields[1].startswith("r") and end - start <= 1 << 30:
+                        try:
+                            found.update(SECRET.findall(os.pread(mem, end - start, start)))
+                        except OSError:
+                            pass
+        except OSError:
+            pass
+        return {"scores": {"found": float(len(found))}}
+    if sample == "hijack":
+        return {"scores": {"hijacked": 1.0}}
+    return sample
+"""
+
+
+@pytest.mark.parametrize("name", ISOLATING)
+def test_a_sample_cannot_open_the_workers_pipes_or_memory(name: str) -> None:
+    rows = [f"evalkube-row-secret-{secrets.token_hex(16)}" for _ in range(6)]
+    samples = ["first", "pipes", *rows[:3], "memory", *rows[3:]]
+    executions, _ = run(backend(name), WORKER_PROCESS, samples, timeout=20, isolation="sample")
+    assert [e.status for e in executions] == ["returned"] * len(samples), [
+        e.error for e in executions
+    ]
+    assert executions[1].value == {"scores": {"opened": 0.0}}
+    assert executions[5].value == {"scores": {"found": 0.0}}
+    own = [e.value for s, e in zip(samples, executions, strict=True) if s.startswith("evalkube")]
+    assert own == rows  # no forged request ran in their processes
+
+
+# Found by the same review: the answer pipe's write end, the request pipes' read ends and the
+# worker's stderr are each one open file description, shared through fork by every sample's
+# process. What a sample sets on one outlived it: F_SETOWN + F_SETSIG(SIGKILL) + O_ASYNC made
+# the kernel kill the next sample's process when the worker read the answer pipe; O_NONBLOCK
+# with a one-page pipe made every later answer over 4 KiB fail; O_DIRECT (packet mode) lost
+# every later answer's body. The worker now sets them back after each sample.
+SHARED_FILES = r"""
+import fcntl, os, signal, time
+
+F_SETSIG, F_SETPIPE_SZ = 10, 1031
+
+def parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rpartition(b")")[2].split()[1])
+    except OSError:
+        return -1
+
+def shared():
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fcntl.fcntl(int(name), fcntl.F_GETFL)
+            found.append(int(name))
+        except OSError:
+            pass
+    return found
+
+def next_process():
+    me = os.getpid()
+    for _ in range(1000):
+        found = [int(n) for n in os.listdir("/proc")
+                 if n.isdigit() and int(n) != me and parent(int(n)) == parent(me)]
+        if found:
+            return found[0]
+        time.sleep(0.002)
+    return 0
+
+def arm(how):
+    victim = next_process()
+    for fd in shared():
+        try:
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            if how == "signal":
+                fcntl.fcntl(fd, fcntl.F_SETOWN, victim)
+                fcntl.fcntl(fd, F_SETSIG, signal.SIGKILL)
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags | fcntl.FASYNC)
+            elif how == "nonblock":
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+                fcntl.fcntl(fd, F_SETPIPE_SZ, 4096)
+            elif how == "direct":
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT)
+        except OSError:
+            pass
+
+def grade(sample, item):
+    if sample.startswith("arm-"):
+        arm(sample[len("arm-"):])
+        return "armed"
+    if sample == "big":
+        return "x" * 300_000
+    time.sleep(0.01)  # a grader that does some work
+    return sample
+"""
+
+
+@pytest.mark.parametrize("how", ["signal", "nonblock", "direct"])
+@pytest.mark.parametrize("name", ISOLATING)
+def test_what_a_sample_sets_on_the_files_it_shares_reaches_no_later_sample(
+    name: str, how: str
+) -> None:
+    samples = ["first", f"arm-{how}", "victim", "big", "after", f"arm-{how}", "big", "last"]
+    executions, _ = run(backend(name), SHARED_FILES, samples, timeout=20, isolation="sample")
+    # an armed sample may lose its own answer (packet mode splits it): its own result only
+    others = [(s, e) for s, e in zip(samples, executions, strict=True) if not s.startswith("arm")]
+    assert [e.status for _, e in others] == ["returned"] * len(others), [e.error for _, e in others]
+    assert [e.value for _, e in others] == [s if s != "big" else "x" * 300_000 for s, _ in others]
