@@ -258,6 +258,28 @@ def cluster_ip(node: RealNode, namespace: str, service: str) -> str:
     return ip
 
 
+def network_state(node: RealNode, destination: str) -> str:
+    """The node's iptables, with each rule's packet counters (which rule let a connection
+    through), the conntrack entries to ``destination`` and the pods' addresses: read when a
+    probe got through, as evidence for docs/security.md's Known gap."""
+    commands = [
+        ["iptables-legacy-save", "-c"],
+        ["iptables-nft-save", "-c"],
+        ["conntrack", "-L", "-p", "tcp", "--orig-dst", destination],
+    ]
+    pods = node.kubectl("get", "pods", "-A", "-o", "wide", check=False)
+    found = [f"$ kubectl get pods -A -o wide\n{pods.stdout}{pods.stderr}"]
+    for argv in commands:
+        try:
+            done = subprocess.run(
+                node.in_netns(*argv), capture_output=True, text=True, timeout=60, check=False
+            )
+            found.append(f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            found.append(f"$ {' '.join(argv)}: {exc}")
+    return "\n".join(found)
+
+
 def operator_pod_ip(node: RealNode) -> str:
     pods = node.kubectl_json(
         "get", "pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/component=operator"
@@ -421,6 +443,8 @@ def test_a_hostile_grader_is_contained_while_its_honest_neighbour_calls_models(
         for s in samples.values()
         if (s["scores"] or {}).get("escaped") and isinstance(judge := s["judge"], dict)
     )
+    if escaped:
+        evidence += "\n" + network_state(node, reachable["apiserver"][1])
     assert not escaped, f"got through: {escaped}\n{evidence}"
     for task_id, rows in (("network", 9), ("refused", 3), ("pod", 6)):
         assert results[task_id]["counts"] == {
