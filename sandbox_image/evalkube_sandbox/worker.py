@@ -301,22 +301,20 @@ class Worker:
         worker has held no other sample (the zygote could not start)."""
         zygote = self._zygote
         self._held += 1
-        if zygote is not None or self._zygote_lost:
-            answer = None
-            if zygote is not None:
-                answer = zygote.run(name, args, ctx, payload_bytes=self._payload_bytes)
-                if answer is not None:
-                    return answer
-                # its pipes are no fork's of this process to inherit, nor is it used again
-                zygote.close()
-                self._zygote, self._zygote_lost = None, True
-            if self._held > 1:
-                self._replace_me(
-                    self._hygiene.unclean
-                    or "the zygote that forks each sample's process, or the process it forked, "
-                    "ended or was changed by a sample; no sample is forked from a worker that "
-                    "held other samples"
-                )
+        if zygote is not None:
+            answer = zygote.run(name, args, ctx, payload_bytes=self._payload_bytes)
+            if answer is not None:
+                return answer
+            # its pipes are no fork's of this process to inherit, nor is it used again
+            zygote.close()
+            self._zygote, self._zygote_lost = None, True
+        if self._zygote_lost and self._held > 1:
+            self._replace_me(
+                self._hygiene.unclean
+                or "the zygote that forks each sample's process, or the process it forked, "
+                "ended or was changed by a sample; no sample is forked from a worker that "
+                "held other samples"
+            )
         return run_isolated(
             function,
             [*args, Context(*ctx)] if ctx is not None else args,

@@ -66,6 +66,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 PR_SET_DUMPABLE = 4
+#: ``ioctl`` request: bytes waiting in a pipe (the same on x86_64 and aarch64).
+FIONREAD = 0x541B
 HEADER_BYTES = 8
 #: The inherited limits a process of the same user can change from outside.
 _RLIMITS = tuple(
@@ -85,24 +87,24 @@ class Zygote:
         hygiene: Hygiene,
         ask: int,
         born: int,
-        requests: tuple[int, int],
-        answer: int,
-        shared: tuple[int, ...],
+        requests: tuple[tuple[int, int], tuple[int, int]],
+        answer: tuple[int, int],
     ):
         self.pid = pid
         self._hygiene = hygiene
-        self._ask, self._born, self._requests, self._answer = ask, born, requests, answer
-        #: The ends the samples' processes hold too (the request pipes' read ends, the answer
-        #: pipe's write end), kept open here only to set them back after each sample, and
-        #: this process's standard streams, which they inherit.
-        self._shared_fds = shared
-        self._shared = SharedFiles((*shared, 0, 1, 2))
+        self._ask, self._born, self._answer = ask, born, answer[0]
+        #: The two request pipes, each ``(read end, write end)``: the read ends, like the
+        #: answer pipe's write end, are kept here only to set them back after each sample
+        #: (:class:`SharedFiles`, with this process's standard streams, which samples inherit).
+        self._requests = requests
+        self._shared_fds = (requests[0][0], requests[1][0], answer[1])
+        self._shared = SharedFiles((*self._shared_fds, 0, 1, 2))
         self._asked = False
         #: Processes taken from the zygote so far: the n-th reads ``requests[n % 2]``.
         self._taken = 0
         #: The process forked for the next sample, taken from the zygote: its pid, a pidfd
         #: of it, and the request pipe it reads.
-        self._next: tuple[int, int | None, int] | None = None
+        self._next: tuple[int, int | None, tuple[int, int]] | None = None
         #: The worker's own limits and scheduling, as before any sample (a sample may change
         #: them from outside: the worker then handles no other sample).
         self._worker_state: tuple[Any, ...] = ()
@@ -139,9 +141,7 @@ class Zygote:
         close_all((ask[0], born[1]))
         for _, write_end in requests:
             os.set_blocking(write_end, False)
-        write_ends = (requests[0][1], requests[1][1])
-        shared = (requests[0][0], requests[1][0], answer[1])
-        zygote = cls(pid, hygiene, ask[1], born[0], write_ends, answer[0], shared)
+        zygote = cls(pid, hygiene, ask[1], born[0], requests, answer)
         zygote._worker_state = inherited(_MOVED_BY_WORKER)
         hygiene.keep = frozenset({pid})
         zygote.ask()
@@ -172,8 +172,7 @@ class Zygote:
         self._next = None
         if taken is None:
             return None
-        pid, pidfd, request_pipe = taken
-        request_pipe_index = self._requests.index(request_pipe)
+        pid, pidfd, (request_read_end, request_pipe) = taken
         size: int | None = None
         hygiene = self._hygiene
         try:
@@ -202,7 +201,7 @@ class Zygote:
             if not _send(request_pipe, _framed(request), pid):
                 return None  # it died first: what it read of the pipe is unknown
             data, size = _receive(self._answer, pid, payload_bytes)
-            if not data and size is None and _unread(self._shared_fds[request_pipe_index]):
+            if not data and size is None and _unread(request_read_end):
                 # it died before it read its sample (a kill the sample before it had the
                 # kernel send, landing late): not this sample's doing
                 return None
@@ -261,7 +260,7 @@ class Zygote:
                 os.close(hygiene.ended[1])
         hygiene.ended = None if pidfd is None else (pid, pidfd)
 
-    def _take(self) -> tuple[int, int | None, int] | None:
+    def _take(self) -> tuple[int, int | None, tuple[int, int]] | None:
         """The process forked for the next sample, a pidfd of it (``None`` where pidfds
         are not supported) and the request pipe it reads, asking for it if need be."""
         self.ask()
@@ -287,7 +286,8 @@ class Zygote:
     def close(self) -> None:
         if self.alive:
             self.alive = False
-            close_all((self._ask, self._born, *self._requests, self._answer, *self._shared_fds))
+            write_ends = tuple(write_end for _, write_end in self._requests)
+            close_all((self._ask, self._born, self._answer, *write_ends, *self._shared_fds))
             self._hygiene.keep = frozenset()  # what it forked is swept like any process
             self._hygiene.newborn = None
             if self._next is not None and self._next[1] is not None:
@@ -304,9 +304,6 @@ def _unread(read_end: int) -> int:
     except OSError:
         return 0
     return int.from_bytes(count, "little", signed=True)
-
-
-FIONREAD = 0x541B
 
 
 def _gone(pid: int, pidfd: int | None) -> bool:

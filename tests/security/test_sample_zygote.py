@@ -357,19 +357,25 @@ def test_a_fork_under_way_when_the_sample_is_killed_is_swept(name: str) -> None:
     _each_answers_itself(name, FORK_AT_EXIT, samples)
 
 
-# Found by the same review (and older than the concurrent sweep): a sample that killed only
-# the zygote, once it had forked the next sample's process, made the worker close the pipes
-# of the sample running in that process and crash; the next sample was blamed.
-ZYGOTE_KILLER = r"""
-import os, signal, time
-
+# A grader's helper: the parent of a process, -1 once it is gone.
+PARENT_OF = r"""
 def parent(pid):
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return int(f.read().rpartition(b")")[2].split()[1])
     except OSError:
         return -1
+"""
 
+# Found by the same review (and older than the concurrent sweep): a sample that killed only
+# the zygote, once it had forked the next sample's process, made the worker close the pipes
+# of the sample running in that process and crash; the next sample was blamed.
+ZYGOTE_KILLER = (
+    r"""
+import os, signal, time
+"""
+    + PARENT_OF
+    + r"""
 def grade(sample, item):
     if sample == "kill-zygote":
         zygote, me = parent(os.getpid()), os.getpid()
@@ -383,6 +389,7 @@ def grade(sample, item):
         time.sleep(0.05)
     return sample
 """
+)
 
 
 @pytest.mark.parametrize("name", ISOLATING)
@@ -532,18 +539,14 @@ def test_a_sample_cannot_open_the_workers_pipes_or_memory(name: str) -> None:
 # the kernel kill the next sample's process when the worker read the answer pipe; O_NONBLOCK
 # with a one-page pipe made every later answer over 4 KiB fail; O_DIRECT (packet mode) lost
 # every later answer's body. The worker now sets them back after each sample.
-SHARED_FILES = r"""
+SHARED_FILES = (
+    r"""
 import fcntl, os, signal, time
 
 F_SETSIG, F_SETPIPE_SZ = 10, 1031
-
-def parent(pid):
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rpartition(b")")[2].split()[1])
-    except OSError:
-        return -1
-
+"""
+    + PARENT_OF
+    + r"""
 def shared():
     found = []
     for name in os.listdir("/proc/self/fd"):
@@ -590,6 +593,7 @@ def grade(sample, item):
     time.sleep(0.01)  # a grader that does some work
     return sample
 """
+)
 
 
 @pytest.mark.parametrize("how", ["signal", "nonblock", "direct"])
