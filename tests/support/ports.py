@@ -7,6 +7,12 @@ sees a "server", and while that socket lives the real server's ``bind`` fails wi
 ``EADDRINUSE`` (seen in CI: the operator of a test module never listened, every test of the
 module failed). :func:`free_port` therefore picks ports outside the ephemeral range, where
 no connection's source port can land, and :func:`accepts` refuses a self-connection anyway.
+
+Nor from Kubernetes' NodePort range (:data:`NODE_PORTS`): on the real node, kube-router lets a
+pod reach the node's own addresses on those ports before it applies the pod's egress policy
+(its "allow LOCAL TCP traffic to node ports" rule), so a control plane whose API server port
+landed there (one start in ten) was reachable from every grader pod through the `kubernetes`
+Service (docs/security.md, Known gaps).
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from pathlib import Path
 
 #: The lowest port handed out (below it: well-known and registered services' habits).
 LOWEST = 10_000
+#: Kubernetes' default NodePort range (``--service-node-port-range``), which kube-router's
+#: NetworkPolicy exempts on the node's own addresses: never handed out.
+NODE_PORTS = range(30_000, 32_768)
 #: Candidates tried before falling back to the kernel's choice.
 TRIES = 200
 
@@ -32,10 +41,12 @@ def _ephemeral_range() -> tuple[int, int]:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on ``host`` now, outside the ephemeral range (so polling it before its
-    server listens can never connect a socket to itself); the kernel's choice if none of
-    :data:`TRIES` random candidates binds."""
+    server listens can never connect a socket to itself) and outside :data:`NODE_PORTS`; the
+    kernel's choice if none of :data:`TRIES` random candidates binds."""
     low, high = _ephemeral_range()
-    outside = [*range(LOWEST, low), *range(high + 1, 65_536)]
+    outside = [
+        port for port in (*range(LOWEST, low), *range(high + 1, 65_536)) if port not in NODE_PORTS
+    ]
     for port in random.sample(outside, min(TRIES, len(outside))):
         with socket.socket() as sock:
             try:
