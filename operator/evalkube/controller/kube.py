@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -54,6 +55,8 @@ class Kube:
     def __init__(self, client: AsyncClient | None = None) -> None:
         self.client = client or AsyncClient(field_manager="evalkube")
         self._slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+        self._shared_reads: dict[tuple[str, str], asyncio.Future[dict[str, Any] | None]] = {}
+        """``(namespace, suite) -> its read not sent yet`` (see :meth:`suite`)."""
 
     async def close(self) -> None:
         await self.client.close()
@@ -69,11 +72,19 @@ class Kube:
         created = await self._request(lambda: self.client.create(plain), 409)
         return None if created is None else dict(created)
 
-    async def _request(self, call: Callable[[], Awaitable[Any]], absent: int) -> Any:
+    async def _request(
+        self,
+        call: Callable[[], Awaitable[Any]],
+        absent: int,
+        sending: Callable[[], None] | None = None,
+    ) -> Any:
         """``call()`` within the bound on requests in flight; ``None`` when the API server
-        answers ``absent`` (409: it existed; 404: it does not)."""
+        answers ``absent`` (409: it existed; 404: it does not). ``sending()`` runs once the
+        request has its slot, right before it is sent."""
         try:
             async with self._slots:
+                if sending is not None:
+                    sending()
                 return await call()
         except ApiError as exc:
             if exc.status.code == absent:
@@ -109,9 +120,13 @@ class Kube:
         ip = ((service or {}).get("spec") or {}).get("clusterIP")
         return None if not ip or ip == "None" else str(ip)
 
-    async def _get(self, kind: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    async def _get(
+        self, kind: Any, namespace: str, name: str, sending: Callable[[], None] | None = None
+    ) -> dict[str, Any] | None:
         """The object, or ``None`` when it does not exist (404)."""
-        found = await self._request(lambda: self.client.get(kind, name, namespace=namespace), 404)
+        found = await self._request(
+            lambda: self.client.get(kind, name, namespace=namespace), 404, sending
+        )
         return None if found is None else dict(found.to_dict())
 
     async def config_map_value(self, namespace: str, name: str, key: str) -> str | None:
@@ -130,7 +145,28 @@ class Kube:
         return None if encoded is None else base64.b64decode(encoded).decode("utf-8", "replace")
 
     async def suite(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self._get(EvalSuiteResource, namespace, name)
+        """The suite as the API server holds it now (a copy of its own to each caller).
+
+        Callers waiting for a request slot share one read: it is sent after each of them
+        asked, so it is as fresh as a read of their own. A burst of new runs of one suite
+        (every run reads its suite once) then reads it about once per wait for a slot, not
+        once per run; a caller that comes once the read is sent waits for a read of its own.
+        """
+        key = (namespace, name)
+        pending = self._shared_reads.get(key)
+        if pending is None:
+
+            def sent(*_: Any) -> None:  # later callers must not take a read sent before they asked
+                if self._shared_reads.get(key) is pending:
+                    del self._shared_reads[key]
+
+            read = self._get(EvalSuiteResource, namespace, name, sent)
+            pending = self._shared_reads[key] = asyncio.ensure_future(read)
+            pending.add_done_callback(sent)  # also when it failed before it was sent
+            # every caller may have been cancelled: nobody else retrieves its error
+            pending.add_done_callback(lambda done: done.cancelled() or done.exception())
+        # shield: one caller cancelled (its run deleted) does not cancel the others' read
+        return copy.deepcopy(await asyncio.shield(pending))
 
     async def run(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get(EvalRunResource, namespace, name)
