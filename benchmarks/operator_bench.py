@@ -297,8 +297,31 @@ def latency(cp: ControlPlane, client: Client, watcher: Watcher, repeats: int) ->
     return seconds
 
 
+def cpu_seconds(cp: ControlPlane, operator: Operator) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each control plane process, the operator and
+    this benchmark (its creating threads and watches): which of them the two cores went to."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = {p.name: p.popen.pid for p in cp._procs}
+    pids["evalkube operator"] = operator.proc.pid
+    pids["this benchmark"] = os.getpid()
+    used: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        used[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return used
+
+
 def burst(
-    cp: ControlPlane, client: Client, watcher: Watcher, runs: int, units: int, timeout: float
+    cp: ControlPlane,
+    client: Client,
+    watcher: Watcher,
+    operator: Operator,
+    runs: int,
+    units: int,
+    timeout: float,
 ) -> dict[str, Any]:
     """``runs`` EvalRuns of ``units`` units each, created at once (16 concurrent creates)."""
     ns = new_namespace(cp, "burst")
@@ -306,6 +329,7 @@ def burst(
     time.sleep(0.5)
     objects = [from_dict(run(ns, f"r{i:04d}", shard_size=5)) for i in range(runs)]
     before = api_requests(cp)
+    cpu_before = cpu_seconds(cp, operator)
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=CREATE_CONCURRENCY) as pool:
         list(pool.map(client.create, objects))
@@ -318,10 +342,16 @@ def burst(
         interval=0.2,
     )
     requests = api_requests(cp) - before
+    cpu_burst = cpu_seconds(cp, operator)
+    listed = get_json(cp, "get", "events", "-n", ns) or {"items": []}
+    events: Counter[str] = Counter()
+    for event in listed["items"]:
+        events[str(event.get("reason", ""))] += int(event.get("count") or 1)
     added = watcher.added(ns)
     per_run = sorted(t - added[r] for r, t in done.items())
     jobs = runs * units
     raw = raw_creates(cp, client, watcher, ns, jobs)
+    cpu_raw = cpu_seconds(cp, operator)
     print(f"  raw: {jobs} Jobs created straight through the API server in {raw:.2f} s", flush=True)
     return {
         "raw": raw,
@@ -332,6 +362,9 @@ def burst(
         "max": per_run[-1],
         "all": max(done.values()) - started,
         "requests": requests,
+        "events": events,
+        "cpu_burst": {k: v - cpu_before.get(k, 0.0) for k, v in cpu_burst.items()},
+        "cpu_raw": {k: v - cpu_burst.get(k, 0.0) for k, v in cpu_raw.items()},
     }
 
 
@@ -610,7 +643,13 @@ def main() -> int:
         if "burst" in parts:
             print(f"3. burst: {options.runs} EvalRuns x {options.burst_units} units", flush=True)
             many = burst(
-                cp, client, watcher, options.runs, options.burst_units, options.burst_timeout
+                cp,
+                client,
+                watcher,
+                operator,
+                options.runs,
+                options.burst_units,
+                options.burst_timeout,
             )
         if "done" in parts:
             print("4. done -> status: 3-unit runs, parallelism 1", flush=True)
@@ -662,6 +701,16 @@ def main() -> int:
         for what, count in requests.most_common():
             if count >= options.runs / 10:
                 print(f"{'    ' + what:<52} {count / options.runs:>10.2f}")
+        print(f"{'  Events per run, by reason':<52}")
+        for reason, count in many["events"].most_common():
+            print(f"{'    ' + reason:<52} {count / options.runs:>10.2f}")
+        print(f"{'  CPU seconds, burst / raw create':<52} {'burst':>10} {'raw':>10}")
+        for what, used in sorted(many["cpu_burst"].items(), key=lambda kv: -kv[1]):
+            print(f"{'    ' + what:<52} {used:>10.1f} {many['cpu_raw'].get(what, 0.0):>10.1f}")
+        print(
+            f"{'    all of them':<52} {sum(many['cpu_burst'].values()):>10.1f} "
+            f"{sum(many['cpu_raw'].values()):>10.1f}"
+        )
     for key in ("exit_to_next_job", "exit_to_status", "job_complete_to_status"):
         if dones:
             values = [d[key] for d in dones]

@@ -59,6 +59,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="evalkube.io")
     settings.persistence.diffbase_storage = DiffBaseStorage(prefix="evalkube.io")
     settings.posting.level = 20
+    settings.watching.label_selectors["batch", "jobs"] = names.UNIT_JOBS_SELECTOR
     operator_settings = OperatorSettings()
     if operator_settings.watched_namespaces():
         # namespace-scoped RBAC (watchNamespaces): no cluster-wide reads of namespaces or CRDs

@@ -19,6 +19,9 @@ ANNOTATION_RUN = f"{DOMAIN}/run-name"
 #: Kueue's label naming the LocalQueue of a Job (``spec.queueName``).
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 MANAGED_BY = "evalkube"
+#: The labels of every work-unit Job as a selector the API server filters the operator's Job
+#: watch by: without it kopf decodes every Job of the cluster before its own label filter.
+UNIT_JOBS_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_RUN}"
 
 
 def _short(value: str, size: int = 8) -> str:

@@ -769,3 +769,26 @@ def test_a_run_name_longer_than_a_label_value_labels_within_63_and_is_found_agai
     ).items()
     assert key == (NAMESPACE, name)
     assert unit == SHARD.unit_id
+
+
+def _selects(selector: str, labels: dict[str, str]) -> bool:
+    """A label selector of ``key=value`` and bare ``key`` (exists) terms, as the API server
+    reads it."""
+    for term in selector.split(","):
+        key, equals, value = term.partition("=")
+        if key not in labels or (equals and labels[key] != value):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("unit", [SHARD, AGGREGATE], ids=["shard", "aggregate"])
+def test_the_job_watchs_server_side_selector_takes_every_unit_job_and_no_other(unit: Unit) -> None:
+    """The operator's Job watch sees only what ``names.UNIT_JOBS_SELECTOR`` selects: a unit
+    Job it missed would leave its run waiting for an event that never comes."""
+    labels = job(unit)["metadata"]["labels"]
+    assert _selects(names.UNIT_JOBS_SELECTOR, labels)
+    for dropped in (names.LABEL_RUN, names.LABEL_MANAGED_BY):
+        assert not _selects(
+            names.UNIT_JOBS_SELECTOR, {k: v for k, v in labels.items() if k != dropped}
+        )
+    assert not _selects(names.UNIT_JOBS_SELECTOR, {**labels, names.LABEL_MANAGED_BY: "helm"})
