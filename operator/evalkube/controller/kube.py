@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -18,6 +17,8 @@ from lightkube.core.resource_registry import resource_registry
 from lightkube.generic_resource import GenericNamespacedResource, create_namespaced_resource
 from lightkube.resources.core_v1 import ConfigMap, Secret, Service
 from lightkube.types import CascadeType, PatchType
+
+from evalkube.util import jsonfast
 
 EvalSuiteResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalSuite", "evalsuites")
 EvalRunResource = create_namespaced_resource("evalkube.io", "v1alpha1", "EvalRun", "evalruns")
@@ -166,7 +167,11 @@ class Kube:
             # every caller may have been cancelled: nobody else retrieves its error
             pending.add_done_callback(lambda done: done.cancelled() or done.exception())
         # shield: one caller cancelled (its run deleted) does not cancel the others' read
-        return copy.deepcopy(await asyncio.shield(pending))
+        # a copy through JSON (the suite is JSON): a quarter of deepcopy's time on a large one
+        copied: dict[str, Any] | None = jsonfast.loads(
+            jsonfast.dumps(await asyncio.shield(pending))
+        )
+        return copied
 
     async def run(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get(EvalRunResource, namespace, name)
