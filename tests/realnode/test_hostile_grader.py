@@ -4,8 +4,9 @@ implementation (kube-router), next to an honest model-backed grader in the same 
 The hostile grader (a task without model access) tries, from inside its sandbox:
 
 - the network: a listener on the node itself, the fake provider on a host outside the cluster,
-  a web server pod in another namespace, the cluster DNS (UDP and TCP), the Kubernetes API
-  Service, and the operator's samples API (its pod and its Service);
+  a web server pod in another namespace (directly and through a NodePort Service on the node's
+  address), the cluster DNS (UDP and TCP), the Kubernetes API Service, and the operator's
+  samples API (its pod and its Service);
 - the two destinations its pod's policy does allow, without the credentials only the proxy and
   runner containers hold: the egress gateway (a ``CONNECT`` and an absolute-form request with no
   grant) and the operator's ingest port (a forged sample without the run's token);
@@ -232,6 +233,26 @@ def web_pod(node: RealNode, namespace: str) -> str:
     return ip
 
 
+def node_port(node: RealNode, namespace: str) -> int:
+    """A NodePort Service in front of the web pod: its port on the node's own address (in
+    the NodePort range, which kube-router exempts for the node's own listeners only)."""
+    node.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "web", "namespace": namespace},
+            "spec": {
+                "type": "NodePort",
+                "selector": {"app": "web"},
+                "ports": [{"port": 8080, "targetPort": 8080, "protocol": "TCP"}],
+            },
+        }
+    )
+    service = node.kubectl_json("get", "service", "web", "-n", namespace)
+    port: int = service["spec"]["ports"][0]["nodePort"]
+    return port
+
+
 def control_pod(namespace: str, command: str) -> dict[str, Any]:
     """A gVisor pod in the run's namespace without the run's labels: no policy selects it."""
     return {
@@ -357,6 +378,7 @@ def test_a_hostile_grader_is_contained_while_its_honest_neighbour_calls_models(
                 "node": ("tcp", NODE_IP, NODE_PORT),
                 "outside": ("tcp", OUTSIDE_IP, PROVIDER_PORT),
                 "other_namespace": ("tcp", web_ip, 8080),
+                "node_port": ("tcp", NODE_IP, node_port(node, other)),
                 "apiserver": ("tcp", cluster_ip(node, "default", "kubernetes"), 443),
                 "samples_api_pod": ("tcp", operator_pod_ip(node), api_port),
                 "samples_api_service": ("tcp", operator_svc, api_port),
@@ -446,7 +468,7 @@ def test_a_hostile_grader_is_contained_while_its_honest_neighbour_calls_models(
     if escaped:
         evidence += "\n" + network_state(node, reachable["apiserver"][1])
     assert not escaped, f"got through: {escaped}\n{evidence}"
-    for task_id, rows in (("network", 9), ("refused", 3), ("pod", 6)):
+    for task_id, rows in (("network", 10), ("refused", 3), ("pod", 6)):
         assert results[task_id]["counts"] == {
             "samples": rows, "valid": rows, "invalid": 0, "errored": 0
         }, evidence  # fmt: skip
