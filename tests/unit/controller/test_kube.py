@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -43,10 +44,12 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-def _held(monkeypatch: pytest.MonkeyPatch, slots: int) -> tuple[Kube, HeldClient]:
-    monkeypatch.setattr(kube_module, "REQUESTS_IN_FLIGHT", slots)
-    client = HeldClient()
-    return Kube(client), client  # type: ignore[arg-type]
+def _run(scenario: Callable[[Kube, HeldClient], Awaitable[None]], slots: int) -> None:
+    """``scenario`` against a :class:`Kube` with ``slots`` requests in flight at most."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kube_module, "REQUESTS_IN_FLIGHT", slots)
+        client = HeldClient()
+        asyncio.run(scenario(Kube(client), client))  # type: ignore[arg-type]
 
 
 async def _behind_a_busy_slot(
@@ -61,11 +64,8 @@ async def _behind_a_busy_slot(
     return busy, readers
 
 
-def test_callers_waiting_for_a_slot_share_one_read_each_with_a_copy_of_its_own(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    async def scenario() -> None:
-        kube, client = _held(monkeypatch, slots=1)
+def test_callers_waiting_for_a_slot_share_one_read_each_with_a_copy_of_its_own() -> None:
+    async def scenario(kube: Kube, client: HeldClient) -> None:
         busy, readers = await _behind_a_busy_slot(kube, "s", 5)
         assert client.gets == 1  # only the run's GET: the suite's waits for the slot
         client.answer.set()
@@ -78,14 +78,11 @@ def test_callers_waiting_for_a_slot_share_one_read_each_with_a_copy_of_its_own(
         found[0]["spec"]["read"] = "changed by one caller"
         assert found[1]["spec"]["read"] == 2
 
-    asyncio.run(scenario())
+    _run(scenario, slots=1)
 
 
-def test_a_caller_that_asks_after_the_read_was_sent_gets_a_read_of_its_own(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    async def scenario() -> None:
-        kube, client = _held(monkeypatch, slots=4)
+def test_a_caller_that_asks_after_the_read_was_sent_gets_a_read_of_its_own() -> None:
+    async def scenario(kube: Kube, client: HeldClient) -> None:
         first = asyncio.create_task(kube.suite("ns", "s"))
         await _settle()
         assert client.gets == 1  # sent: the suite may have changed since
@@ -97,14 +94,11 @@ def test_a_caller_that_asks_after_the_read_was_sent_gets_a_read_of_its_own(
         assert (await later)["spec"]["read"] == 2
         assert (await kube.suite("ns", "s"))["spec"]["read"] == 3  # nothing kept after a read
 
-    asyncio.run(scenario())
+    _run(scenario, slots=4)
 
 
-def test_a_shared_read_tells_every_caller_the_suite_is_missing_or_the_error(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    async def scenario() -> None:
-        kube, client = _held(monkeypatch, slots=1)
+def test_a_shared_read_tells_every_caller_the_suite_is_missing_or_the_error() -> None:
+    async def scenario(kube: Kube, client: HeldClient) -> None:
         client.missing = True
         busy, readers = await _behind_a_busy_slot(kube, "gone", 3)
         client.answer.set()
@@ -120,14 +114,11 @@ def test_a_shared_read_tells_every_caller_the_suite_is_missing_or_the_error(
         client.failing = False
         assert (await kube.suite("ns", "s"))["spec"]["read"] == client.gets  # a fresh read
 
-    asyncio.run(scenario())
+    _run(scenario, slots=1)
 
 
-def test_one_caller_cancelled_does_not_cancel_the_read_the_others_wait_for(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    async def scenario() -> None:
-        kube, client = _held(monkeypatch, slots=1)
+def test_one_caller_cancelled_does_not_cancel_the_read_the_others_wait_for() -> None:
+    async def scenario(kube: Kube, client: HeldClient) -> None:
         busy, (first, second) = await _behind_a_busy_slot(kube, "s", 2)
         first.cancel()  # the run that asked first was deleted
         await _settle()
@@ -136,4 +127,4 @@ def test_one_caller_cancelled_does_not_cancel_the_read_the_others_wait_for(
         assert (await second)["spec"]["read"] == 2
         assert first.cancelled()
 
-    asyncio.run(scenario())
+    _run(scenario, slots=1)
