@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from evalkube import limits
 from evalkube.models import (
@@ -38,6 +39,42 @@ from evalkube.sources.files import (
     yaml_documents,
 )
 from evalkube.sources.formats import parse_json
+
+#: Rows between two entries of a JSONL dataset's :class:`RowIndex`.
+ROW_INDEX_EVERY = 1_024
+
+
+@dataclass(frozen=True, slots=True)
+class RowIndex:
+    """Where every :data:`ROW_INDEX_EVERY`-th row of a JSONL file starts, noted while its rows
+    were counted, so that a unit starting in the middle of the dataset (a parallel run's, a
+    resumed run's) seeks there instead of reading every line before it: that read made a
+    run's dataset reads grow with the square of its size (a million rows in shards of 10k
+    read 50 million lines). Used only on the file it was made from (same device, inode, size
+    and modification time, and a line ending before the offset)."""
+
+    identity: tuple[int, int, int, int]
+    starts: tuple[tuple[int, int], ...]
+    """``(byte offset, lines before it)`` of rows 0, ``ROW_INDEX_EVERY``, twice that..."""
+
+    def seek(self, handle: IO[bytes], skip: int) -> tuple[int, int]:
+        """Move ``handle`` to the nearest indexed row at or before row ``skip``: ``(rows left
+        to skip, lines before the position)``; ``(skip, 0)`` (not moved) when the index is
+        not this file's."""
+        entry = min(skip // ROW_INDEX_EVERY, len(self.starts) - 1)
+        if entry <= 0 or _identity(handle) != self.identity:
+            return skip, 0
+        offset, lines_before = self.starts[entry]
+        handle.seek(offset - 1)
+        if handle.read(1) != b"\n":
+            handle.seek(0)
+            return skip, 0
+        return skip - entry * ROW_INDEX_EVERY, lines_before
+
+
+def _identity(handle: IO[bytes]) -> tuple[int, int, int, int]:
+    info = os.fstat(handle.fileno())
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 @dataclass
@@ -63,6 +100,8 @@ class LoadedSuite:
     """Whether a missing pin is made here (a unit's pod only reads what was pinned)."""
     local_sources: bool = True
     """Whether a ``uri`` may name a local file (not in a cluster)."""
+    row_index: dict[Path, RowIndex] = field(default_factory=dict)
+    """JSONL dataset -> where its rows start, noted when they were counted (a unit seeks)."""
 
     @property
     def name(self) -> str:
@@ -255,9 +294,9 @@ def iter_dataset(
         yield from read_pinned(loaded.pin(task, "dataset"), loaded.access, where, start=skip)
         return
     if task.id in loaded.dataset_paths:
-        yield from iter_json_rows(
-            loaded.dataset_paths[task.id], f"tasks[{task.id}].dataset", skip=skip
-        )
+        path = loaded.dataset_paths[task.id]
+        index = loaded.row_index.get(path)
+        yield from iter_json_rows(path, f"tasks[{task.id}].dataset", skip=skip, index=index)
         return
     if dataset.config_map_ref is not None:
         raise ConfigError(
@@ -265,7 +304,8 @@ def iter_dataset(
         )
     assert dataset.path is not None
     path = loaded.base_dir / dataset.path
-    yield from iter_json_rows(path, f"tasks[{task.id}].dataset.path", skip=skip)
+    index = loaded.row_index.get(path)
+    yield from iter_json_rows(path, f"tasks[{task.id}].dataset.path", skip=skip, index=index)
 
 
 def shard_rows(loaded: LoadedSuite, task: TaskSpec, start: int, stop: int) -> list[dict[str, Any]]:
@@ -302,22 +342,30 @@ def count_dataset_rows(loaded: LoadedSuite, task: TaskSpec) -> int:
         return sum(1 for _ in iter_dataset(loaded, task))
     where = f"tasks[{task.id}].dataset" + ("" if task.id in loaded.dataset_paths else ".path")
     count = 0
+    offset = 0
+    starts: list[tuple[int, int]] = []
     with open_regular(path, where) as handle:
         for number, line in bounded_lines(handle, where, path):
             text = line.lstrip()
-            if not text:
-                continue
-            if not text.startswith(b"{"):
-                raise ConfigError(f"{where}: {path} line {number}: a row must be a JSON object")
-            count += 1
+            if text:
+                if not text.startswith(b"{"):
+                    raise ConfigError(f"{where}: {path} line {number}: a row must be a JSON object")
+                if count % ROW_INDEX_EVERY == 0:
+                    starts.append((offset, number - 1))
+                count += 1
+            offset += len(line)
+        loaded.row_index[path] = RowIndex(_identity(handle), tuple(starts))
     return count
 
 
-def iter_json_rows(path: Path, where: str, skip: int = 0) -> Iterator[dict[str, Any]]:
+def iter_json_rows(
+    path: Path, where: str, skip: int = 0, index: RowIndex | None = None
+) -> Iterator[dict[str, Any]]:
     """Rows of a JSONL file (or a ``.json`` array); bad lines name file and line.
 
     The first ``skip`` rows of a JSONL file are passed over without parsing them (a unit
-    starting in the middle of a dataset that planning has already read once). Regular files
+    starting in the middle of a dataset that planning has already read once), from the
+    nearest row ``index`` (the file's :class:`RowIndex`) knows on. Regular files
     only, lines of at most :data:`limits.DATASET_LINE_BYTES` (read no further), ``.json``
     arrays of at most :data:`limits.DATASET_JSON_BYTES`.
     """
@@ -328,14 +376,17 @@ def iter_json_rows(path: Path, where: str, skip: int = 0) -> Iterator[dict[str, 
         )
         if not isinstance(data, list):
             raise ConfigError(f"{where}: {path} must hold a JSON array of objects")
-        for index, row in enumerate(data):
+        for position, row in enumerate(data):
             if not isinstance(row, dict):
-                raise ConfigError(f"{where}: {path} item {index} is not an object")
-            if index >= skip:
+                raise ConfigError(f"{where}: {path} item {position} is not an object")
+            if position >= skip:
                 yield row
         return
     with open_regular(path, where) as handle:
-        for number, line in bounded_lines(handle, where, path):
+        lines_before = 0
+        if index is not None and skip >= ROW_INDEX_EVERY:
+            skip, lines_before = index.seek(handle, skip)
+        for number, line in bounded_lines(handle, where, path, lines_before):
             if not line.strip():
                 continue
             if skip:

@@ -56,11 +56,14 @@ def named(where: str, path: str | Path) -> str:
     return str(path) if where == str(path) else f"{where}: {path}"
 
 
-def bounded_lines(handle: IO[bytes], where: str, path: str | Path) -> Iterator[tuple[int, bytes]]:
-    """``(line number, line)`` of a binary file; a line longer than
-    :data:`limits.DATASET_LINE_BYTES` is refused after reading that much, never the whole line."""
+def bounded_lines(
+    handle: IO[bytes], where: str, path: str | Path, lines_before: int = 0
+) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of a binary file (read from its position, after
+    ``lines_before`` lines); a line longer than :data:`limits.DATASET_LINE_BYTES` is refused
+    after reading that much, never the whole line."""
     max_bytes = limits.DATASET_LINE_BYTES
-    number = 0
+    number = lines_before
     while True:
         line = handle.readline(max_bytes + 1)
         if not line:
