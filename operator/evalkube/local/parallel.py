@@ -24,6 +24,7 @@ import contextlib
 import functools
 import itertools
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import signal
@@ -217,9 +218,13 @@ def run_parallel(
         # Keep reading while the children clean up: a child exits only once what it put
         # on the queue has been taken.
         deadline = time.monotonic() + CHILD_EXIT_SECONDS
-        while any(child.is_alive() for child in children) and time.monotonic() < deadline:
+        while (alive := [c for c in children if c.is_alive()]) and time.monotonic() < deadline:
             with contextlib.suppress(queue.Empty):
-                handle(events.get(timeout=0.2))
+                while True:
+                    handle(events.get_nowait())
+            # woken by an exit at once (a child that said "exit" is gone in milliseconds;
+            # a blocking read of the queue kept the run waiting 0.2 s for it)
+            multiprocessing.connection.wait([c.sentinel for c in alive], timeout=0.05)
         for child in children:
             if child.is_alive():
                 child.kill()
