@@ -78,9 +78,10 @@ def _indexed(folder: Path) -> LoadedSuite:
     return loaded
 
 
-@pytest.mark.parametrize(
-    "start", [0, 1, ROW_INDEX_EVERY - 1, ROW_INDEX_EVERY, ROW_INDEX_EVERY + 1, 2 * ROW_INDEX_EVERY + 7, ROWS - 5]
-)  # fmt: skip
+STARTS = [0, 1, ROW_INDEX_EVERY - 1, ROW_INDEX_EVERY, ROW_INDEX_EVERY + 1, 2 * ROW_INDEX_EVERY + 7]
+
+
+@pytest.mark.parametrize("start", [*STARTS, ROWS - 5])
 def test_a_shard_read_through_the_index_is_the_shard_read_from_the_start(
     dataset: Path, start: int
 ) -> None:
