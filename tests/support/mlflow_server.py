@@ -9,18 +9,14 @@ from __future__ import annotations
 import glob
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+from evalkube.util.process import signal_on_parent_death
+from tests.support.ports import free_port
 
 
 def mlflow_bin() -> Path | None:
@@ -63,6 +59,7 @@ class MlflowServer:
             # to store runs, metrics and artifacts)
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
         }
+        parent = os.getpid()
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [*(netns or []), *command],
@@ -70,6 +67,9 @@ class MlflowServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                # a killed test run (CI's timeout, Ctrl-C twice) takes its server along: its
+                # own session is out of reach of the run's process group
+                preexec_fn=lambda: signal_on_parent_death(signal.SIGTERM, parent) and None,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
