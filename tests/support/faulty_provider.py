@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from tests.support.ports import accepts, free_port
 
 SCRIPT = Path(__file__).resolve().parents[1] / "realnode" / "fake_provider.py"
 
@@ -41,20 +42,14 @@ class FakeProvider:
 @contextlib.contextmanager
 def running_fake_provider() -> Iterator[FakeProvider]:
     """The fake provider in a process of its own on a free loopback port, killed at the end."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # outside the ephemeral range: the poll below cannot reach itself
     server = subprocess.Popen([sys.executable, str(SCRIPT), "127.0.0.1", str(port)])
     try:
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the fake provider did not listen within 20 s") from None
-                time.sleep(0.05)
+        while not accepts(port):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the fake provider did not listen within 20 s")
+            time.sleep(0.05)
         yield FakeProvider(port)
     finally:
         server.kill()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
-import socket
 import ssl
 import subprocess
 import threading
@@ -42,10 +41,8 @@ def https_server(root: Path, certs: Path) -> Iterator[HttpsServer]:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     handler = functools.partial(_QuietHandler, directory=str(root))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # listening at once
+    port = server.server_address[1]
     server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -40,17 +40,16 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from evalkube.util.process import signal_on_parent_death
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
@@ -69,14 +68,13 @@ def weed_bin() -> Path | None:
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports free on ``host`` now (all held open until every one is picked)."""
-    with ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket())
-            sock.bind((host, 0))
-            ports.append(int(sock.getsockname()[1]))
-        return ports
+    """``count`` distinct ports free on ``host`` now, outside the ephemeral range (where
+    polling them before weed listens could connect a socket to itself: tests.support.ports)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        if (port := free_port(host)) not in ports:
+            ports.append(port)
+    return ports
 
 
 class S3Server:

@@ -35,6 +35,7 @@ from tests.integration.proxy.test_egress import (
     _write_grant,
 )
 from tests.support.faulty_provider import FakeProvider, running_fake_provider
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -137,9 +138,7 @@ def test_requests_that_never_left_are_not_counted(
 ) -> None:
     """Connecting failed on every attempt: the provider received nothing, so nothing is
     reported beyond the call itself."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed = probe.getsockname()[1]  # nothing listens here once the probe is closed
+    closed = free_port()  # nothing listens; outside the ephemeral range: no self-connection
     extra: dict[str, Any] = {}
     if engine == "python":
         extra["control_listen"] = f"unix:{tmp_path}/control.sock"
@@ -157,9 +156,7 @@ def test_through_the_egress_gateway_a_dropped_request_counts_and_a_refused_one_d
     """In a pod, calls go through the egress gateway, which answers 502 both when it cannot
     reach the provider and when the provider dropped a request it had sent on: it says
     which (``X-Evalkube-Egress-Sent``), so the dropped one counts and the other does not."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed = probe.getsockname()[1]
+    closed = free_port()
     spec = {
         "models": ["fake:cand"],
         "judgeModel": "fake:judge",

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from evalkube_sandbox.ctx import Context, ModelCallError
 from tests.integration.proxy.conftest import KEY, MakeBridge
 from tests.integration.proxy.fake_upstream import FakeUpstream, Scripted
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -435,9 +436,7 @@ def test_upstream_timeout_is_a_clear_error(make_bridge: MakeBridge, upstream: Fa
 
 
 def test_connection_refused_fails_fast(make_bridge: MakeBridge) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nothing listens; outside the ephemeral range: no self-connection
     bridge = make_bridge(base_url=f"http://127.0.0.1:{port}/v1", retries=1)
     assert bridge.endpoint is not None
     started = time.monotonic()

@@ -9,7 +9,6 @@ statuses are never retried, and how long the waits between attempts are.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 from evalkube.proxy.egress import EgressGateway
 from evalkube.proxy.upstream import Provider, Upstream, UpstreamError, UpstreamReply
 from tests.integration.proxy.fake_upstream import FakeUpstream, Scripted
+from tests.support.ports import free_port
 
 BODY = {"model": "judge-1", "input": "x"}
 
@@ -94,9 +94,7 @@ def test_timeouts_are_retried_and_counted(upstream: FakeUpstream) -> None:
 
 
 def test_unreachable_is_retried_with_its_kind_as_reason() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nothing listens; outside the ephemeral range: no self-connection
     failure, reasons = post(f"http://127.0.0.1:{port}/v1", retries=2, backoff_base=0.01)
     assert isinstance(failure, UpstreamError)
     assert failure.kind == "unreachable"
