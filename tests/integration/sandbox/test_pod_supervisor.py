@@ -60,14 +60,20 @@ class Pod:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             pytest.fail("bubblewrap is required (installed by .ci/sandboxes.sh)")
-        # a checkout (and its venv) under /tmp stays visible under the private /tmp
+        # a checkout (and its venv) under /tmp would have to be mounted in the private /tmp,
+        # the worker's scratch directory, which it must find empty before it serves (exit 75)
         keep = {Path(sys.prefix), Path(sys.executable).parent, WORKER_ROOT}
         under_tmp = sorted(str(p) for p in keep if Path("/tmp") in p.parents)
+        if under_tmp:
+            pytest.fail(
+                f"the pod supervisor tests need the checkout and its venv outside /tmp "
+                f"({under_tmp} are under it): the pod's private /tmp is the grader worker's "
+                "scratch directory, which it refuses to serve from unless it can empty it"
+            )
         return subprocess.Popen(
             [
                 bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                 "--tmpfs", "/tmp",
-                *[arg for path in under_tmp for arg in ("--ro-bind", path, path)],
                 "--bind" if self.writable_socket_dir else "--ro-bind",
                 str(self.socket.parent), str(self.socket.parent),
                 "--bind", str(self.shared), str(self.shared),
