@@ -295,17 +295,15 @@ def iter_dataset(
         return
     if task.id in loaded.dataset_paths:
         path = loaded.dataset_paths[task.id]
-        index = loaded.row_index.get(path)
-        yield from iter_json_rows(path, f"tasks[{task.id}].dataset", skip=skip, index=index)
-        return
-    if dataset.config_map_ref is not None:
-        raise ConfigError(
-            f"tasks[{task.id}].dataset.configMapRef works in a cluster; locally use `path`"
-        )
-    assert dataset.path is not None
-    path = loaded.base_dir / dataset.path
-    index = loaded.row_index.get(path)
-    yield from iter_json_rows(path, f"tasks[{task.id}].dataset.path", skip=skip, index=index)
+        where = f"tasks[{task.id}].dataset"
+    else:
+        if dataset.config_map_ref is not None:
+            raise ConfigError(
+                f"tasks[{task.id}].dataset.configMapRef works in a cluster; locally use `path`"
+            )
+        assert dataset.path is not None
+        path, where = loaded.base_dir / dataset.path, f"tasks[{task.id}].dataset.path"
+    yield from iter_json_rows(path, where, skip=skip, index=loaded.row_index.get(path))
 
 
 def shard_rows(loaded: LoadedSuite, task: TaskSpec, start: int, stop: int) -> list[dict[str, Any]]:
@@ -383,9 +381,7 @@ def iter_json_rows(
                 yield row
         return
     with open_regular(path, where) as handle:
-        lines_before = 0
-        if index is not None and skip >= ROW_INDEX_EVERY:
-            skip, lines_before = index.seek(handle, skip)
+        skip, lines_before = (skip, 0) if index is None else index.seek(handle, skip)
         for number, line in bounded_lines(handle, where, path, lines_before):
             if not line.strip():
                 continue
