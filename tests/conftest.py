@@ -49,6 +49,35 @@ def _no_subreaper_left_behind() -> Iterator[None]:
         _libc.prctl(PR_SET_CHILD_SUBREAPER, before, 0, 0, 0)
 
 
+#: Fixtures that need a binary ``.ci/test.sh`` builds beside the tests (the control plane, the
+#: real node, MLflow, SeaweedFS, helm, promtool). A test using one, itself or through another
+#: fixture, is marked ``builds``: ``.ci/test.sh`` runs it once its builds are ready, and every
+#: other test while they build (a cold machine's builds hide behind them).
+BUILT_FIXTURES = frozenset(
+    {"control_plane", "real_node", "mlflow_server", "s3_server", "weed", "helm", "promtool"}
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "builds: needs a binary .ci/test.sh builds beside the tests (set from the fixtures a "
+        "test uses and the cluster/realnode markers; never set by hand)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by it
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        uses = set(getattr(item, "fixturenames", ()))
+        if (
+            uses & BUILT_FIXTURES
+            or any(item.iter_markers("cluster"))
+            or any(item.iter_markers("realnode"))
+        ):
+            item.add_marker(pytest.mark.builds)
+
+
 def require(reason: str) -> None:
     """Skip locally, but fail under CI: a missing dependency there is a broken CI."""
     if os.environ.get("CI"):
@@ -102,13 +131,19 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
 
 
 @pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """A real S3-compatible store on loopback for the session: SeaweedFS's ``weed server`` with
-    an S3 gateway that refuses unsigned requests (tests/support/s3_server.py); `bash
-    .ci/seaweedfs.sh` builds it. Tests make buckets of their own names."""
-    weed = weed_bin()
-    if weed is None or not weed.exists():
+def weed() -> Path:
+    """SeaweedFS's ``weed`` binary; `bash .ci/seaweedfs.sh` builds it."""
+    found = weed_bin()
+    if found is None or not found.exists():
         require("SeaweedFS's weed binary is not built (bash .ci/seaweedfs.sh)")
         raise AssertionError("unreachable")
+    return found
+
+
+@pytest.fixture(scope="session")
+def s3_server(weed: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3-compatible store on loopback for the session: SeaweedFS's ``weed server`` with
+    an S3 gateway that refuses unsigned requests (tests/support/s3_server.py). Tests make
+    buckets of their own names."""
     with S3Server(weed, tmp_path_factory.mktemp("s3")) as server:
         yield server

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import require
 from tests.integration.sources.conftest import CountingRelay
-from tests.support.s3_server import S3Server, weed_bin
+from tests.support.s3_server import S3Server
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -139,12 +139,8 @@ def test_versioned_bucket_keeps_old_versions_readable(s3_server: S3Server) -> No
 
 
 def test_a_server_of_its_own_starts_answers_and_stops_with_every_process(
-    tmp_path: Path,
+    weed: Path, tmp_path: Path
 ) -> None:
-    weed = weed_bin()
-    if weed is None or not weed.exists():
-        require("SeaweedFS's weed binary is not built (bash .ci/seaweedfs.sh)")
-        return
     server = S3Server(weed, tmp_path / "s3")
     with server:
         assert server.process is not None
@@ -198,11 +194,9 @@ def netns() -> Iterator[str]:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
-def test_a_server_in_a_network_namespace_serves_there(tmp_path: Path, netns: str) -> None:
-    weed = weed_bin()
-    if weed is None or not weed.exists():
-        require("SeaweedFS's weed binary is not built (bash .ci/seaweedfs.sh)")
-        return
+def test_a_server_in_a_network_namespace_serves_there(
+    weed: Path, tmp_path: Path, netns: str
+) -> None:
     with S3Server(weed, tmp_path / "s3", netns=netns, host=NETNS_HOST) as server:
         assert server.endpoint_url.startswith(f"http://{NETNS_HOST}:")
         server.create_bucket("outside", versioning=True)
