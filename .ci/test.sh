@@ -19,12 +19,12 @@ LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
 declare -A JOBS
 start() { local name=$1; shift; "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err" & JOBS[$name]=$!; }
-collect() {  # sets RESULT to the job's stdout; a failed build stops the run
+collect() {  # sets RESULT to the job's last line of stdout; a failed build stops the run
   local name=$1 status=0
   wait "${JOBS[$name]}" || status=$?
   cat "$LOGS/$name.err" >&2
   if ((status)); then echo "test.sh: $name failed (exit $status)" >&2; exit "$status"; fi
-  RESULT=$(cat "$LOGS/$name.out")
+  RESULT=$(tail -n1 "$LOGS/$name.out")
 }
 start promtool bash .ci/promtool.sh
 start mlflow bash .ci/mlflow.sh
@@ -49,11 +49,11 @@ phase() {  # phase NAME pytest-args...: the slowest tests named in every CI log
 }
 tools() {
   # promtool checks and unit-tests the chart's alert rules and the dashboard's queries.
-  collect promtool && export EVALKUBE_PROMTOOL_BIN=${RESULT##*$'\n'}
+  collect promtool && export EVALKUBE_PROMTOOL_BIN=$RESULT
   # The MLflow tracking server the tracking tests start (a venv of its own, cached by its pin).
-  collect mlflow && export EVALKUBE_MLFLOW_BIN=${RESULT##*$'\n'}
+  collect mlflow && export EVALKUBE_MLFLOW_BIN=$RESULT
   # SeaweedFS's weed: the S3-compatible store the s3:// dataset tests read from.
-  collect seaweedfs && export EVALKUBE_WEED_BIN=${RESULT##*$'\n'}
+  collect seaweedfs && export EVALKUBE_WEED_BIN=$RESULT
   # the control plane for the cluster tests (a failed build ends the run here)
   until [[ -s $LOGS/ctrlplane.out || -e $LOGS/ctrlplane.out.exit ]]; do sleep 2; done
   [[ -s $LOGS/ctrlplane.out ]] || collect cluster
@@ -64,7 +64,7 @@ node() {  # the real-node tier: node binaries and images (tests/realnode)
   collect cluster
   while IFS= read -r line; do
     case $line in EVALKUBE_NODE_BIN=*|EVALKUBE_IMAGES_DIR=*) export "${line?}" ;; esac
-  done <<<"$RESULT"
+  done <"$LOGS/cluster.out"
 }
 
 if (($#)); then
